@@ -1,0 +1,54 @@
+# One command per job (DESIGN.md, Conventions). Everything runs from .venv, which is
+# created from pyproject.toml on first use, so a fresh clone needs only python3 and go.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PACKAGES := api driver kubeletplugin controller
+PYTEST_ARGS ?=
+
+.PHONY: all venv test lint unit e2e protos demo bench clean
+
+all: test
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+# mypy cannot follow setuptools' editable import hook, so it reads the packages
+# through a tree of links that spells the drasil.* names.
+.mypy-path: $(STAMP)
+	rm -rf $@ && mkdir -p $@/drasil
+	for p in $(PACKAGES); do ln -s ../../$$p $@/drasil/$$p; done
+
+lint: $(STAMP) .mypy-path
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	MYPYPATH=.mypy-path $(BIN)/mypy $(addprefix -p drasil.,$(PACKAGES))
+	$(BIN)/lint-imports
+
+unit: $(STAMP)
+	$(BIN)/pytest tests $(PYTEST_ARGS)
+
+e2e: $(STAMP)
+	$(BIN)/pytest e2e $(PYTEST_ARGS)
+
+# pytest exits 5 when it collected no test; make treats that as the failure it is.
+test: lint
+	$(BIN)/pytest tests e2e $(PYTEST_ARGS)
+
+protos: $(STAMP)
+	$(BIN)/python -m drasil.api.kubelet.protos generate
+
+demo: $(STAMP)
+	$(BIN)/python -m e2e.demo
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .mypy-path .mypy_cache .pytest_cache .ruff_cache build *.egg-info

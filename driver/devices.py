@@ -1,0 +1,61 @@
+"""The device model every part of drasil shares.
+
+A ``Device`` is what discovery produces and what ResourceSlices, CDI specs, config
+resolution and health all consume. Attribute values carry their ResourceSlice type
+(``int``, ``bool``, ``string`` or ``version``) in their Python type, so the slice
+builder never guesses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from types import MappingProxyType
+
+
+class DeviceType(StrEnum):
+    """The value of the ``type`` attribute; DeviceClasses select on it."""
+
+    GPU = "gpu"
+    MIG = "mig"
+
+
+@dataclass(frozen=True)
+class Version:
+    """A semantic version attribute (published as ``{version: "9.0.0"}``)."""
+
+    value: str
+
+
+AttributeValue = bool | int | str | Version
+"""An attribute value; its Python type picks the ResourceSlice field it is written to."""
+
+
+@dataclass(frozen=True)
+class Device:
+    """One allocatable device of a node: a full GPU or a MIG device.
+
+    ``attributes`` keys are bare names in the driver's domain (``uuid``, ``productName``)
+    or qualified names (``resource.kubernetes.io/pciBusID``). ``capacity`` values are
+    integers in the capacity's unit (bytes for ``memory``, a count otherwise).
+    ``device_nodes`` are host paths the container needs (``/dev/nvidia0``); the
+    simulated backend has none.
+    """
+
+    name: str
+    type: DeviceType
+    uuid: str
+    minor: int
+    attributes: Mapping[str, AttributeValue]
+    capacity: Mapping[str, int]
+    parent_uuid: str | None = None
+    device_nodes: tuple[str, ...] = ()
+    numa_node: int | None = None
+    pcie_root: str | None = None
+
+    def __post_init__(self) -> None:
+        # Devices are shared between threads (publisher, prepare, health); make the
+        # mappings read-only so nobody edits a Device in place.
+        object.__setattr__(self, "attributes", MappingProxyType(dict(self.attributes)))
+        object.__setattr__(self, "capacity", MappingProxyType(dict(self.capacity)))
