@@ -1,0 +1,102 @@
+"""Flags of ``drasil-kubelet-plugin``; a flag wins over its environment variable."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from drasil.driver.logs import LOG_FORMATS, LogFormat
+
+DEFAULT_DRIVER = "gpu.drasil.dev"
+BACKENDS = ("nvml", "simulated")
+MODES = ("dra", "device-plugin")
+
+
+class OptionsError(ValueError):
+    """A flag or environment variable with a value the plugin cannot run with."""
+
+
+@dataclass(frozen=True)
+class PluginOptions:
+    node_name: str
+    driver_name: str
+    backend: str
+    simulated_profile: str
+    kubeconfig: str | None
+    registrar_dir: Path
+    plugins_dir: Path
+    cdi_root: Path
+    pod_uid: str | None
+    metrics_addr: str
+    health_addr: str
+    log_format: LogFormat
+    verbosity: int
+    mode: str
+
+    @property
+    def state_dir(self) -> Path:
+        """Checkpoint and locks live beside the DRA socket (DESIGN.md, Names)."""
+        return self.plugins_dir / self.driver_name
+
+
+def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="drasil-kubelet-plugin",
+        description="drasil's node daemon: publishes this node's GPUs and prepares them "
+        "for containers through kubelet's DRA plugin API.",
+    )
+    p.add_argument("--node-name", default=env.get("NODE_NAME"), help="env NODE_NAME; required")
+    p.add_argument("--driver-name", default=env.get("DRIVER_NAME", DEFAULT_DRIVER))
+    p.add_argument("--backend", choices=BACKENDS, default=env.get("BACKEND", "nvml"))
+    p.add_argument(
+        "--simulated-profile",
+        default=env.get("SIMULATED_PROFILE", "h100-80gb:8"),
+        help="GPUs of the simulated backend, e.g. h100-80gb:8 or a100-40gb-mig:2,l4:1",
+    )
+    p.add_argument("--kubeconfig", default=env.get("KUBECONFIG"), help="in-cluster if absent")
+    p.add_argument("--registrar-dir", default="/var/lib/kubelet/plugins_registry")
+    p.add_argument("--plugins-dir", default="/var/lib/kubelet/plugins")
+    p.add_argument("--cdi-root", default="/var/run/cdi")
+    p.add_argument("--pod-uid", default=env.get("POD_UID"), help="env POD_UID")
+    p.add_argument("--metrics-addr", default=env.get("METRICS_ADDR", ":9400"))
+    p.add_argument("--health-addr", default=env.get("HEALTH_ADDR", ":9401"))
+    p.add_argument("--log-format", choices=LOG_FORMATS, default=env.get("LOG_FORMAT", "text"))
+    p.add_argument("-v", "--v", dest="verbosity", type=int, default=int(env.get("V", "0")))
+    p.add_argument("--mode", choices=MODES, default=env.get("MODE", "dra"))
+    return p
+
+
+def _check_choice(name: str, value: str, allowed: Sequence[str]) -> None:
+    # argparse checks choices only for values given as flags, not for env defaults.
+    if value not in allowed:
+        raise OptionsError(f"{name}: unsupported value {value!r}; allowed values are {allowed}")
+
+
+def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> PluginOptions:
+    """Parse flags, falling back to the environment, and check what argparse cannot."""
+    env = os.environ if env is None else env
+    ns = _parser(env).parse_args(list(argv))
+    if not ns.node_name:
+        raise OptionsError("--node-name (or env NODE_NAME) is required")
+    _check_choice("--backend", ns.backend, BACKENDS)
+    _check_choice("--log-format", ns.log_format, LOG_FORMATS)
+    _check_choice("--mode", ns.mode, MODES)
+    return PluginOptions(
+        node_name=ns.node_name,
+        driver_name=ns.driver_name,
+        backend=ns.backend,
+        simulated_profile=ns.simulated_profile,
+        kubeconfig=ns.kubeconfig,
+        registrar_dir=Path(ns.registrar_dir),
+        plugins_dir=Path(ns.plugins_dir),
+        cdi_root=Path(ns.cdi_root),
+        pod_uid=ns.pod_uid,
+        metrics_addr=ns.metrics_addr,
+        health_addr=ns.health_addr,
+        log_format=ns.log_format,
+        verbosity=ns.verbosity,
+        mode=ns.mode,
+    )

@@ -1,0 +1,91 @@
+"""gRPC servers on unix sockets that come back when someone deletes their socket.
+
+kubelet restarts and node clean-ups delete socket files; kubelet's plugin watcher
+registers a plugin when its socket (re)appears. So a server here owns one path: it
+removes a stale file before it listens, and ``ensure()`` (called every few hundred
+milliseconds by the plugin's watch loop) starts a fresh server when the file it
+created is gone or was replaced.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+
+log = logging.getLogger(__name__)
+
+# Linux limits sun_path to 108 bytes including the terminating NUL.
+MAX_SOCKET_PATH = 107
+
+AddServicers = Callable[[grpc.Server], None]
+
+
+class SocketPathTooLong(ValueError):
+    """A unix socket path the kernel would refuse."""
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return path.stat().st_ino
+    except FileNotFoundError:
+        return None
+
+
+class UnixSocketServer:
+    """One gRPC server bound to one unix socket path, restartable on deletion."""
+
+    def __init__(self, path: Path, add_servicers: AddServicers, *, max_workers: int = 32) -> None:
+        if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+            raise SocketPathTooLong(
+                f"socket path {path} is {len(os.fsencode(path))} bytes; "
+                f"unix sockets allow at most {MAX_SOCKET_PATH}: use a shorter directory"
+            )
+        self.path = path
+        self._add_servicers = add_servicers
+        self._max_workers = max_workers
+        self._server: grpc.Server | None = None
+        self._inode: int | None = None
+        self._lock = threading.Lock()
+        self.restarts = 0
+
+    def start(self) -> None:
+        with self._lock:
+            self._start_locked()
+
+    def _start_locked(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.unlink(missing_ok=True)  # a stale socket makes bind fail
+        server = grpc.server(ThreadPoolExecutor(max_workers=self._max_workers))
+        self._add_servicers(server)
+        server.add_insecure_port(f"unix://{self.path}")
+        server.start()
+        self._server = server
+        self._inode = _inode(self.path)
+        log.info("serving gRPC", extra={"socket": str(self.path)})
+
+    def ensure(self) -> bool:
+        """Restart the server if its socket vanished; return True when it did."""
+        with self._lock:
+            if self._server is None or _inode(self.path) == self._inode:
+                return False
+            log.warning("socket was removed; serving it again", extra={"socket": str(self.path)})
+            self._server.stop(grace=None)
+            self._start_locked()
+            self.restarts += 1
+            return True
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        with self._lock:
+            if self._server is not None:
+                self._server.stop(grace=grace).wait()
+                self._server = None
+            # Only remove the file if it is still ours: a newer instance may own the path.
+            if self._inode is not None and _inode(self.path) == self._inode:
+                self.path.unlink(missing_ok=True)
+            self._inode = None

@@ -1,0 +1,523 @@
+"""Config resolution for allocated claims, and checking config files for the CLI."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from drasil.api.config import (
+    API_VERSION,
+    GpuConfig,
+    MigDeviceConfig,
+    SharingStrategy,
+    TimeSlicingInterval,
+)
+from drasil.driver.configfiles import validate_config_document
+from drasil.driver.configs import (
+    AllocatedDevice,
+    Allocation,
+    AllocationError,
+    ConfigResolutionError,
+    OpaqueConfigEntry,
+    parse_allocation,
+    resolve_configs,
+)
+from drasil.driver.devices import Device, DeviceType
+
+DRIVER = "gpu.drasil.dev"
+ALLOWED = 'allowed values are "Exclusive", "TimeSlicing", "MPS"'
+
+
+def device(name: str, kind: DeviceType = DeviceType.GPU) -> Device:
+    return Device(
+        name=name,
+        type=kind,
+        uuid=f"GPU-{name}",
+        minor=0,
+        attributes={"type": kind.value},
+        capacity={"memory": 2**30},
+    )
+
+
+DEVICES = {d.name: d for d in (device("gpu-0"), device("gpu-1"), device("mig-0", DeviceType.MIG))}
+
+
+def gpu_config(strategy: str = "Exclusive", **sharing: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "GpuConfig",
+        "sharing": {"strategy": strategy, **sharing},
+    }
+
+
+def mig_config(strategy: str = "Exclusive") -> dict[str, Any]:
+    return {"apiVersion": API_VERSION, "kind": "MigDeviceConfig", "sharing": {"strategy": strategy}}
+
+
+def result(request: str, name: str, *, driver: str = DRIVER) -> dict[str, Any]:
+    return {"request": request, "driver": driver, "pool": "node-a", "device": name}
+
+
+def entry(
+    source: str, requests: list[str], parameters: Any, *, driver: str = DRIVER
+) -> dict[str, Any]:
+    return {
+        "source": source,
+        "requests": requests,
+        "opaque": {"driver": driver, "parameters": parameters},
+    }
+
+
+def claim(results: list[dict[str, Any]], configs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"namespace": "team", "name": "train"},
+        "status": {"allocation": {"devices": {"results": results, "config": configs}}},
+    }
+
+
+def resolve(results: list[dict[str, Any]], configs: list[dict[str, Any]]) -> dict[str, Any]:
+    allocation = parse_allocation(claim(results, configs), driver=DRIVER)
+    return {name: r.config for name, r in resolve_configs(allocation, devices=DEVICES).items()}
+
+
+def strategies(resolved: dict[str, Any]) -> dict[str, str]:
+    return {name: config.sharing.strategy.value for name, config in resolved.items()}
+
+
+def problems_of(results: list[dict[str, Any]], configs: list[dict[str, Any]]) -> list[str]:
+    with pytest.raises(ConfigResolutionError) as caught:
+        resolve(results, configs)
+    assert str(caught.value) == "; ".join(caught.value.problems)
+    return list(caught.value.problems)
+
+
+# --- parse_allocation --------------------------------------------------------------
+
+
+def test_parse_keeps_only_the_drivers_results_and_configs() -> None:
+    results = [
+        result("gpu", "gpu-0"),
+        result("nic", "eth0", driver="net.example.com"),
+        {**result("gpu", "gpu-1"), "adminAccess": True, "shareID": "a1b2"},
+    ]
+    configs = [
+        entry("FromClass", ["nic"], {"anything": True}, driver="net.example.com"),
+        entry("FromClaim", ["gpu"], gpu_config("MPS")),
+        {"source": "FromClaim", "requests": ["gpu"]},  # not opaque: not ours to read
+    ]
+    allocation = parse_allocation(claim(results, configs), driver=DRIVER)
+    assert allocation.devices == (
+        AllocatedDevice(request="gpu", driver=DRIVER, pool="node-a", device="gpu-0"),
+        AllocatedDevice(
+            request="gpu",
+            driver=DRIVER,
+            pool="node-a",
+            device="gpu-1",
+            admin_access=True,
+            share_id="a1b2",
+        ),
+    )
+    (config,) = allocation.configs
+    assert (config.index, config.source, config.requests) == (1, "FromClaim", ("gpu",))
+    assert config.parameters == gpu_config("MPS")
+
+
+def test_subrequest_results_know_their_base_request() -> None:
+    allocation = parse_allocation(claim([result("gpu/full", "gpu-0")], []), driver=DRIVER)
+    assert allocation.devices[0].base_request == "gpu"
+
+
+@pytest.mark.parametrize(
+    ("broken", "expected"),
+    [
+        (
+            {"metadata": {"namespace": "team", "name": "train"}},
+            "ResourceClaim team/train: status.allocation: missing; the claim is not allocated yet",
+        ),
+        (
+            claim([result("gpu", "gpu-0"), {"request": "gpu", "driver": DRIVER, "pool": "p"}], []),
+            "status.allocation.devices.results[1].device: expected a non-empty string, got None",
+        ),
+        (
+            claim([], [{**entry("FromClaim", [], {}), "source": "FromPod"}]),
+            'status.allocation.devices.config[0].source: expected "FromClass" or "FromClaim"',
+        ),
+        (
+            claim([], [entry("FromClaim", [], "sharing: MPS")]),
+            "status.allocation.devices.config[0].opaque.parameters: expected an object, got str",
+        ),
+        (
+            claim([], [{**entry("FromClaim", [], {}), "requests": "gpu"}]),
+            "status.allocation.devices.config[0].requests: expected a list, got str",
+        ),
+    ],
+)
+def test_parse_errors_name_the_field(broken: dict[str, Any], expected: str) -> None:
+    with pytest.raises(AllocationError) as caught:
+        parse_allocation(broken, driver=DRIVER)
+    assert expected in str(caught.value)
+
+
+# --- precedence ----------------------------------------------------------------------
+
+
+def test_devices_without_config_get_their_types_default() -> None:
+    resolved = resolve([result("gpu", "gpu-0"), result("mig", "mig-0")], [])
+    assert resolved == {"gpu-0": GpuConfig(), "mig-0": MigDeviceConfig()}
+    allocation = parse_allocation(claim([result("gpu", "gpu-0")], []), driver=DRIVER)
+    assert resolve_configs(allocation, devices=DEVICES)["gpu-0"].entry is None
+
+
+def test_claim_config_wins_over_class_config() -> None:
+    configs = [
+        entry("FromClass", ["gpu"], gpu_config("TimeSlicing")),
+        entry("FromClaim", ["gpu"], gpu_config("MPS")),
+    ]
+    assert strategies(resolve([result("gpu", "gpu-0")], configs)) == {"gpu-0": "MPS"}
+    # Class configs come first even in a list that says otherwise.
+    assert strategies(resolve([result("gpu", "gpu-0")], configs[::-1])) == {"gpu-0": "MPS"}
+
+
+def test_later_entry_wins_and_replaces_the_whole_object() -> None:
+    configs = [
+        entry("FromClass", [], gpu_config("MPS", mps={"defaultActiveThreadPercentage": 10})),
+        entry("FromClaim", ["gpu"], gpu_config("TimeSlicing", timeSlicing={"interval": "Long"})),
+        entry("FromClaim", ["gpu"], gpu_config("TimeSlicing")),
+    ]
+    allocation = parse_allocation(claim([result("gpu", "gpu-0")], configs), driver=DRIVER)
+    resolved = resolve_configs(allocation, devices=DEVICES)["gpu-0"]
+    assert resolved.entry is not None
+    assert resolved.entry.index == 2
+    assert isinstance(resolved.config, GpuConfig)
+    assert resolved.config.sharing.mps is None
+    assert resolved.config.sharing.time_slicing is not None
+    assert resolved.config.sharing.time_slicing.interval is TimeSlicingInterval.DEFAULT
+
+
+def test_entry_without_requests_applies_to_all_requests() -> None:
+    configs = [
+        entry("FromClaim", ["train"], gpu_config("TimeSlicing")),
+        entry("FromClaim", [], gpu_config("MPS")),
+    ]
+    resolved = resolve([result("train", "gpu-0"), result("infer", "gpu-1")], configs)
+    # Later wins, even over an entry that names the request.
+    assert strategies(resolved) == {"gpu-0": "MPS", "gpu-1": "MPS"}
+
+
+def test_entry_naming_a_request_applies_to_it_only() -> None:
+    configs = [
+        entry("FromClaim", [], gpu_config("MPS")),
+        entry("FromClaim", ["train"], gpu_config("TimeSlicing")),
+    ]
+    resolved = resolve([result("train", "gpu-0"), result("infer", "gpu-1")], configs)
+    assert strategies(resolved) == {"gpu-0": "TimeSlicing", "gpu-1": "MPS"}
+
+
+@pytest.mark.parametrize(
+    ("requests", "expected"),
+    [
+        (["gpu"], "MPS"),
+        (["gpu/full"], "MPS"),
+        (["gpu/small"], "Exclusive"),
+        (["other"], "Exclusive"),
+    ],
+)
+def test_first_available_results_match_base_and_full_request_names(
+    requests: list[str], expected: str
+) -> None:
+    resolved = resolve(
+        [result("gpu/full", "gpu-0")], [entry("FromClaim", requests, gpu_config("MPS"))]
+    )
+    assert strategies(resolved) == {"gpu-0": expected}
+
+
+def test_entries_of_other_drivers_are_skipped() -> None:
+    broken = {"apiVersion": "example.com/v1", "kind": "NicConfig"}
+    configs = [
+        entry("FromClaim", ["gpu"], gpu_config("MPS")),
+        entry("FromClaim", ["gpu"], broken, driver="net.example.com"),
+    ]
+    assert strategies(resolve([result("gpu", "gpu-0")], configs)) == {"gpu-0": "MPS"}
+    # Also when an Allocation is built by hand with foreign entries and results in it.
+    allocation = Allocation(
+        driver=DRIVER,
+        devices=(
+            AllocatedDevice(request="gpu", driver=DRIVER, pool="p", device="gpu-0"),
+            AllocatedDevice(request="gpu", driver="net.example.com", pool="p", device="eth0"),
+        ),
+        configs=(
+            OpaqueConfigEntry(
+                source="FromClaim", requests=(), driver="net.example.com", parameters=broken
+            ),
+        ),
+    )
+    assert resolve_configs(allocation, devices=DEVICES)["gpu-0"].config == GpuConfig()
+
+
+# --- kinds and device types --------------------------------------------------------
+
+
+def test_mig_device_gets_mig_config_and_gpu_gets_gpu_config() -> None:
+    configs = [
+        entry("FromClaim", ["big"], gpu_config("MPS")),
+        entry("FromClaim", ["small"], mig_config("TimeSlicing")),
+    ]
+    resolved = resolve([result("big", "gpu-0"), result("small", "mig-0")], configs)
+    assert isinstance(resolved["mig-0"], MigDeviceConfig)
+    assert resolved["mig-0"].sharing.strategy is SharingStrategy.TIME_SLICING
+    assert strategies(resolved) == {"gpu-0": "MPS", "mig-0": "TimeSlicing"}
+
+
+def test_config_for_all_requests_applies_only_to_devices_of_its_kind() -> None:
+    configs = [
+        entry("FromClaim", [], mig_config("MPS")),
+        entry("FromClaim", [], gpu_config("TimeSlicing")),
+    ]
+    resolved = resolve([result("big", "gpu-0"), result("small", "mig-0")], configs)
+    assert strategies(resolved) == {"gpu-0": "TimeSlicing", "mig-0": "MPS"}
+
+
+@pytest.mark.parametrize(
+    ("config", "name", "request_name", "kinds"),
+    [
+        (gpu_config("MPS"), "mig-0", "small", ("GpuConfig", "MigDeviceConfig")),
+        (mig_config("MPS"), "gpu-0", "small", ("MigDeviceConfig", "GpuConfig")),
+        (gpu_config("MPS"), "mig-0", "small/mig", ("GpuConfig", "MigDeviceConfig")),
+    ],
+)
+def test_kind_that_does_not_fit_the_device_is_an_error(
+    config: dict[str, Any], name: str, request_name: str, kinds: tuple[str, str]
+) -> None:
+    (problem,) = problems_of([result(request_name, name)], [entry("FromClaim", ["small"], config)])
+    assert problem == (
+        f"config[0] (FromClaim, requests [small]): a {kinds[0]} cannot be applied to "
+        f'device "{name}" of type {DEVICES[name].type} (request {request_name}); '
+        f"use a {kinds[1]}"
+    )
+
+
+# --- errors ------------------------------------------------------------------------
+
+
+def test_decode_error_names_the_entry() -> None:
+    configs = [
+        entry("FromClass", ["gpu"], gpu_config()),
+        entry("FromClaim", ["gpu"], gpu_config("Foo")),
+    ]
+    assert problems_of([result("gpu", "gpu-0")], configs) == [
+        "config[1] (FromClaim, requests [gpu]): "
+        f'sharing.strategy: unsupported value "Foo": {ALLOWED}'
+    ]
+
+
+def test_broken_entry_is_reported_even_when_a_later_one_overrides_it() -> None:
+    configs = [
+        entry("FromClaim", [], gpu_config("MPS", mps={"defaultActiveThreadPercentage": 200})),
+        entry("FromClaim", ["gpu"], gpu_config("MPS")),
+    ]
+    (problem,) = problems_of([result("gpu", "gpu-0")], configs)
+    assert problem.startswith("config[0] (FromClaim, all requests): ")
+    assert "sharing.mps.defaultActiveThreadPercentage: invalid value 200" in problem
+    assert "0 to 100" in problem
+
+
+def test_several_problems_are_reported_together() -> None:
+    configs = [
+        entry("FromClass", ["a"], gpu_config("Foo")),
+        entry("FromClaim", ["b"], gpu_config("MPS")),
+        entry("FromClaim", ["c"], {"apiVersion": API_VERSION, "kind": "GpuConfig", "x": 1}),
+    ]
+    results = [result("a", "gpu-0"), result("b", "mig-0"), result("d", "gpu-9")]
+    problems = problems_of(results, configs)
+    assert len(problems) == 4, problems
+    assert problems[0].startswith(
+        'config[0] (FromClass, requests [a]): sharing.strategy: unsupported value "Foo"'
+    )
+    assert problems[1].startswith("config[2] (FromClaim, requests [c]): x: unknown field")
+    assert problems[2].startswith(
+        'config[1] (FromClaim, requests [b]): a GpuConfig cannot be applied to device "mig-0"'
+    )
+    assert problems[3] == (
+        'request d: device "gpu-9" (pool node-a) is not a device of driver gpu.drasil.dev '
+        "on this node"
+    )
+
+
+def test_shared_device_needs_one_config() -> None:
+    results = [result("a", "gpu-0"), result("b", "gpu-0")]
+    same = [entry("FromClaim", [], gpu_config("MPS"))]
+    assert strategies(resolve(results, same)) == {"gpu-0": "MPS"}
+    different = [*same, entry("FromClaim", ["b"], gpu_config("TimeSlicing"))]
+    (problem,) = problems_of(results, different)
+    assert 'device "gpu-0" is allocated to requests a and b with different configs' in problem
+
+
+# --- validate_config_document --------------------------------------------------------
+
+CLAIM_WITH_FOO = """\
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata:
+  name: shared-gpu
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: gpu.drasil.dev
+    config:
+    - requests: [gpu]
+      opaque:
+        driver: gpu.drasil.dev
+        parameters:
+          apiVersion: resource.drasil.dev/v1beta1
+          kind: GpuConfig
+          sharing:
+            strategy: Foo
+"""
+
+TEMPLATE = """\
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: mps-gpu
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly: {deviceClassName: gpu.drasil.dev}
+      config:
+      - opaque:
+          driver: net.example.com
+          parameters: {anything: goes}
+      - opaque:
+          driver: gpu.drasil.dev
+          parameters:
+            apiVersion: resource.drasil.dev/v1beta1
+            kind: GpuConfig
+            sharing: {strategy: MPS, mps: {defaultActiveThreadPercentage: %s}}
+"""
+
+DEVICE_CLASS = """\
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata:
+  name: mig.drasil.dev
+spec:
+  selectors:
+  - cel: {expression: 'device.driver == "gpu.drasil.dev"'}
+  config:
+  - opaque:
+      driver: gpu.drasil.dev
+      parameters: {apiVersion: resource.drasil.dev/v1beta1, kind: MigDeviceConfig}
+"""
+
+POD = """\
+apiVersion: v1
+kind: Pod
+metadata: {name: trainer}
+spec:
+  containers: [{name: main, image: busybox}]
+"""
+
+
+def test_claim_with_bad_strategy_names_path_value_and_allowed_values() -> None:
+    (problem,) = validate_config_document(CLAIM_WITH_FOO)
+    assert problem == (
+        "ResourceClaim/shared-gpu: spec.devices.config[0].opaque.parameters: "
+        f'sharing.strategy: unsupported value "Foo": {ALLOWED}'
+    )
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        CLAIM_WITH_FOO.replace("Foo", "TimeSlicing"),
+        TEMPLATE % 50,
+        DEVICE_CLASS,
+        f"{DEVICE_CLASS}---\n{TEMPLATE % 50}---\n{POD}",
+        f"apiVersion: {API_VERSION}\nkind: GpuConfig\nsharing: {{strategy: MPS}}\n",
+        f'{{"apiVersion": "{API_VERSION}", "kind": "MigDeviceConfig"}}',
+    ],
+    ids=["claim", "template", "class", "several", "yaml-config", "json-config"],
+)
+def test_valid_documents_have_no_problems(text: str) -> None:
+    assert validate_config_document(text) == []
+
+
+def test_problems_name_document_and_entry_index() -> None:
+    problems = validate_config_document(f"{TEMPLATE % 150}---\n{CLAIM_WITH_FOO}")
+    assert problems == [
+        "ResourceClaimTemplate/mps-gpu: spec.spec.devices.config[1].opaque.parameters: "
+        "sharing.mps.defaultActiveThreadPercentage: invalid value 150: allowed range is 0 to 100",
+        "ResourceClaim/shared-gpu: spec.devices.config[0].opaque.parameters: "
+        f'sharing.strategy: unsupported value "Foo": {ALLOWED}',
+    ]
+
+
+def test_opaque_config_file_problems_name_the_document() -> None:
+    text = f"apiVersion: {API_VERSION}\nkind: GpuConfig\nsharing: {{strategy: Foo}}\n"
+    assert validate_config_document(text) == [
+        f'GpuConfig (document 1): sharing.strategy: unsupported value "Foo": {ALLOWED}'
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", ["no opaque config for driver gpu.drasil.dev found"]),
+        (POD, ["no opaque config for driver gpu.drasil.dev found"]),
+        (
+            DEVICE_CLASS.replace("driver: gpu.drasil.dev", "driver: other.example.com"),
+            [
+                "DeviceClass/mig.drasil.dev: no opaque config for driver gpu.drasil.dev "
+                "found in spec.config"
+            ],
+        ),
+        (
+            "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: bare}\n",
+            [
+                "ResourceClaim/bare: no opaque config for driver gpu.drasil.dev "
+                "found in spec.devices.config"
+            ],
+        ),
+    ],
+    ids=["empty", "pod", "other-driver", "no-config"],
+)
+def test_nothing_to_check_is_a_problem(text: str, expected: list[str]) -> None:
+    assert validate_config_document(text) == expected
+
+
+def test_other_driver_name() -> None:
+    text = DEVICE_CLASS.replace("driver: gpu.drasil.dev", "driver: gpu.example.org")
+    assert validate_config_document(text, driver="gpu.example.org") == []
+    assert validate_config_document(DEVICE_CLASS, driver="gpu.example.org") != []
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            CLAIM_WITH_FOO.replace("strategy: Foo", "strategy: MPS\n            strategy: MPS"),
+            'duplicate key "strategy" (line 20, column 13): each key may appear once',
+        ),
+        ("kind: [", "invalid YAML: "),
+        ("- a\n- b\n", "document 1: expected an object, got list"),
+        (
+            CLAIM_WITH_FOO.replace(
+                "parameters:\n", "parameters: not-an-object\n        ignored:\n"
+            ),
+            "ResourceClaim/shared-gpu: spec.devices.config[0].opaque.parameters: "
+            "must be an object holding a GpuConfig or MigDeviceConfig, got str",
+        ),
+    ],
+    ids=["duplicate-key", "yaml", "not-an-object", "parameters-not-an-object"],
+)
+def test_unreadable_documents(text: str, expected: str) -> None:
+    problems = validate_config_document(text)
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(expected), problems
