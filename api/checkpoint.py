@@ -1,0 +1,185 @@
+"""The kubelet plugin's checkpoint: which claims it prepared, as stored on disk.
+
+One JSON document in the plugin state dir::
+
+    {"version": 1, "bootId": "...", "checksum": "<sha256 hex>",
+     "claims": {"<claimUID>": {"namespace": "...", "name": "...",
+                               "state": "PrepareStarted" | "PrepareCompleted",
+                               "devices": [{"requestNames": [...], "poolName": "...",
+                                            "deviceName": "...", "cdiDeviceIds": [...],
+                                            "shareId": "..."}],
+                               "updatedAt": "<RFC 3339>"}}}
+
+``checksum`` is the SHA-256 of the canonical JSON (sorted keys, no whitespace, ASCII)
+of the document without ``checksum``; it is checked on the raw parsed document, before
+schema validation, so it covers fields this version does not know. The file itself is
+that canonical JSON with ``checksum`` appended as the last key.
+
+Compatibility policy:
+
+- Unknown fields are tolerated and preserved. A plugin that is rolled back keeps the
+  fields a newer plugin added to the document and to every claim record it does not
+  rewrite; a record it rewrites is rebuilt from what it knows, because the unknown
+  fields described the old record. So additive changes need no new ``version``.
+- A change an older reader must not misread bumps ``version`` and adds a migration
+  from the previous version to ``MIGRATIONS``. Documents are migrated on read and
+  written in ``CHECKPOINT_VERSION``.
+- A document newer than ``CHECKPOINT_VERSION`` cannot be read safely:
+  ``UnsupportedCheckpointVersionError``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from enum import StrEnum
+from typing import Any, Final
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+CHECKPOINT_VERSION: Final = 1
+
+JsonObject = dict[str, Any]
+Migration = Callable[[JsonObject], JsonObject]
+"""Turns a document of version N into one of version N + 1 (without ``checksum``)."""
+
+MIGRATIONS: Final[Mapping[int, Migration]] = {}
+"""Migrations keyed by the version they read. Version 1 is the first on-disk format."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint document that cannot be used."""
+
+
+class CorruptCheckpoint(CheckpointError):
+    """Not JSON, a wrong checksum, or content that does not fit the schema."""
+
+
+class UnsupportedCheckpointVersionError(CheckpointError):
+    """Written by a newer drasil (or a version with no migration path)."""
+
+
+class ClaimState(StrEnum):
+    """How far prepare got; a ``PrepareStarted`` claim may have partial side effects."""
+
+    PREPARE_STARTED = "PrepareStarted"
+    PREPARE_COMPLETED = "PrepareCompleted"
+
+
+class _Document(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+        extra="allow",
+        # Records are shared between the plugin's threads; nobody edits one in place,
+        # the store replaces it (and writes the file) instead.
+        frozen=True,
+    )
+
+
+class PreparedDevice(_Document):
+    """One device of a prepared claim: what NodePrepareResources returned for it."""
+
+    request_names: tuple[str, ...] = ()
+    pool_name: str
+    device_name: str
+    cdi_device_ids: tuple[str, ...] = ()
+    share_id: str | None = Field(default=None, exclude_if=lambda value: value is None)
+
+
+class ClaimRecord(_Document):
+    """A claim the plugin has started or finished preparing."""
+
+    namespace: str
+    name: str
+    state: ClaimState
+    devices: tuple[PreparedDevice, ...] = ()
+    updated_at: AwareDatetime
+
+
+class Checkpoint(_Document):
+    """The whole checkpoint, keyed by claim UID."""
+
+    version: int = CHECKPOINT_VERSION
+    boot_id: str
+    claims: dict[str, ClaimRecord] = Field(default_factory=dict)
+
+
+def checksum(document: Mapping[str, Any]) -> str:
+    """SHA-256 hex of the canonical JSON of ``document`` minus its ``checksum`` field."""
+    rest = {key: value for key, value in document.items() if key != "checksum"}
+    return hashlib.sha256(_canonical(rest)).hexdigest()
+
+
+def _canonical(document: Mapping[str, Any]) -> bytes:
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode(
+        "ascii"
+    )
+
+
+def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
+    """The bytes to store: canonical JSON with the checksum appended as the last key."""
+    document = checkpoint.model_dump(mode="json")
+    document.pop("checksum", None)
+    document["version"] = CHECKPOINT_VERSION
+    canonical = _canonical(document)
+    # Serializing once and splicing the checksum in keeps a write cheap when a node
+    # holds many claims; the result is still deterministic JSON.
+    digest = hashlib.sha256(canonical).hexdigest()
+    return canonical[:-1] + f',"checksum":"{digest}"}}'.encode("ascii")
+
+
+def decode_checkpoint(
+    data: bytes, *, migrations: Mapping[int, Migration] = MIGRATIONS
+) -> Checkpoint:
+    """Parse stored bytes: verify the checksum, migrate to the current version, validate."""
+    document = _parse_object(data)
+    expected = document.pop("checksum", None)
+    if not isinstance(expected, str):
+        raise CorruptCheckpoint("checksum: missing or not a string")
+    if expected != checksum(document):
+        raise CorruptCheckpoint("checksum: does not match the content")
+    document = migrate(document, migrations=migrations)
+    try:
+        return Checkpoint.model_validate(document)
+    except ValidationError as err:
+        raise CorruptCheckpoint(f"schema: {_first_error(err)}") from err
+
+
+def migrate(document: JsonObject, *, migrations: Mapping[int, Migration]) -> JsonObject:
+    """Apply migrations until ``document`` has ``CHECKPOINT_VERSION``."""
+    version = document.get("version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise CorruptCheckpoint(f"version: {version!r} is not an integer")
+    while version < CHECKPOINT_VERSION:
+        step = migrations.get(version)
+        if step is None:
+            raise UnsupportedCheckpointVersionError(f"version: no migration from {version}")
+        document = step(document)
+        version += 1
+        document["version"] = version
+    if version > CHECKPOINT_VERSION:
+        raise UnsupportedCheckpointVersionError(
+            f"version: {version} is newer than this drasil reads ({CHECKPOINT_VERSION})"
+        )
+    return document
+
+
+def _parse_object(data: bytes) -> JsonObject:
+    try:
+        document = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CorruptCheckpoint(f"not JSON: {err}") from err
+    if not isinstance(document, dict):
+        raise CorruptCheckpoint(f"not a JSON object but {type(document).__name__}")
+    return document
+
+
+def _first_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    location = ".".join(str(part) for part in first["loc"])
+    return f"{location}: {first['msg']} ({err.error_count()} error(s))"

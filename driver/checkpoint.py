@@ -1,0 +1,227 @@
+"""The checkpoint store: the plugin's durable record of prepared claims.
+
+Every mutation rewrites the whole (small) file with ``write_atomic`` before the
+in-memory copy changes, so memory never runs ahead of disk. A lock makes the store
+safe between threads of one process; between processes (two plugin instances in a
+rolling update) the caller holds a ``drasil.driver.files.FileLock`` around prepare
+and unprepare, which also covers the store.
+
+Crash points (see ``drasil.driver.files``): ``checkpoint-mid-write``,
+``checkpoint-before-rename``, ``checkpoint-after-rename``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from types import MappingProxyType
+from typing import Final
+
+from drasil.api.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    ClaimRecord,
+    ClaimState,
+    CorruptCheckpoint,
+    PreparedDevice,
+    decode_checkpoint,
+    encode_checkpoint,
+)
+from drasil.driver.files import fsync_directory, sweep_temp_files, write_atomic
+
+__all__ = [
+    "BOOT_ID_PATH",
+    "CHECKPOINT_FILE",
+    "CheckpointStore",
+    "CorruptCheckpoint",
+    "LoadOutcome",
+    "LoadResult",
+    "read_boot_id",
+]
+
+CHECKPOINT_FILE: Final = "checkpoint.json"
+BOOT_ID_PATH: Final = Path("/proc/sys/kernel/random/boot_id")
+_CRASH_TAG: Final = "checkpoint"
+
+
+def read_boot_id() -> str:
+    """The kernel's id of the current boot; it changes with every reboot."""
+    return BOOT_ID_PATH.read_text(encoding="ascii").strip()
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class LoadOutcome(StrEnum):
+    """What ``load`` found on disk."""
+
+    LOADED = "Loaded"
+    MISSING = "Missing"
+    BOOT_CHANGED = "BootChanged"
+    QUARANTINED = "Quarantined"
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """The checkpoint in force after ``load`` and why it looks the way it does.
+
+    ``discarded`` holds the claims of a checkpoint from an earlier boot: their CDI
+    specs lived in tmpfs and are gone, but other state they left may need cleaning.
+    ``quarantined_to`` and ``detail`` explain a corrupt file, for the Event.
+    """
+
+    checkpoint: Checkpoint
+    outcome: LoadOutcome
+    discarded: Mapping[str, ClaimRecord] = field(default_factory=dict)
+    quarantined_to: Path | None = None
+    detail: str = ""
+
+
+class CheckpointStore:
+    """Load and mutate the checkpoint at ``path``; call ``load`` first."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        boot_id_reader: Callable[[], str] = read_boot_id,
+        clock: Callable[[], datetime] = _utcnow,
+    ) -> None:
+        self.path = path
+        self._boot_id_reader = boot_id_reader
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._current: Checkpoint | None = None
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        """The checkpoint as last written (treat as read-only)."""
+        return self._loaded()
+
+    def claims(self) -> Mapping[str, ClaimRecord]:
+        """All recorded claims by UID, read-only."""
+        return MappingProxyType(self._loaded().claims)
+
+    def get(self, claim_uid: str) -> ClaimRecord | None:
+        """The record of one claim, or ``None``."""
+        return self._loaded().claims.get(claim_uid)
+
+    def load(self) -> LoadResult:
+        """Read the file; raises ``CheckpointError`` when it cannot be used."""
+        with self._lock:
+            return self._load()
+
+    def load_or_quarantine(self) -> LoadResult:
+        """Read the file; an unusable one is moved aside and an empty checkpoint used.
+
+        The plugin keeps serving on a fresh checkpoint and turns ``detail`` into an
+        Event; the bad file stays at ``quarantined_to`` for a human to inspect.
+        """
+        with self._lock:
+            try:
+                return self._load()
+            except CheckpointError as err:
+                moved = self._quarantine()
+                self._current = self._empty()
+                return LoadResult(
+                    self._current, LoadOutcome.QUARANTINED, quarantined_to=moved, detail=str(err)
+                )
+
+    def mark_started(
+        self,
+        claim_uid: str,
+        *,
+        namespace: str,
+        name: str,
+        devices: Iterable[PreparedDevice] = (),
+    ) -> ClaimRecord:
+        """Record that prepare of a claim began (before its first side effect)."""
+        record = ClaimRecord(
+            namespace=namespace,
+            name=name,
+            state=ClaimState.PREPARE_STARTED,
+            devices=tuple(devices),
+            updated_at=self._clock(),
+        )
+        with self._lock:
+            self._put(claim_uid, record)
+        return record
+
+    def mark_completed(self, claim_uid: str, devices: Iterable[PreparedDevice]) -> ClaimRecord:
+        """Record the devices a finished prepare returned; the claim must be started."""
+        with self._lock:
+            started = self._loaded().claims.get(claim_uid)
+            if started is None:
+                raise CheckpointError(f"claim {claim_uid}: completed without being started")
+            record = ClaimRecord(
+                namespace=started.namespace,
+                name=started.name,
+                state=ClaimState.PREPARE_COMPLETED,
+                devices=tuple(devices),
+                updated_at=self._clock(),
+            )
+            self._put(claim_uid, record)
+        return record
+
+    def remove(self, claim_uid: str) -> bool:
+        """Forget a claim; returns whether it was recorded (no write when it was not)."""
+        with self._lock:
+            current = self._loaded()
+            if claim_uid not in current.claims:
+                return False
+            claims = {uid: rec for uid, rec in current.claims.items() if uid != claim_uid}
+            self._save(current.model_copy(update={"claims": claims}))
+        return True
+
+    def _load(self) -> LoadResult:
+        boot_id = self._boot_id_reader()
+        # A crash between the temp write and the rename leaves a temp file; the caller
+        # holds the FileLock at load, so no live writer owns one.
+        sweep_temp_files(self.path.parent, prefix=f"{self.path.name}.")
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            self._current = self._empty(boot_id)
+            return LoadResult(self._current, LoadOutcome.MISSING)
+        stored = decode_checkpoint(data)
+        if stored.boot_id != boot_id:
+            # Rebooted: CDI specs in tmpfs are gone and kubelet prepares again. Persist
+            # the reset so a crash before the next mutation does not repeat it.
+            self._save(self._empty(boot_id))
+            return LoadResult(
+                self._loaded(),
+                LoadOutcome.BOOT_CHANGED,
+                discarded=stored.claims,
+                detail=f"boot id changed from {stored.boot_id} to {boot_id}",
+            )
+        self._current = stored
+        return LoadResult(stored, LoadOutcome.LOADED)
+
+    def _quarantine(self) -> Path:
+        stamp = self._clock().astimezone(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+        target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+        self.path.rename(target)
+        fsync_directory(self.path.parent)
+        return target
+
+    def _put(self, claim_uid: str, record: ClaimRecord) -> None:
+        current = self._loaded()
+        claims = {**current.claims, claim_uid: record}
+        self._save(current.model_copy(update={"claims": claims}))
+
+    def _save(self, checkpoint: Checkpoint) -> None:
+        write_atomic(self.path, encode_checkpoint(checkpoint), mode=0o600, crash_tag=_CRASH_TAG)
+        self._current = checkpoint
+
+    def _empty(self, boot_id: str | None = None) -> Checkpoint:
+        return Checkpoint(boot_id=boot_id if boot_id is not None else self._boot_id_reader())
+
+    def _loaded(self) -> Checkpoint:
+        if self._current is None:
+            raise CheckpointError(f"{self.path}: load() the checkpoint before using it")
+        return self._current

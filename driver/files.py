@@ -1,0 +1,216 @@
+"""Crash-safe files: atomic replacement, durable removal, a cross-process lock.
+
+Every on-disk write that must survive a crash goes through ``write_atomic`` (DESIGN.md,
+Decisions): a reader sees the old content or the new content, never a torn file.
+
+Crash points (fault injection for the crash tests and the e2e kill tests). Start a
+process with ``DRASIL_CRASH_AT=<point>`` and it exits with status 137 (what SIGKILL
+gives) when it reaches that point. The variable is read once, at import, so setting it
+later has no effect and an unset variable costs one comparison per point. ``<tag>`` is
+the ``crash_tag`` a caller passes: ``cdi`` for CDI specs, ``checkpoint`` for the
+checkpoint; callers may add their own points with ``crash_point``.
+
+=========================  ==============================================================
+point                      state left behind
+=========================  ==============================================================
+``<tag>-mid-write``        temp file holds the first half of the data; target untouched
+``<tag>-before-rename``    temp file complete and fsynced; target untouched
+``<tag>-after-rename``     target replaced; the directory entry not yet fsynced
+``<tag>-before-remove``    ``remove_durable`` about to unlink; target untouched
+=========================  ==============================================================
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import secrets
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Final
+
+CRASH_ENV: Final = "DRASIL_CRASH_AT"
+CRASH_EXIT_CODE: Final = 137
+TEMP_SUFFIX: Final = ".tmp"
+
+_CRASH_AT: Final = os.environ.get(CRASH_ENV) or None
+
+
+def crash_point(name: str) -> None:
+    """Exit at once, as if killed, when ``DRASIL_CRASH_AT`` names this point."""
+    if _CRASH_AT is not None and name == _CRASH_AT:
+        # os._exit skips finally blocks, atexit and buffered writes: the closest a
+        # process can come to SIGKILL-ing itself at a precise line.
+        os._exit(CRASH_EXIT_CODE)
+
+
+def temp_path_for(path: Path) -> Path:
+    """A fresh temp name beside ``path``: ``<name>.<random>.tmp``.
+
+    CDI runtimes read only ``*.json``/``*.yaml``, so the temp name must end in neither;
+    the random part keeps concurrent writers of one target apart.
+    """
+    return path.with_name(f"{path.name}.{secrets.token_hex(6)}{TEMP_SUFFIX}")
+
+
+def write_atomic(path: Path, data: bytes, *, mode: int = 0o644, crash_tag: str = "file") -> None:
+    """Replace ``path`` with ``data`` so that a crash leaves the old or the new file.
+
+    Temp file in the same directory (rename is atomic only within one file system),
+    write, fsync, rename over the target, fsync the directory so the rename itself
+    survives power loss. ``mode`` is applied exactly, whatever the umask.
+    """
+    temp = temp_path_for(path)
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    try:
+        try:
+            os.fchmod(fd, mode)
+            _write_all(fd, data, crash_tag=crash_tag)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        crash_point(f"{crash_tag}-before-rename")
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    crash_point(f"{crash_tag}-after-rename")
+    fsync_directory(path.parent)
+
+
+def _write_all(fd: int, data: bytes, *, crash_tag: str) -> None:
+    view = memoryview(data)
+    half = len(view) // 2
+    _write_view(fd, view[:half])
+    crash_point(f"{crash_tag}-mid-write")
+    _write_view(fd, view[half:])
+
+
+def _write_view(fd: int, view: memoryview) -> None:
+    # os.write may write less than asked (signals, pipes); loop until all is out.
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def remove_durable(path: Path, *, crash_tag: str = "file") -> bool:
+    """Remove ``path`` and fsync its directory; a missing file is fine.
+
+    Returns whether a file was removed.
+    """
+    crash_point(f"{crash_tag}-before-remove")
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    fsync_directory(path.parent)
+    return True
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make renames and unlinks in ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sweep_temp_files(directory: Path, *, prefix: str) -> list[Path]:
+    """Remove temp files a crashed ``write_atomic`` left for targets named ``prefix*``.
+
+    Only safe while no other process writes those targets (hold the ``FileLock``),
+    because a live writer's temp file looks the same as a dead one's.
+    """
+    removed = []
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return []
+    for entry in entries:
+        if entry.name.startswith(prefix) and entry.name.endswith(TEMP_SUFFIX):
+            Path(entry.path).unlink(missing_ok=True)
+            removed.append(Path(entry.path))
+    if removed:
+        fsync_directory(directory)
+    return sorted(removed)
+
+
+class LockTimeoutError(TimeoutError):
+    """The lock stayed held by another process for longer than the timeout."""
+
+
+class FileLock:
+    """An exclusive ``flock`` on a lock file, held across processes.
+
+    Serializes prepare/unprepare between plugin instances during a rolling update
+    (kubelet-apis.md, Registration). The lock belongs to the open file, so a crashed
+    holder releases it automatically. Not reentrant: one instance is one acquisition.
+    The lock file is never deleted, because deleting it lets two processes lock two
+    different inodes of the same name.
+    """
+
+    _POLL_START: Final = 0.001
+    _POLL_MAX: Final = 0.05
+
+    def __init__(self, path: Path, *, timeout: float | None = None) -> None:
+        self.path = path
+        self.timeout = timeout
+        self._fd: int | None = None
+
+    @property
+    def locked(self) -> bool:
+        """Whether this instance holds the lock."""
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        """Take the lock, waiting at most ``timeout`` seconds (forever when ``None``)."""
+        if self._fd is not None:
+            raise RuntimeError(f"{self.path} is already locked by this FileLock")
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            self._wait_for_lock(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+
+    def _wait_for_lock(self, fd: int) -> None:
+        if self.timeout is None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            return
+        # flock has no timeout of its own; poll with a growing pause.
+        deadline = time.monotonic() + self.timeout
+        pause = self._POLL_START
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except OSError as err:
+                if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise LockTimeoutError(f"{self.path} still locked after {self.timeout}s")
+            time.sleep(min(pause, remaining))
+            pause = min(pause * 2, self._POLL_MAX)
+
+    def release(self) -> None:
+        """Drop the lock; closing the file is what releases it."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __enter__(self) -> FileLock:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
