@@ -82,6 +82,14 @@ class LoadResult:
     detail: str = ""
 
 
+def _signature(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_mtime_ns)
+
+
 class CheckpointStore:
     """Load and mutate the checkpoint at ``path``; call ``load`` first."""
 
@@ -97,6 +105,7 @@ class CheckpointStore:
         self._clock = clock
         self._lock = threading.Lock()
         self._current: Checkpoint | None = None
+        self._seen: tuple[int, int] | None = None  # (inode, mtime_ns) of the file we know
 
     @property
     def checkpoint(self) -> Checkpoint:
@@ -131,6 +140,19 @@ class CheckpointStore:
                 return LoadResult(
                     self._current, LoadOutcome.QUARANTINED, quarantined_to=moved, detail=str(err)
                 )
+
+    def reload_if_changed(self) -> bool:
+        """Re-read the file if another process replaced it since we last read or wrote it.
+
+        Two plugin instances run side by side during a rolling update; each mutates
+        under the shared FileLock after this check, so neither overwrites the other's
+        claims. Every write renames a new file into place, so the inode tells.
+        """
+        with self._lock:
+            if self._current is not None and _signature(self.path) == self._seen:
+                return False
+            self._load()
+            return True
 
     def mark_started(
         self,
@@ -200,6 +222,7 @@ class CheckpointStore:
                 detail=f"boot id changed from {stored.boot_id} to {boot_id}",
             )
         self._current = stored
+        self._seen = _signature(self.path)
         return LoadResult(stored, LoadOutcome.LOADED)
 
     def _quarantine(self) -> Path:
@@ -217,6 +240,7 @@ class CheckpointStore:
     def _save(self, checkpoint: Checkpoint) -> None:
         write_atomic(self.path, encode_checkpoint(checkpoint), mode=0o600, crash_tag=_CRASH_TAG)
         self._current = checkpoint
+        self._seen = _signature(self.path)
 
     def _empty(self, boot_id: str | None = None) -> Checkpoint:
         return Checkpoint(boot_id=boot_id if boot_id is not None else self._boot_id_reader())

@@ -1,0 +1,376 @@
+"""Discovery: what a node's NVML reports, turned into ``Device`` objects.
+
+There is one code path for real and simulated GPUs: ``discover`` only talks to an
+``NvmlLibrary`` (the pynvml adapter or the simulated fake).
+
+Device names (DNS labels, stable for the same hardware and MIG layout):
+
+- a full GPU is ``gpu-<minor>`` (``gpu-0``); the minor number is that of
+  ``/dev/nvidia<minor>``, which survives reboots better than NVML's index;
+- a MIG device is ``gpu-<parent minor>-mig-<profile>-<gi>-<ci>`` where ``<profile>``
+  is the MIG profile without dots and plus signs and ``<gi>``/``<ci>`` are its GPU and
+  compute instance ids (``gpu-0-mig-1g10gb-7-0`` for a 1g.10gb on GI 7, CI 0).
+
+A GPU with MIG mode enabled publishes its MIG devices and not itself: its memory and
+engines belong to the MIG devices, and handing out the whole GPU as well would give
+the same hardware to two claims.
+
+Attributes are those of DESIGN.md (NVIDIA's names, so selectors are portable); MIG
+devices share their parent's ``index``, ``minor``, PCI attributes and product facts and
+add ``parentUUID`` and ``profile``. ``device_nodes`` is ``/dev/nvidia<minor>`` on real
+hardware (for MIG devices the parent's; the ``/dev/nvidia-caps`` nodes MIG access also
+needs are not handled yet) and empty for simulated GPUs.
+
+A GPU or MIG device whose queries fail is logged and reported in
+``DiscoveryResult.skipped``; it never fails discovery. NVML itself being unusable
+raises ``NvmlUnavailable`` with what to do about it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+
+from drasil.driver.devices import AttributeValue, Device, DeviceType, Version
+from drasil.driver.nvml import (
+    ARCHITECTURE_NAMES,
+    BRAND_NAMES,
+    DeviceAttributes,
+    DeviceHandle,
+    NvmlError,
+    NvmlLibrary,
+    NvmlNotFound,
+    NvmlNotSupported,
+    NvmlQueryError,
+    NvmlUnavailable,
+)
+
+log = logging.getLogger(__name__)
+
+MiB = 2**20
+GiB = 2**30
+
+PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
+PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
+
+# Errors that disqualify one device; anything else is a bug and should surface.
+_DEVICE_ERRORS = (NvmlQueryError, ValueError)
+
+
+@dataclass(frozen=True)
+class SkippedDevice:
+    """A GPU (``mig_index`` None) or MIG slot that discovery left out, and why."""
+
+    index: int
+    reason: str
+    uuid: str | None = None
+    mig_index: int | None = None
+
+
+@dataclass(frozen=True)
+class DiscoveryResult:
+    """The devices of a node and the ones that could not be published."""
+
+    devices: tuple[Device, ...]
+    skipped: tuple[SkippedDevice, ...]
+    driver_version: Version
+    cuda_driver_version: Version
+
+
+@dataclass(frozen=True)
+class _System:
+    driver_version: Version
+    cuda_driver_version: Version
+    device_count: int
+
+
+@dataclass(frozen=True)
+class _Gpu:
+    """What a full GPU contributes to its own device or to its MIG devices."""
+
+    index: int
+    uuid: str
+    minor: int
+    memory: int
+    attributes: Mapping[str, AttributeValue]
+    device_nodes: tuple[str, ...]
+    numa_node: int | None
+    pcie_root: str | None
+
+
+_DRIVER_VERSION = re.compile(r"\s*(\d+)(?:\.(\d+))?(?:\.(\d+))?")
+_NVML_BUS_ID = re.compile(r"([0-9a-fA-F]{1,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])")
+
+
+def driver_version_semver(text: str) -> str:
+    """``580.95.05`` → ``580.95.5``, ``535.104`` → ``535.104.0`` (semver has no leading 0s)."""
+    match = _DRIVER_VERSION.match(text)
+    if match is None:
+        raise ValueError(f"driver version {text!r} does not start with a number")
+    return ".".join(str(int(part or 0)) for part in match.groups())
+
+
+def cuda_version_semver(value: int) -> str:
+    """NVML's ``12040`` → ``12.4.0`` (major * 1000 + minor * 10)."""
+    if value <= 0:
+        raise ValueError(f"CUDA driver version {value} is not a version")
+    return f"{value // 1000}.{value % 1000 // 10}.0"
+
+
+def normalize_pci_bus_id(nvml_bus_id: str) -> str:
+    """NVML's ``00000000:3B:00.0`` → Kubernetes' (and sysfs') ``0000:3b:00.0``."""
+    match = _NVML_BUS_ID.fullmatch(nvml_bus_id.strip())
+    if match is None:
+        raise ValueError(f"PCI bus id {nvml_bus_id!r} is not domain:bus:device.function")
+    domain, bus, device, function = match.groups()
+    return f"{int(domain, 16):04x}:{bus.lower()}:{device.lower()}.{function}"
+
+
+def mig_profile_name(attributes: DeviceAttributes, *, parent_memory: int) -> str:
+    """The profile name (``1g.5gb``, ``1c.3g.20gb``) the way go-nvlib derives it.
+
+    The memory part rounds the MIG device's share of the parent up to eighths and
+    scales it to the parent's size in whole GiB, so 4864 MiB of a 40 GiB A100 is 5gb.
+    """
+    share = Fraction(attributes.memory_size_mib * MiB, parent_memory)
+    eighths = Fraction(math.ceil(share * 8), 8)
+    parent_gb = -(-parent_memory // GiB)
+    gb = math.floor(eighths * parent_gb + Fraction(1, 2))
+    g = attributes.gpu_instance_slice_count
+    c = attributes.compute_instance_slice_count
+    return f"{g}g.{gb}gb" if c == g else f"{c}c.{g}g.{gb}gb"
+
+
+def mig_device_name(
+    *, parent_minor: int, profile: str, gpu_instance: int, compute_instance: int
+) -> str:
+    """``gpu-0-mig-1g10gb-7-0`` (see the module docstring)."""
+    compact = re.sub(r"[^a-z0-9]", "", profile.lower())
+    return f"gpu-{parent_minor}-mig-{compact}-{gpu_instance}-{compute_instance}"
+
+
+def discover(lib: NvmlLibrary, *, node_name: str) -> DiscoveryResult:
+    """Every publishable device of the node behind ``lib``; see the module docstring.
+
+    Raises ``NvmlUnavailable`` when NVML cannot be initialised or answers no system
+    query; per-device failures end up in ``skipped`` instead.
+    """
+    lib.init()
+    try:
+        return _discover(lib, node_name=node_name)
+    finally:
+        try:
+            lib.shutdown()
+        except NvmlError as err:
+            log.warning("nvmlShutdown failed: %s", err, extra={"node": node_name})
+
+
+def _discover(lib: NvmlLibrary, *, node_name: str) -> DiscoveryResult:
+    system = _system(lib)
+    devices: list[Device] = []
+    skipped: list[SkippedDevice] = []
+    for index in range(system.device_count):
+        devices.extend(_discover_gpu(lib, index=index, system=system, skipped=skipped))
+    devices = _unique_names(devices, skipped)
+    for skip in skipped:
+        log.warning(
+            "skipping device: %s",
+            skip.reason,
+            extra={"node": node_name, "gpu_index": skip.index, "mig_index": skip.mig_index},
+        )
+    log.info("discovered %d devices", len(devices), extra={"node": node_name})
+    return DiscoveryResult(
+        devices=tuple(devices),
+        skipped=tuple(skipped),
+        driver_version=system.driver_version,
+        cuda_driver_version=system.cuda_driver_version,
+    )
+
+
+def _system(lib: NvmlLibrary) -> _System:
+    try:
+        driver = lib.system_driver_version()
+        cuda = lib.system_cuda_driver_version()
+        count = lib.device_count()
+        return _System(
+            driver_version=Version(driver_version_semver(driver)),
+            cuda_driver_version=Version(cuda_version_semver(cuda)),
+            device_count=count,
+        )
+    except _DEVICE_ERRORS as err:
+        raise NvmlUnavailable(
+            f"NVML initialised but cannot describe the system ({err}): check that the "
+            "NVIDIA driver is installed completely and matches its NVML library"
+        ) from err
+
+
+def _discover_gpu(
+    lib: NvmlLibrary, *, index: int, system: _System, skipped: list[SkippedDevice]
+) -> list[Device]:
+    uuid: str | None = None
+    try:
+        handle = lib.device_handle_by_index(index)
+        uuid = lib.device_uuid(handle)
+        gpu = _read_gpu(lib, handle, index=index, uuid=uuid, system=system)
+        mig_slots = _mig_slots(lib, handle)
+    except _DEVICE_ERRORS as err:
+        skipped.append(SkippedDevice(index=index, uuid=uuid, reason=f"GPU {index}: {err}"))
+        return []
+    if mig_slots is None:
+        return [_full_gpu(gpu)]
+    migs = _mig_devices(lib, handle, gpu=gpu, slots=mig_slots, skipped=skipped)
+    if not migs and not any(s.index == index for s in skipped):
+        reason = f"GPU {index}: MIG mode is enabled but no MIG devices are configured"
+        skipped.append(SkippedDevice(index=index, uuid=uuid, reason=reason))
+    return migs
+
+
+def _read_gpu(
+    lib: NvmlLibrary, handle: DeviceHandle, *, index: int, uuid: str, system: _System
+) -> _Gpu:
+    minor = lib.device_minor_number(handle)
+    bus_id = normalize_pci_bus_id(lib.device_pci_bus_id(handle))
+    major, cc_minor = lib.device_cuda_compute_capability(handle)
+    pcie_root = lib.pcie_root(bus_id)
+    attributes: dict[str, AttributeValue] = {
+        "uuid": uuid,
+        "productName": lib.device_name(handle),
+        "brand": BRAND_NAMES.get(lib.device_brand(handle), "Unknown"),
+        "architecture": ARCHITECTURE_NAMES.get(lib.device_architecture(handle), "Unknown"),
+        "cudaComputeCapability": Version(f"{major}.{cc_minor}.0"),
+        "driverVersion": system.driver_version,
+        "cudaDriverVersion": system.cuda_driver_version,
+        "index": index,
+        "minor": minor,
+        PCI_BUS_ID_ATTRIBUTE: bus_id,
+    }
+    if pcie_root is not None:
+        attributes[PCIE_ROOT_ATTRIBUTE] = pcie_root
+    return _Gpu(
+        index=index,
+        uuid=uuid,
+        minor=minor,
+        memory=lib.device_memory_total(handle),
+        attributes=attributes,
+        device_nodes=lib.device_nodes(minor),
+        numa_node=lib.device_numa_node(handle),
+        pcie_root=pcie_root,
+    )
+
+
+def _mig_slots(lib: NvmlLibrary, handle: DeviceHandle) -> int | None:
+    """How many MIG slots to look at, or None when the GPU is published whole."""
+    try:
+        mode = lib.device_mig_mode(handle)
+    except NvmlNotSupported:
+        return None
+    if mode.current != mode.pending:
+        # The layout changes only after a GPU reset; publish what is in effect now.
+        log.info("MIG mode change pending until the next GPU reset")
+    return lib.device_max_mig_device_count(handle) if mode.current else None
+
+
+def _full_gpu(gpu: _Gpu) -> Device:
+    return Device(
+        name=f"gpu-{gpu.minor}",
+        type=DeviceType.GPU,
+        uuid=gpu.uuid,
+        minor=gpu.minor,
+        attributes={"type": DeviceType.GPU.value, **gpu.attributes},
+        capacity={"memory": gpu.memory},
+        device_nodes=gpu.device_nodes,
+        numa_node=gpu.numa_node,
+        pcie_root=gpu.pcie_root,
+    )
+
+
+def _mig_devices(
+    lib: NvmlLibrary,
+    handle: DeviceHandle,
+    *,
+    gpu: _Gpu,
+    slots: int,
+    skipped: list[SkippedDevice],
+) -> list[Device]:
+    devices: list[Device] = []
+    for slot in range(slots):
+        try:
+            mig = lib.device_mig_device_handle_by_index(handle, slot)
+        except NvmlNotFound:
+            continue  # an empty slot, not an error
+        except NvmlQueryError as err:
+            skipped.append(_skipped_mig(gpu, slot, err))
+            continue
+        try:
+            devices.append(_mig_device(lib, mig, gpu=gpu))
+        except _DEVICE_ERRORS as err:
+            skipped.append(_skipped_mig(gpu, slot, err))
+    return devices
+
+
+def _skipped_mig(gpu: _Gpu, slot: int, err: Exception) -> SkippedDevice:
+    return SkippedDevice(
+        index=gpu.index, mig_index=slot, reason=f"GPU {gpu.index} MIG device {slot}: {err}"
+    )
+
+
+def _mig_device(lib: NvmlLibrary, handle: DeviceHandle, *, gpu: _Gpu) -> Device:
+    uuid = lib.device_uuid(handle)
+    gi = lib.device_gpu_instance_id(handle)
+    ci = lib.device_compute_instance_id(handle)
+    facts = lib.device_attributes(handle)
+    profile = mig_profile_name(facts, parent_memory=gpu.memory)
+    name = mig_device_name(
+        parent_minor=gpu.minor, profile=profile, gpu_instance=gi, compute_instance=ci
+    )
+    return Device(
+        name=name,
+        type=DeviceType.MIG,
+        uuid=uuid,
+        minor=gpu.minor,
+        attributes={
+            **gpu.attributes,
+            "type": DeviceType.MIG.value,
+            "uuid": uuid,
+            "parentUUID": gpu.uuid,
+            "profile": profile,
+        },
+        capacity=_mig_capacity(facts),
+        parent_uuid=gpu.uuid,
+        device_nodes=gpu.device_nodes,
+        numa_node=gpu.numa_node,
+        pcie_root=gpu.pcie_root,
+    )
+
+
+def _mig_capacity(facts: DeviceAttributes) -> dict[str, int]:
+    return {
+        "memory": facts.memory_size_mib * MiB,
+        "multiprocessors": facts.multiprocessor_count,
+        "copyEngines": facts.copy_engine_count,
+        "decoders": facts.decoder_count,
+        "encoders": facts.encoder_count,
+        "jpegEngines": facts.jpeg_count,
+        "ofaEngines": facts.ofa_count,
+    }
+
+
+def _unique_names(devices: list[Device], skipped: list[SkippedDevice]) -> list[Device]:
+    # Two GPUs with one minor number would be a driver bug; keep the first, report the rest.
+    seen: dict[str, Device] = {}
+    for device in devices:
+        if device.name in seen:
+            reason = f"device name {device.name} already used by {seen[device.name].uuid}"
+            index = device.attributes.get("index")
+            skipped.append(
+                SkippedDevice(
+                    index=index if isinstance(index, int) else -1, uuid=device.uuid, reason=reason
+                )
+            )
+            continue
+        seen[device.name] = device
+    return list(seen.values())

@@ -1,0 +1,474 @@
+"""The NVML surface drasil uses, as a Protocol of our own, and its pynvml adapter.
+
+Discovery and health talk to ``NvmlLibrary`` only. Two classes implement it: the
+``PynvmlLibrary`` adapter over nvidia-ml-py (module ``pynvml``) for real GPUs, and the
+fake in ``drasil.driver.simulated`` for demos and tests. Keeping the Protocol small and
+typed (our own dataclasses, our own exceptions) is what lets the simulated backend run
+the very same discovery code path as real hardware.
+
+Handles are opaque: a library hands them out and takes back only its own.
+
+Two methods are not NVML calls but host facts discovery needs next to NVML:
+``pcie_root`` (the PCIe root complex of a bus id, from sysfs on real hardware) and
+``device_nodes`` (the ``/dev`` nodes of a GPU; the simulated backend has none).
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, TypeAlias, TypeVar
+
+DeviceHandle: TypeAlias = object
+"""An opaque handle of a full GPU or a MIG device, only valid for its own library."""
+
+EventSet: TypeAlias = object
+"""An opaque NVML event set, only valid for its own library."""
+
+# NVML return codes (nvml.h). They are ABI, so matching on them works for every
+# nvidia-ml-py version and for test doubles that only carry ``.value``.
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_TIMEOUT = 10
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
+
+NVML_DEVICE_MIG_ENABLE = 1
+
+# Event types (nvmlEventType*). Health registers for the XID ones.
+EVENT_TYPE_SINGLE_BIT_ECC_ERROR = 0x1
+EVENT_TYPE_DOUBLE_BIT_ECC_ERROR = 0x2
+EVENT_TYPE_XID_CRITICAL_ERROR = 0x8
+
+NO_INSTANCE = 0xFFFFFFFF
+"""The GPU/compute instance id NVML reports in events that are not about a MIG device."""
+
+# nvmlBrandType_t and nvmlDeviceArchitecture_t, spelled as go-nvlib spells them so
+# CEL selectors written for NVIDIA's own DRA driver keep working.
+BRAND_NAMES: dict[int, str] = {
+    0: "Unknown",
+    1: "Quadro",
+    2: "Tesla",
+    3: "NVS",
+    4: "Grid",
+    5: "GeForce",
+    6: "Titan",
+    7: "NvidiaVApps",
+    8: "NvidiaVPC",
+    9: "NvidiaVCS",
+    10: "NvidiaVWS",
+    11: "NvidiaCloudGaming",
+    12: "QuadroRTX",
+    13: "NvidiaRTX",
+    14: "Nvidia",
+    15: "GeForceRTX",
+    16: "TitanRTX",
+}
+BRAND_NVIDIA = 14
+
+ARCHITECTURE_NAMES: dict[int, str] = {
+    2: "Kepler",
+    3: "Maxwell",
+    4: "Pascal",
+    5: "Volta",
+    6: "Turing",
+    7: "Ampere",
+    8: "Ada Lovelace",
+    9: "Hopper",
+    10: "Blackwell",
+    0xFFFFFFFF: "Unknown",
+}
+ARCH_AMPERE = 7
+ARCH_ADA = 8
+ARCH_HOPPER = 9
+
+
+class NvmlError(Exception):
+    """Base of every error the NVML layer raises."""
+
+
+class NvmlUnavailable(NvmlError):
+    """NVML cannot be used on this host at all; the message says what to do."""
+
+
+class NvmlQueryError(NvmlError):
+    """One NVML query failed (usually for one device); ``code`` is NVML's return code."""
+
+    def __init__(self, message: str, *, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class NvmlNotSupported(NvmlQueryError):
+    """The query is not supported by this device (e.g. MIG mode on an L4)."""
+
+
+class NvmlNotFound(NvmlQueryError):
+    """The thing asked for does not exist (e.g. an empty MIG device slot)."""
+
+
+@dataclass(frozen=True)
+class MigMode:
+    """``nvmlDeviceGetMigMode``: the mode in effect and the one after the next reset."""
+
+    current: bool
+    pending: bool
+
+
+@dataclass(frozen=True)
+class DeviceAttributes:
+    """``nvmlDeviceGetAttributes`` of a MIG device (engine counts are shared counts)."""
+
+    multiprocessor_count: int
+    copy_engine_count: int
+    decoder_count: int
+    encoder_count: int
+    jpeg_count: int
+    ofa_count: int
+    gpu_instance_slice_count: int
+    compute_instance_slice_count: int
+    memory_size_mib: int
+
+
+@dataclass(frozen=True)
+class EventData:
+    """One event from ``nvmlEventSetWait``; ``device`` is the full GPU's handle.
+
+    For events about a MIG device, ``gpu_instance_id``/``compute_instance_id`` name it;
+    otherwise they are ``NO_INSTANCE``.
+    """
+
+    device: DeviceHandle
+    event_type: int
+    event_data: int
+    gpu_instance_id: int = NO_INSTANCE
+    compute_instance_id: int = NO_INSTANCE
+
+
+class NvmlLibrary(Protocol):
+    """The NVML calls discovery and health need; every call may raise ``NvmlError``."""
+
+    def init(self) -> None:
+        """``nvmlInit``; raises ``NvmlUnavailable`` with advice when NVML is unusable."""
+
+    def shutdown(self) -> None:
+        """``nvmlShutdown`` (NVML counts init/shutdown pairs)."""
+
+    def system_driver_version(self) -> str:
+        """The kernel driver version as NVML prints it, e.g. ``580.95.05``."""
+
+    def system_cuda_driver_version(self) -> int:
+        """The CUDA driver API version as NVML encodes it, e.g. ``13000`` for 13.0."""
+
+    def device_count(self) -> int: ...
+
+    def device_handle_by_index(self, index: int) -> DeviceHandle: ...
+
+    def device_name(self, handle: DeviceHandle) -> str: ...
+
+    def device_uuid(self, handle: DeviceHandle) -> str: ...
+
+    def device_minor_number(self, handle: DeviceHandle) -> int: ...
+
+    def device_memory_total(self, handle: DeviceHandle) -> int:
+        """Total framebuffer memory in bytes."""
+
+    def device_pci_bus_id(self, handle: DeviceHandle) -> str:
+        """NVML's bus id, e.g. ``00000000:3B:00.0`` (discovery normalises it)."""
+
+    def device_cuda_compute_capability(self, handle: DeviceHandle) -> tuple[int, int]: ...
+
+    def device_brand(self, handle: DeviceHandle) -> int:
+        """An ``nvmlBrandType_t`` value; see ``BRAND_NAMES``."""
+
+    def device_architecture(self, handle: DeviceHandle) -> int:
+        """An ``nvmlDeviceArchitecture_t`` value; see ``ARCHITECTURE_NAMES``."""
+
+    def device_numa_node(self, handle: DeviceHandle) -> int | None:
+        """The NUMA node closest to the GPU, or None where NVML does not know one."""
+
+    def device_mig_mode(self, handle: DeviceHandle) -> MigMode:
+        """Raises ``NvmlNotSupported`` on GPUs without MIG."""
+
+    def device_max_mig_device_count(self, handle: DeviceHandle) -> int: ...
+
+    def device_mig_device_handle_by_index(self, handle: DeviceHandle, index: int) -> DeviceHandle:
+        """Raises ``NvmlNotFound`` for a slot without a MIG device."""
+
+    def device_gpu_instance_id(self, handle: DeviceHandle) -> int: ...
+
+    def device_compute_instance_id(self, handle: DeviceHandle) -> int: ...
+
+    def device_attributes(self, handle: DeviceHandle) -> DeviceAttributes: ...
+
+    def device_parent_handle(self, handle: DeviceHandle) -> DeviceHandle:
+        """The full GPU a MIG device belongs to."""
+
+    def device_supported_event_types(self, handle: DeviceHandle) -> int: ...
+
+    def event_set_create(self) -> EventSet: ...
+
+    def device_register_events(
+        self, handle: DeviceHandle, event_types: int, event_set: EventSet
+    ) -> None: ...
+
+    def event_set_wait(self, event_set: EventSet, timeout_ms: int) -> EventData | None:
+        """The next event, or None when ``timeout_ms`` passed without one."""
+
+    def event_set_free(self, event_set: EventSet) -> None: ...
+
+    def pcie_root(self, pci_bus_id: str) -> str | None:
+        """Not NVML: the root complex (``pci0000:3a``) of a normalised bus id, if known."""
+
+    def device_nodes(self, minor: int) -> tuple[str, ...]:
+        """Not NVML: the host device nodes of the GPU with this minor number."""
+
+
+_PCI_ROOT = re.compile(r"pci[0-9a-f]{4,}:[0-9a-f]{2}")
+
+
+def sysfs_pcie_root(pci_bus_id: str, *, sysfs: Path = Path("/sys")) -> str | None:
+    """The PCIe root complex of a device, read from where its sysfs node really lives.
+
+    ``/sys/bus/pci/devices/0000:3b:00.0`` links to
+    ``/sys/devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0``; the ``pci…`` component is
+    the root (the same rule as Kubernetes' ``deviceattribute`` helper).
+    """
+    try:
+        target = (sysfs / "bus" / "pci" / "devices" / pci_bus_id).resolve(strict=True)
+    except OSError:
+        return None
+    return next((part for part in target.parts if _PCI_ROOT.fullmatch(part)), None)
+
+
+_INIT_ADVICE = {
+    NVML_ERROR_LIBRARY_NOT_FOUND: (
+        "the NVML library libnvidia-ml.so.1 was not found: install the NVIDIA driver on "
+        "the node and make its libraries visible to the plugin (driver root mount or "
+        "NVIDIA Container Toolkit), or use the simulated backend on nodes without GPUs"
+    ),
+    NVML_ERROR_DRIVER_NOT_LOADED: (
+        "the NVIDIA kernel driver is not loaded: load it (modprobe nvidia, see dmesg) or "
+        "do not run the NVML backend on nodes without NVIDIA GPUs"
+    ),
+    NVML_ERROR_LIB_RM_VERSION_MISMATCH: (
+        "the NVML library and the loaded kernel driver are different versions (usually a "
+        "driver upgrade without reboot): reboot the node or reload the nvidia modules"
+    ),
+    NVML_ERROR_NO_PERMISSION: (
+        "no permission to open the NVIDIA device nodes (/dev/nvidiactl, /dev/nvidia*): "
+        "run the plugin with access to them"
+    ),
+}
+
+T = TypeVar("T")
+
+
+def _code(err: BaseException) -> int | None:
+    value = getattr(err, "value", None)
+    return value if isinstance(value, int) else None
+
+
+def _text(value: object) -> str:
+    # pynvml returns str on Python 3 for most calls, but raw ctypes fields are bytes.
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _query_error(what: str, err: BaseException) -> NvmlQueryError:
+    code = _code(err)
+    message = f"{what}: {err}"
+    if code == NVML_ERROR_NOT_SUPPORTED:
+        return NvmlNotSupported(message, code=code)
+    if code == NVML_ERROR_NOT_FOUND:
+        return NvmlNotFound(message, code=code)
+    return NvmlQueryError(message, code=code)
+
+
+class PynvmlLibrary:
+    """``NvmlLibrary`` over nvidia-ml-py, mapping ``NVMLError`` to our exceptions.
+
+    ``pcie_root`` is injectable so tests (and odd hosts) need no real sysfs; device
+    nodes are ``<dev_root>/nvidia<minor>``.
+    """
+
+    def __init__(
+        self,
+        *,
+        pcie_root: Callable[[str], str | None] = sysfs_pcie_root,
+        dev_root: str = "/dev",
+    ) -> None:
+        try:
+            self._nvml: Any = importlib.import_module("pynvml")
+        except ImportError as err:
+            raise NvmlUnavailable(
+                "the Python module pynvml is missing: install the nvidia-ml-py package"
+            ) from err
+        self._pcie_root = pcie_root
+        self._dev_root = dev_root
+
+    def _call(self, what: str, fn: Callable[..., T], *args: object) -> T:
+        try:
+            return fn(*args)
+        except self._nvml.NVMLError as err:
+            raise _query_error(what, err) from err
+
+    def init(self) -> None:
+        try:
+            self._nvml.nvmlInit()
+        except self._nvml.NVMLError as err:
+            advice = _INIT_ADVICE.get(_code(err) or 0, "see the NVIDIA driver's logs (dmesg)")
+            raise NvmlUnavailable(f"NVML is unavailable ({err}): {advice}") from err
+
+    def shutdown(self) -> None:
+        self._call("nvmlShutdown", self._nvml.nvmlShutdown)
+
+    def system_driver_version(self) -> str:
+        return _text(
+            self._call("nvmlSystemGetDriverVersion", self._nvml.nvmlSystemGetDriverVersion)
+        )
+
+    def system_cuda_driver_version(self) -> int:
+        fn = self._nvml.nvmlSystemGetCudaDriverVersion
+        return int(self._call("nvmlSystemGetCudaDriverVersion", fn))
+
+    def device_count(self) -> int:
+        return int(self._call("nvmlDeviceGetCount", self._nvml.nvmlDeviceGetCount))
+
+    def device_handle_by_index(self, index: int) -> DeviceHandle:
+        fn = self._nvml.nvmlDeviceGetHandleByIndex
+        return self._call(f"nvmlDeviceGetHandleByIndex({index})", fn, index)
+
+    def device_name(self, handle: DeviceHandle) -> str:
+        return _text(self._call("nvmlDeviceGetName", self._nvml.nvmlDeviceGetName, handle))
+
+    def device_uuid(self, handle: DeviceHandle) -> str:
+        return _text(self._call("nvmlDeviceGetUUID", self._nvml.nvmlDeviceGetUUID, handle))
+
+    def device_minor_number(self, handle: DeviceHandle) -> int:
+        fn = self._nvml.nvmlDeviceGetMinorNumber
+        return int(self._call("nvmlDeviceGetMinorNumber", fn, handle))
+
+    def device_memory_total(self, handle: DeviceHandle) -> int:
+        info = self._call("nvmlDeviceGetMemoryInfo", self._nvml.nvmlDeviceGetMemoryInfo, handle)
+        return int(info.total)
+
+    def device_pci_bus_id(self, handle: DeviceHandle) -> str:
+        info = self._call("nvmlDeviceGetPciInfo", self._nvml.nvmlDeviceGetPciInfo, handle)
+        return _text(info.busId)
+
+    def device_cuda_compute_capability(self, handle: DeviceHandle) -> tuple[int, int]:
+        fn = self._nvml.nvmlDeviceGetCudaComputeCapability
+        major, minor = self._call("nvmlDeviceGetCudaComputeCapability", fn, handle)
+        return int(major), int(minor)
+
+    def device_brand(self, handle: DeviceHandle) -> int:
+        return int(self._call("nvmlDeviceGetBrand", self._nvml.nvmlDeviceGetBrand, handle))
+
+    def device_architecture(self, handle: DeviceHandle) -> int:
+        fn = self._nvml.nvmlDeviceGetArchitecture
+        return int(self._call("nvmlDeviceGetArchitecture", fn, handle))
+
+    def device_numa_node(self, handle: DeviceHandle) -> int | None:
+        fn = getattr(self._nvml, "nvmlDeviceGetNumaNodeId", None)
+        if fn is None:  # older nvidia-ml-py
+            return None
+        try:
+            node = int(self._call("nvmlDeviceGetNumaNodeId", fn, handle))
+        except NvmlQueryError as err:
+            if err.code in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
+                return None
+            raise
+        return node if node >= 0 else None
+
+    def device_mig_mode(self, handle: DeviceHandle) -> MigMode:
+        current, pending = self._call(
+            "nvmlDeviceGetMigMode", self._nvml.nvmlDeviceGetMigMode, handle
+        )
+        return MigMode(
+            current=current == NVML_DEVICE_MIG_ENABLE, pending=pending == NVML_DEVICE_MIG_ENABLE
+        )
+
+    def device_max_mig_device_count(self, handle: DeviceHandle) -> int:
+        fn = self._nvml.nvmlDeviceGetMaxMigDeviceCount
+        return int(self._call("nvmlDeviceGetMaxMigDeviceCount", fn, handle))
+
+    def device_mig_device_handle_by_index(self, handle: DeviceHandle, index: int) -> DeviceHandle:
+        what = f"nvmlDeviceGetMigDeviceHandleByIndex({index})"
+        try:
+            return self._call(what, self._nvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, index)
+        except NvmlQueryError as err:
+            # An empty slot answers NOT_FOUND or INVALID_ARGUMENT depending on the driver.
+            if err.code == NVML_ERROR_INVALID_ARGUMENT:
+                raise NvmlNotFound(str(err), code=err.code) from err
+            raise
+
+    def device_gpu_instance_id(self, handle: DeviceHandle) -> int:
+        fn = self._nvml.nvmlDeviceGetGpuInstanceId
+        return int(self._call("nvmlDeviceGetGpuInstanceId", fn, handle))
+
+    def device_compute_instance_id(self, handle: DeviceHandle) -> int:
+        fn = self._nvml.nvmlDeviceGetComputeInstanceId
+        return int(self._call("nvmlDeviceGetComputeInstanceId", fn, handle))
+
+    def device_attributes(self, handle: DeviceHandle) -> DeviceAttributes:
+        raw = self._call("nvmlDeviceGetAttributes", self._nvml.nvmlDeviceGetAttributes, handle)
+        return DeviceAttributes(
+            multiprocessor_count=int(raw.multiprocessorCount),
+            copy_engine_count=int(raw.sharedCopyEngineCount),
+            decoder_count=int(raw.sharedDecoderCount),
+            encoder_count=int(raw.sharedEncoderCount),
+            jpeg_count=int(raw.sharedJpegCount),
+            ofa_count=int(raw.sharedOfaCount),
+            gpu_instance_slice_count=int(raw.gpuInstanceSliceCount),
+            compute_instance_slice_count=int(raw.computeInstanceSliceCount),
+            memory_size_mib=int(raw.memorySizeMB),
+        )
+
+    def device_parent_handle(self, handle: DeviceHandle) -> DeviceHandle:
+        fn = self._nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle
+        return self._call("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", fn, handle)
+
+    def device_supported_event_types(self, handle: DeviceHandle) -> int:
+        fn = self._nvml.nvmlDeviceGetSupportedEventTypes
+        return int(self._call("nvmlDeviceGetSupportedEventTypes", fn, handle))
+
+    def event_set_create(self) -> EventSet:
+        return self._call("nvmlEventSetCreate", self._nvml.nvmlEventSetCreate)
+
+    def device_register_events(
+        self, handle: DeviceHandle, event_types: int, event_set: EventSet
+    ) -> None:
+        fn = self._nvml.nvmlDeviceRegisterEvents
+        self._call("nvmlDeviceRegisterEvents", fn, handle, event_types, event_set)
+
+    def event_set_wait(self, event_set: EventSet, timeout_ms: int) -> EventData | None:
+        try:
+            raw = self._call("nvmlEventSetWait", self._nvml.nvmlEventSetWait, event_set, timeout_ms)
+        except NvmlQueryError as err:
+            if err.code == NVML_ERROR_TIMEOUT:
+                return None
+            raise
+        return EventData(
+            device=raw.device,
+            event_type=int(raw.eventType),
+            event_data=int(raw.eventData),
+            gpu_instance_id=int(raw.gpuInstanceId),
+            compute_instance_id=int(raw.computeInstanceId),
+        )
+
+    def event_set_free(self, event_set: EventSet) -> None:
+        self._call("nvmlEventSetFree", self._nvml.nvmlEventSetFree, event_set)
+
+    def pcie_root(self, pci_bus_id: str) -> str | None:
+        return self._pcie_root(pci_bus_id)
+
+    def device_nodes(self, minor: int) -> tuple[str, ...]:
+        return (f"{self._dev_root}/nvidia{minor}",)

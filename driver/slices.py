@@ -1,0 +1,549 @@
+"""ResourceSlice objects (``resource.k8s.io/v1``) for one pool of devices.
+
+``build_slices`` turns ``Device`` objects into plain JSON dicts, ready for the API
+server, split under the per-slice limits of ``reference/dra-api.md``: at most 128
+devices per slice, 64 once a slice holds a device with taints or counter
+consumptions, and shared counters in slices of their own (at most 8 counter sets
+each). Counter slices come first, then device slices, all numbered in one sequence.
+
+The output is a pure function of the input: devices are sorted by a natural key
+(``gpu-2`` before ``gpu-10``), attribute and capacity maps by name, and slice names
+are derived from pool, driver and position (``<pool>-<driver with dots as dashes>-<n>``,
+hashed down when longer than a DNS subdomain allows). An unchanged inventory
+therefore yields byte-identical slices, and ``drasil.driver.publish`` can match them
+to existing ones by name.
+
+``validate_slice`` checks a slice against what the API server would reject and
+names the device and field at fault; ``build_slices`` runs it on every slice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any, TypeAlias
+
+from drasil.api.quantity import QuantityError, format_bytes, parse_quantity
+from drasil.driver.devices import AttributeValue, Device, Version
+
+JsonObject: TypeAlias = dict[str, Any]
+
+API_VERSION = "resource.k8s.io/v1"
+KIND = "ResourceSlice"
+
+MAX_DEVICES_PER_SLICE = 128
+MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS = 64
+MAX_COUNTER_SETS_PER_SLICE = 8
+MAX_COUNTERS_PER_SET = 32
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+MAX_TAINTS_PER_DEVICE = 16  # 4 on Kubernetes 1.34
+MAX_CONSUMED_COUNTER_SETS = 2
+MAX_VALUE_LENGTH = 64
+MAX_DRIVER_NAME = 63
+MAX_POOL_NAME = 253
+MAX_SUBDOMAIN = 253
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+class TaintEffect(StrEnum):
+    """What a device taint does to claims that do not tolerate it."""
+
+    NONE = "None"
+    NO_SCHEDULE = "NoSchedule"
+    NO_EXECUTE = "NoExecute"
+
+
+@dataclass(frozen=True)
+class Taint:
+    """A device taint; ``time_added`` (RFC 3339) is filled in by the API server if None."""
+
+    key: str
+    effect: TaintEffect
+    value: str = ""
+    time_added: str | None = None
+
+
+@dataclass(frozen=True)
+class CounterSet:
+    """A named set of shared counters (partitionable devices), values in their unit."""
+
+    name: str
+    counters: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class CounterConsumption:
+    """What one device takes from a counter set when it is allocated."""
+
+    counter_set: str
+    counters: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class OwnerRef:
+    """The owner of a pool's slices; node-local slices are owned by their Node."""
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+    controller: bool = True
+
+    @classmethod
+    def node(cls, *, name: str, uid: str) -> OwnerRef:
+        return cls(api_version="v1", kind="Node", name=name, uid=uid)
+
+    def to_json(self) -> JsonObject:
+        return {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": self.controller,
+        }
+
+
+class SliceValidationError(ValueError):
+    """A slice the API server would reject; the message names the device and field."""
+
+
+# -- names ------------------------------------------------------------------------
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_SEMVER = re.compile(
+    r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(-((0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(\.(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+    r"(\+([0-9a-zA-Z-]+(\.[0-9a-zA-Z-]+)*))?"
+)
+
+
+def is_dns_label(text: str) -> bool:
+    return len(text) <= 63 and _DNS_LABEL.fullmatch(text) is not None
+
+
+def is_dns_subdomain(text: str, *, limit: int = MAX_SUBDOMAIN) -> bool:
+    return len(text) <= limit and _DNS_SUBDOMAIN.fullmatch(text) is not None
+
+
+def is_semver(text: str) -> bool:
+    return _SEMVER.fullmatch(text) is not None
+
+
+def qualified_name_error(name: str) -> str | None:
+    """Why ``name`` is not an attribute/capacity name, or None when it is one."""
+    domain, slash, identifier = name.rpartition("/")
+    if slash and not is_dns_subdomain(domain, limit=63):
+        return f"domain {domain!r} is not a DNS subdomain of at most 63 characters"
+    if len(identifier) > 32 or _C_IDENTIFIER.fullmatch(identifier) is None:
+        return f"{identifier!r} is not a C identifier of at most 32 characters"
+    return None
+
+
+def _label_key_error(key: str) -> str | None:
+    prefix, slash, name = key.rpartition("/")
+    if slash and not is_dns_subdomain(prefix):
+        return f"prefix {prefix!r} is not a DNS subdomain"
+    if len(name) > 63 or _LABEL_NAME.fullmatch(name) is None:
+        return f"name {name!r} is not a label name of at most 63 characters"
+    return None
+
+
+def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key that orders digit runs by value: ``gpu-2`` before ``gpu-10``."""
+    return tuple(
+        (0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part
+    )
+
+
+def _dns_subdomain_of(text: str) -> str:
+    cleaned = re.sub(r"[^a-z0-9.-]", "-", text.lower())
+    labels = [label.strip("-") for label in cleaned.split(".")]
+    return ".".join(label for label in labels if label) or "pool"
+
+
+def slice_name(*, pool: str, driver: str, index: int) -> str:
+    """``<pool>-<driver with dots as dashes>-<index>``, always a valid object name."""
+    base = _dns_subdomain_of(f"{pool}-{driver.replace('.', '-')}")
+    suffix = f"-{index}"
+    room = MAX_SUBDOMAIN - len(suffix)
+    if len(base) > room:
+        # Keep names unique when long pools share a prefix: end them with a hash.
+        digest = hashlib.sha256(f"{pool}\0{driver}".encode()).hexdigest()[:10]
+        base = f"{base[: room - 11].rstrip('-.')}-{digest}"
+    return base + suffix
+
+
+# -- building ---------------------------------------------------------------------
+
+
+def quantity(value: int) -> str:
+    """A capacity or counter value as a Quantity: ``80Gi`` for whole MiB, else ``14``."""
+    if value >= 2**20 and value % 2**20 == 0:
+        return format_bytes(value)
+    return str(value)
+
+
+def _attribute(value: AttributeValue) -> JsonObject:
+    # bool before int: bool is an int subclass.
+    if isinstance(value, bool):
+        return {"bool": value}
+    if isinstance(value, int):
+        return {"int": value}
+    if isinstance(value, Version):
+        return {"version": value.value}
+    return {"string": str(value)}
+
+
+def _counters(counters: Mapping[str, int]) -> JsonObject:
+    return {name: {"value": quantity(counters[name])} for name in sorted(counters)}
+
+
+def _taint(taint: Taint) -> JsonObject:
+    out: JsonObject = {"key": taint.key}
+    if taint.value:
+        out["value"] = taint.value
+    out["effect"] = taint.effect.value
+    if taint.time_added is not None:
+        out["timeAdded"] = taint.time_added
+    return out
+
+
+def _device(
+    device: Device, taints: Sequence[Taint], consumes: Sequence[CounterConsumption]
+) -> JsonObject:
+    out: JsonObject = {"name": device.name}
+    if device.attributes:
+        attrs = device.attributes
+        out["attributes"] = {name: _attribute(attrs[name]) for name in sorted(attrs)}
+    if device.capacity:
+        out["capacity"] = _counters(device.capacity)
+    if consumes:
+        out["consumesCounters"] = [
+            {"counterSet": c.counter_set, "counters": _counters(c.counters)} for c in consumes
+        ]
+    if taints:
+        out["taints"] = [_taint(t) for t in taints]
+    return out
+
+
+def _is_restricted(device: Mapping[str, Any]) -> bool:
+    return bool(device.get("taints") or device.get("consumesCounters"))
+
+
+def _device_chunks(devices: Sequence[JsonObject]) -> Iterator[list[JsonObject]]:
+    chunk: list[JsonObject] = []
+    restricted = False
+    for device in devices:
+        would_restrict = restricted or _is_restricted(device)
+        limit = (
+            MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS
+            if would_restrict
+            else MAX_DEVICES_PER_SLICE
+        )
+        if len(chunk) + 1 > limit:
+            yield chunk
+            chunk, would_restrict = [], _is_restricted(device)
+        chunk.append(device)
+        restricted = would_restrict
+    if chunk:
+        yield chunk
+
+
+def _counter_chunks(counter_sets: Sequence[CounterSet]) -> Iterator[list[JsonObject]]:
+    ordered = sorted(counter_sets, key=lambda c: natural_key(c.name))
+    for start in range(0, len(ordered), MAX_COUNTER_SETS_PER_SLICE):
+        chunk = ordered[start : start + MAX_COUNTER_SETS_PER_SLICE]
+        yield [{"name": c.name, "counters": _counters(c.counters)} for c in chunk]
+
+
+def _node_selection(
+    *, node_name: str | None, node_selector: Mapping[str, Any] | None, all_nodes: bool
+) -> JsonObject:
+    chosen = [node_name is not None, node_selector is not None, all_nodes]
+    if sum(chosen) != 1:
+        raise ValueError("set exactly one of node_name, node_selector and all_nodes")
+    if node_name is not None:
+        return {"nodeName": node_name}
+    if node_selector is not None:
+        return {"nodeSelector": dict(node_selector)}
+    return {"allNodes": True}
+
+
+def _check_inputs(
+    devices: Sequence[Device],
+    taints: Mapping[str, Sequence[Taint]],
+    consumes: Mapping[str, Sequence[CounterConsumption]],
+) -> None:
+    names = [d.name for d in devices]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise SliceValidationError(f"device names used more than once: {', '.join(duplicates)}")
+    # Taints or counters for a device we do not publish are a caller bug, not a no-op.
+    unknown = sorted((set(taints) | set(consumes)) - set(names))
+    if unknown:
+        raise SliceValidationError(f"taints or counters for unknown devices: {', '.join(unknown)}")
+
+
+def build_slices(
+    *,
+    driver: str,
+    pool: str,
+    devices: Sequence[Device],
+    node_name: str | None = None,
+    node_selector: Mapping[str, Any] | None = None,
+    all_nodes: bool = False,
+    taints: Mapping[str, Sequence[Taint]] = _EMPTY,
+    counter_sets: Sequence[CounterSet] = (),
+    consumes: Mapping[str, Sequence[CounterConsumption]] = _EMPTY,
+    generation: int,
+    owner: OwnerRef | None,
+    labels: Mapping[str, str] = _EMPTY,
+) -> list[JsonObject]:
+    """All ResourceSlices of one pool (see the module docstring).
+
+    Exactly one of ``node_name``, ``node_selector`` (a NodeSelector with one term) and
+    ``all_nodes`` must be given; ``taints`` and ``consumes`` are keyed by device name.
+    A pool without devices and counters still gets one empty slice, so consumers can
+    tell "no devices" from "not published". ``generation`` is written as given;
+    ``drasil.driver.publish.plan_publish`` replaces it with the pool's next one.
+    """
+    selection = _node_selection(
+        node_name=node_name, node_selector=node_selector, all_nodes=all_nodes
+    )
+    ordered = sorted(devices, key=lambda d: (natural_key(d.name), d.name))
+    _check_inputs(ordered, taints, consumes)
+    device_objects = [_device(d, taints.get(d.name, ()), consumes.get(d.name, ())) for d in ordered]
+    bodies: list[JsonObject] = [{"sharedCounters": c} for c in _counter_chunks(counter_sets)]
+    bodies += [{"devices": chunk} for chunk in _device_chunks(device_objects)]
+    if not bodies:
+        bodies = [{"devices": []}]
+    slices = [
+        _slice(
+            name=slice_name(pool=pool, driver=driver, index=index),
+            spec={
+                "driver": driver,
+                "pool": {"name": pool, "generation": generation, "resourceSliceCount": len(bodies)},
+                **selection,
+                **body,
+            },
+            owner=owner,
+            labels=labels,
+        )
+        for index, body in enumerate(bodies)
+    ]
+    _check_counter_references(slices)
+    for obj in slices:
+        validate_slice(obj)
+    return slices
+
+
+def _slice(
+    *, name: str, spec: JsonObject, owner: OwnerRef | None, labels: Mapping[str, str]
+) -> JsonObject:
+    metadata: JsonObject = {"name": name}
+    if labels:
+        metadata["labels"] = {key: labels[key] for key in sorted(labels)}
+    if owner is not None:
+        metadata["ownerReferences"] = [owner.to_json()]
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec}
+
+
+def _check_counter_references(slices: Sequence[JsonObject]) -> None:
+    known: dict[str, set[str]] = {}
+    for obj in slices:
+        for counter_set in obj["spec"].get("sharedCounters", ()):
+            known[counter_set["name"]] = set(counter_set["counters"])
+    for obj in slices:
+        for device in obj["spec"].get("devices", ()):
+            for use in device.get("consumesCounters", ()):
+                missing = set(use["counters"]) - known.get(use["counterSet"], set())
+                if use["counterSet"] not in known or missing:
+                    raise SliceValidationError(
+                        f'device "{device["name"]}": consumesCounters: counter set '
+                        f'"{use["counterSet"]}" or counters {sorted(missing)} are not in the pool'
+                    )
+
+
+# -- validation -------------------------------------------------------------------
+
+
+def _fail(where: str, message: str) -> SliceValidationError:
+    return SliceValidationError(f"{where}: {message}")
+
+
+def validate_slice(obj: Mapping[str, Any]) -> None:
+    """Raise SliceValidationError for anything the API server would reject."""
+    metadata = obj.get("metadata", {})
+    where = f'ResourceSlice "{metadata.get("name") or metadata.get("generateName", "?")}"'
+    name = metadata.get("name")
+    if name is not None and not is_dns_subdomain(name):
+        raise _fail(where, "metadata.name is not a DNS subdomain of at most 253 characters")
+    spec = obj.get("spec", {})
+    _validate_pool(where, spec)
+    _validate_node_selection(where, spec)
+    devices = spec.get("devices") or []
+    counter_sets = spec.get("sharedCounters") or []
+    if devices and counter_sets:
+        raise _fail(where, "a slice holds either devices or sharedCounters, not both")
+    _validate_counter_sets(where, counter_sets)
+    _validate_devices(where, devices)
+
+
+def _validate_pool(where: str, spec: Mapping[str, Any]) -> None:
+    driver = spec.get("driver", "")
+    if not is_dns_subdomain(driver, limit=MAX_DRIVER_NAME):
+        raise _fail(
+            where, f"spec.driver {driver!r} is not a DNS subdomain of at most 63 characters"
+        )
+    pool = spec.get("pool", {})
+    pool_name = pool.get("name", "")
+    if not pool_name or len(pool_name) > MAX_POOL_NAME:
+        raise _fail(where, f"spec.pool.name must have 1 to {MAX_POOL_NAME} characters")
+    if not all(is_dns_subdomain(part) for part in pool_name.split("/")):
+        raise _fail(where, f"spec.pool.name {pool_name!r} is not DNS subdomains joined by /")
+    if not isinstance(pool.get("generation"), int) or pool["generation"] < 0:
+        raise _fail(where, "spec.pool.generation must be a non-negative integer")
+    if not isinstance(pool.get("resourceSliceCount"), int) or pool["resourceSliceCount"] < 1:
+        raise _fail(where, "spec.pool.resourceSliceCount must be at least 1")
+
+
+def _validate_node_selection(where: str, spec: Mapping[str, Any]) -> None:
+    chosen = [
+        bool(spec.get("nodeName")),
+        spec.get("nodeSelector") is not None,
+        spec.get("allNodes") is True,
+        spec.get("perDeviceNodeSelection") is True,
+    ]
+    if sum(chosen) != 1:
+        raise _fail(
+            where, "exactly one of nodeName, nodeSelector, allNodes, perDeviceNodeSelection"
+        )
+    selector = spec.get("nodeSelector")
+    if selector is not None and len(selector.get("nodeSelectorTerms") or []) != 1:
+        raise _fail(where, "spec.nodeSelector must have exactly one nodeSelectorTerm")
+
+
+def _validate_counter_sets(where: str, counter_sets: Sequence[Mapping[str, Any]]) -> None:
+    if len(counter_sets) > MAX_COUNTER_SETS_PER_SLICE:
+        raise _fail(where, f"more than {MAX_COUNTER_SETS_PER_SLICE} counter sets")
+    seen: set[str] = set()
+    for counter_set in counter_sets:
+        name = counter_set.get("name", "")
+        at = f'{where}: counter set "{name}"'
+        if not is_dns_label(name) or name in seen:
+            raise _fail(at, "name must be a unique DNS label")
+        seen.add(name)
+        counters = counter_set.get("counters") or {}
+        if len(counters) > MAX_COUNTERS_PER_SET:
+            raise _fail(at, f"more than {MAX_COUNTERS_PER_SET} counters")
+        _validate_counter_map(at, counters)
+
+
+def _validate_counter_map(where: str, counters: Mapping[str, Any]) -> None:
+    for name, counter in counters.items():
+        if not is_dns_label(name):
+            raise _fail(where, f'counter "{name}": name is not a DNS label')
+        _validate_quantity(f'{where}: counter "{name}"', counter)
+
+
+def _validate_quantity(where: str, entry: Any) -> None:
+    value = entry.get("value") if isinstance(entry, Mapping) else None
+    if not isinstance(value, str):
+        raise _fail(where, "needs {value: <quantity string>}")
+    try:
+        parse_quantity(value)
+    except QuantityError as err:
+        raise _fail(where, f"value: {err}") from None
+
+
+def _validate_devices(where: str, devices: Sequence[Mapping[str, Any]]) -> None:
+    restricted = any(_is_restricted(d) for d in devices)
+    limit = MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS if restricted else MAX_DEVICES_PER_SLICE
+    if len(devices) > limit:
+        reason = " (some have taints or consumesCounters)" if restricted else ""
+        raise _fail(where, f"{len(devices)} devices, more than {limit}{reason}")
+    seen: set[str] = set()
+    for device in devices:
+        name = device.get("name", "")
+        if name in seen:
+            raise _fail(where, f'device name "{name}" is used twice')
+        seen.add(name)
+        validate_device(device, where=where)
+
+
+def validate_device(device: Mapping[str, Any], *, where: str = "ResourceSlice") -> None:
+    """Raise SliceValidationError for a device entry the API server would reject."""
+    name = device.get("name", "")
+    at = f'{where}: device "{name}"'
+    if not is_dns_label(name):
+        raise _fail(at, "name is not a DNS label (lowercase alphanumerics and '-', ≤ 63)")
+    attributes = device.get("attributes") or {}
+    capacity = device.get("capacity") or {}
+    if len(attributes) + len(capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
+        raise _fail(at, f"more than {MAX_ATTRIBUTES_AND_CAPACITIES} attributes and capacities")
+    for key, value in attributes.items():
+        _validate_attribute(at, key, value)
+    for key, value in capacity.items():
+        error = qualified_name_error(key)
+        if error:
+            raise _fail(at, f'capacity "{key}": {error}')
+        _validate_quantity(f'{at}: capacity "{key}"', value)
+    _validate_taints(at, device.get("taints") or [])
+    _validate_consumption(at, device.get("consumesCounters") or [])
+
+
+def _validate_attribute(where: str, key: str, value: Any) -> None:
+    at = f'{where}: attribute "{key}"'
+    error = qualified_name_error(key)
+    if error:
+        raise _fail(at, error)
+    if not isinstance(value, Mapping) or len(value) != 1:
+        raise _fail(at, "needs exactly one of int, bool, string, version")
+    (kind, inner), *_ = value.items()
+    checks = {
+        "int": isinstance(inner, int) and not isinstance(inner, bool),
+        "bool": isinstance(inner, bool),
+        "string": isinstance(inner, str) and len(inner) <= MAX_VALUE_LENGTH,
+        "version": isinstance(inner, str) and len(inner) <= MAX_VALUE_LENGTH and is_semver(inner),
+    }
+    if kind not in checks:
+        raise _fail(at, f"unknown value type {kind!r} (int, bool, string, version)")
+    if not checks[kind]:
+        detail = " semver" if kind == "version" else ""
+        raise _fail(at, f"{inner!r} is not a valid{detail} {kind} of at most 64 characters")
+
+
+def _validate_taints(where: str, taints: Sequence[Mapping[str, Any]]) -> None:
+    if len(taints) > MAX_TAINTS_PER_DEVICE:
+        raise _fail(where, f"more than {MAX_TAINTS_PER_DEVICE} taints")
+    effects = {e.value for e in TaintEffect}
+    for taint in taints:
+        key = taint.get("key", "")
+        error = _label_key_error(key)
+        if error:
+            raise _fail(where, f'taint "{key}": key {error}')
+        value = taint.get("value", "")
+        if value and (len(value) > 63 or _LABEL_NAME.fullmatch(value) is None):
+            raise _fail(where, f'taint "{key}": value {value!r} is not a label value')
+        if taint.get("effect") not in effects:
+            raise _fail(where, f'taint "{key}": effect must be one of {sorted(effects)}')
+
+
+def _validate_consumption(where: str, consumes: Sequence[Mapping[str, Any]]) -> None:
+    if len(consumes) > MAX_CONSUMED_COUNTER_SETS:
+        raise _fail(where, f"consumes from more than {MAX_CONSUMED_COUNTER_SETS} counter sets")
+    for use in consumes:
+        counter_set = use.get("counterSet", "")
+        if not is_dns_label(counter_set):
+            raise _fail(where, f'consumesCounters: "{counter_set}" is not a DNS label')
+        _validate_counter_map(
+            f'{where}: consumesCounters "{counter_set}"', use.get("counters") or {}
+        )

@@ -1,0 +1,279 @@
+"""NodePrepareResources / NodeUnprepareResources: the claim's devices made ready.
+
+Order of effects, chosen so that a crash (kill -9) at any point leaves a state the
+next call repairs:
+
+prepare:   checkpoint PrepareStarted (with the planned devices)
+           -> CDI spec written atomically -> checkpoint PrepareCompleted
+unprepare: CDI spec deleted -> checkpoint entry removed
+
+A PrepareStarted entry reserves its devices, so a crash never lets a second claim
+take a device whose CDI spec may still exist; a repeated prepare simply redoes the
+same steps and produces identical output. Different claims prepare concurrently;
+the same claim is serialized by a per-claim lock, and every checkpoint
+read-modify-write runs under one lock shared with other plugin instances on the node
+(a ``FileLock`` in the state dir) after re-reading what they may have written.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from drasil.api.checkpoint import ClaimRecord, ClaimState, PreparedDevice
+from drasil.driver.cdi import (
+    CdiSpecError,
+    ClaimDevice,
+    ClaimSpecRequest,
+    ContainerEdits,
+    cdi_device_id,
+    delete_claim_spec,
+    read_claim_spec,
+    write_claim_spec,
+)
+from drasil.driver.checkpoint import CheckpointStore
+from drasil.driver.configs import (
+    AllocatedDevice,
+    AllocationError,
+    ConfigResolutionError,
+    parse_allocation,
+    resolve_configs,
+)
+from drasil.driver.devices import Device
+from drasil.driver.files import FileLock, crash_point
+from drasil.driver.sharing import sharing_env
+
+log = logging.getLogger(__name__)
+
+# Shorter than kubelet's 45 s call timeout, so a stuck peer yields a claim error
+# that kubelet retries instead of a dead call.
+STATE_LOCK_TIMEOUT = 30.0
+
+
+class ClaimReader(Protocol):
+    """Reads a ResourceClaim from the API server as its JSON object."""
+
+    def get_claim(self, namespace: str, name: str) -> Mapping[str, Any] | None: ...
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    """What kubelet says about a claim: enough to find it, and its UID to be sure."""
+
+    namespace: str
+    name: str
+    uid: str
+
+    def log_fields(self) -> dict[str, str]:
+        return {"claim": f"{self.namespace}/{self.name}", "claimUID": self.uid}
+
+
+class PrepareError(Exception):
+    """A claim that cannot be prepared; the message goes to kubelet and the user."""
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    devices: tuple[PreparedDevice, ...] = ()
+    error: str = ""
+
+
+class _KeyedLocks:
+    """One lock per key (claim UID), created on demand and dropped when unused."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[str, tuple[threading.Lock, int]] = {}
+
+    @contextmanager
+    def hold(self, key: str) -> Iterator[None]:
+        with self._guard:
+            lock, users = self._locks.get(key, (threading.Lock(), 0))
+            self._locks[key] = (lock, users + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._guard:
+                lock, users = self._locks[key]
+                if users == 1:
+                    del self._locks[key]
+                else:
+                    self._locks[key] = (lock, users - 1)
+
+
+def _shares(a: PreparedDevice | AllocatedDevice, b: PreparedDevice) -> bool:
+    # Consumable-capacity allocations carry a shareID; they may sit on one device.
+    return a.share_id is not None and b.share_id is not None
+
+
+@dataclass
+class Preparer:
+    """Prepares and unprepares claims for one node's pool of one driver."""
+
+    driver: str
+    pool: str
+    devices: Mapping[str, Device]
+    claims: ClaimReader
+    store: CheckpointStore
+    cdi_root: Path
+    state_dir: Path
+    common_edits: ContainerEdits = field(default_factory=ContainerEdits)
+
+    def __post_init__(self) -> None:
+        self._claim_locks = _KeyedLocks()
+        self._state_thread_lock = threading.Lock()
+        self._state_file_lock = self.state_dir / "checkpoint.lock"
+
+    @contextmanager
+    def state_lock(self) -> Iterator[None]:
+        """Exclusive access to the checkpoint, across threads and plugin instances."""
+        with self._state_thread_lock, FileLock(self._state_file_lock, timeout=STATE_LOCK_TIMEOUT):
+            self.store.reload_if_changed()
+            yield
+
+    # ---- prepare -------------------------------------------------------------------
+
+    def prepare(self, ref: ClaimRef) -> PrepareResult:
+        with self._claim_locks.hold(ref.uid):
+            try:
+                devices = self._prepare_locked(ref)
+            except (PrepareError, AllocationError, CdiSpecError) as err:
+                log.warning("prepare failed", extra={**ref.log_fields(), "error": str(err)})
+                return PrepareResult(error=str(err))
+            except ConfigResolutionError as err:
+                message = "; ".join(err.problems)
+                log.warning("prepare failed", extra={**ref.log_fields(), "error": message})
+                return PrepareResult(error=f"invalid device config: {message}")
+        log.info("prepared", extra={**ref.log_fields(), "devices": _names(devices)})
+        return PrepareResult(devices=devices)
+
+    def _prepare_locked(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
+        with self.state_lock():
+            record = self.store.get(ref.uid)
+        if self._still_prepared(ref, record):
+            assert record is not None
+            return record.devices
+        claim = self._read_claim(ref)
+        allocation = parse_allocation(claim, driver=self.driver)
+        results = self._own_results(allocation.devices)
+        configs = resolve_configs(allocation, devices=self.devices)
+        planned = tuple(self._planned(ref, result) for result in results)
+        with self.state_lock():
+            self._check_not_held(ref, results)
+            self.store.mark_started(
+                ref.uid, namespace=ref.namespace, name=ref.name, devices=planned
+            )
+        crash_point("prepare-after-started")
+        spec = ClaimSpecRequest(
+            claim_uid=ref.uid,
+            namespace=ref.namespace,
+            name=ref.name,
+            devices=tuple(
+                ClaimDevice(
+                    device=self.devices[r.device], extra_env=sharing_env(configs[r.device].config)
+                )
+                for r in results
+            ),
+            common_edits=self.common_edits,
+        )
+        write_claim_spec(spec, cdi_root=self.cdi_root, driver=self.driver)
+        crash_point("prepare-after-cdi")
+        with self.state_lock():
+            self.store.mark_completed(ref.uid, planned)
+        crash_point("prepare-after-completed")
+        return planned
+
+    def _still_prepared(self, ref: ClaimRef, record: ClaimRecord | None) -> bool:
+        """A completed claim whose CDI spec still exists needs no API call.
+
+        A claim's allocation never changes while its UID stays, so the checkpoint
+        answer is the API answer. A missing spec (tmpfs wiped) means: do it again.
+        """
+        if record is None or record.state != ClaimState.PREPARE_COMPLETED:
+            return False
+        spec = read_claim_spec(self.cdi_root, driver=self.driver, claim_uid=ref.uid)
+        return spec is not None
+
+    def _read_claim(self, ref: ClaimRef) -> Mapping[str, Any]:
+        claim = self.claims.get_claim(ref.namespace, ref.name)
+        if claim is None:
+            raise PrepareError(f"ResourceClaim {ref.namespace}/{ref.name} not found")
+        uid = claim.get("metadata", {}).get("uid")
+        if uid != ref.uid:
+            raise PrepareError(
+                f"ResourceClaim {ref.namespace}/{ref.name} has UID {uid}, kubelet asked for "
+                f"{ref.uid}: the claim was deleted and re-created"
+            )
+        return claim
+
+    def _own_results(self, results: Sequence[AllocatedDevice]) -> list[AllocatedDevice]:
+        for result in results:
+            if result.pool != self.pool or result.device not in self.devices:
+                raise PrepareError(
+                    f'request "{result.request}": device "{result.device}" of pool '
+                    f'"{result.pool}" is not a device of driver {self.driver} on node '
+                    f'"{self.pool}" (known: {", ".join(sorted(self.devices)) or "none"})'
+                )
+        return list(results)
+
+    def _planned(self, ref: ClaimRef, result: AllocatedDevice) -> PreparedDevice:
+        return PreparedDevice(
+            request_names=(result.base_request,),
+            pool_name=result.pool,
+            device_name=result.device,
+            cdi_device_ids=(
+                cdi_device_id(driver=self.driver, claim_uid=ref.uid, device_name=result.device),
+            ),
+            share_id=result.share_id,
+        )
+
+    def _check_not_held(self, ref: ClaimRef, results: Sequence[AllocatedDevice]) -> None:
+        """Refuse a device another prepared claim holds (checkpoint is the truth)."""
+        for uid, record in self.store.claims().items():
+            if uid == ref.uid:
+                continue
+            for held in record.devices:
+                for result in results:
+                    if held.device_name != result.device or held.pool_name != result.pool:
+                        continue
+                    if result.admin_access or _shares(result, held):
+                        continue
+                    raise PrepareError(
+                        f'device "{result.device}" is already prepared for claim '
+                        f"{record.namespace}/{record.name} ({uid}); it cannot be used by "
+                        f"{ref.namespace}/{ref.name} until that claim is unprepared"
+                    )
+
+    # ---- unprepare -----------------------------------------------------------------
+
+    def unprepare(self, ref: ClaimRef) -> str:
+        """Undo a prepare; idempotent, needs no API server. Returns an error or ""."""
+        with self._claim_locks.hold(ref.uid):
+            try:
+                self._unprepare_locked(ref.uid)
+            except OSError as err:
+                log.error("unprepare failed", extra={**ref.log_fields(), "error": str(err)})
+                return f"unprepare of {ref.namespace}/{ref.name}: {err}"
+        log.info("unprepared", extra=ref.log_fields())
+        return ""
+
+    def _unprepare_locked(self, uid: str) -> None:
+        delete_claim_spec(self.cdi_root, driver=self.driver, claim_uid=uid)
+        crash_point("unprepare-after-cdi")
+        with self.state_lock():
+            self.store.remove(uid)
+
+    def unprepare_uid(self, uid: str) -> None:
+        """Unprepare by UID alone (stale entries and leaked specs)."""
+        with self._claim_locks.hold(uid):
+            self._unprepare_locked(uid)
+
+
+def _names(devices: Sequence[PreparedDevice]) -> str:
+    return ",".join(d.device_name for d in devices)
