@@ -1,0 +1,121 @@
+"""The ``drasil`` command (also ``kubectl drasil``): inspect what the driver would do."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+
+import yaml
+
+from drasil.driver.backends import BACKENDS, open_backend
+from drasil.driver.configfiles import validate_config_document
+from drasil.driver.devices import Device, Version
+from drasil.driver.discovery import DiscoveryResult, discover
+from drasil.driver.nvml import NvmlError
+from drasil.driver.simulated import ProfileSpecError
+from drasil.driver.slices import build_slices
+
+DEFAULT_DRIVER = "gpu.drasil.dev"
+OUTPUTS = ("table", "json", "yaml")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="drasil", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("discover", help="list this node's devices and the ResourceSlices")
+    d.add_argument("--backend", choices=BACKENDS, default="nvml")
+    d.add_argument("--profile", default="h100-80gb:8", help="simulated GPUs, e.g. l4:2")
+    d.add_argument("--node-name", required=True, help="the node (and pool) name")
+    d.add_argument("--driver-name", default=DEFAULT_DRIVER)
+    d.add_argument("-o", "--output", choices=OUTPUTS, default="table")
+    v = sub.add_parser("validate-config", help="check an opaque config or objects holding one")
+    v.add_argument(
+        "file",
+        help="a GpuConfig/MigDeviceConfig, or ResourceClaim(Template)/"
+        "DeviceClass YAML; - for standard input",
+    )
+    v.add_argument("--driver-name", default=DEFAULT_DRIVER)
+    return p
+
+
+def _attribute_text(value: object) -> str:
+    return value.value if isinstance(value, Version) else str(value)
+
+
+def _device_row(device: Device) -> list[str]:
+    memory = device.capacity.get("memory", 0) / 2**30
+    return [
+        device.name,
+        str(device.type),
+        _attribute_text(device.attributes.get("productName", "")),
+        f"{memory:g}Gi",
+        device.uuid,
+        device.parent_uuid or "",
+    ]
+
+
+def _print_table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+        out.write("\n")
+
+
+def _discover(args: argparse.Namespace, out: TextIO) -> int:
+    lib = open_backend(args.backend, profile=args.profile, node_name=args.node_name)
+    result: DiscoveryResult = discover(lib, node_name=args.node_name)
+    for skipped in result.skipped:
+        print(f"warning: device {skipped.index} skipped: {skipped.reason}", file=sys.stderr)
+    slices = build_slices(
+        driver=args.driver_name,
+        pool=args.node_name,
+        devices=result.devices,
+        node_name=args.node_name,
+        generation=1,
+        owner=None,
+    )
+    if args.output == "json":
+        json.dump(slices, out, indent=2)
+        out.write("\n")
+    elif args.output == "yaml":
+        yaml.safe_dump_all(slices, out, sort_keys=False)
+    else:
+        header = ["NAME", "TYPE", "PRODUCT", "MEMORY", "UUID", "PARENT"]
+        _print_table([header, *(_device_row(d) for d in result.devices)], out)
+        out.write(
+            f"\n{len(result.devices)} devices in {len(slices)} ResourceSlice(s) of pool "
+            f"{args.node_name} (driver {args.driver_name}, NVIDIA driver "
+            f"{result.driver_version.value}, CUDA {result.cuda_driver_version.value})\n"
+        )
+    return 0
+
+
+def _validate_config(args: argparse.Namespace, out: TextIO) -> int:
+    text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+    problems = validate_config_document(text, driver=args.driver_name)
+    for problem in problems:
+        print(f"{args.file}: {problem}", file=sys.stderr)
+    if problems:
+        return 1
+    out.write(f"{args.file}: valid\n")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    args = _parser().parse_args(argv)
+    out = out or sys.stdout
+    try:
+        if args.command == "discover":
+            return _discover(args, out)
+        return _validate_config(args, out)
+    except (NvmlError, ProfileSpecError, OSError) as err:
+        print(f"drasil {args.command}: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
