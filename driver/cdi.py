@@ -31,6 +31,17 @@ CLAIM_CLASS: Final = "claim"
 ENV_VISIBLE_DEVICES: Final = "DRASIL_VISIBLE_DEVICES"
 ENV_NVIDIA_VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"
 ENV_CLAIM_UID: Final = "DRASIL_CLAIM_UID"
+ENV_CLAIM_NAMESPACE: Final = "DRASIL_CLAIM_NAMESPACE"
+ENV_CLAIM_NAME: Final = "DRASIL_CLAIM_NAME"
+_CLAIM_WIDE_ENV: Final = (
+    ENV_CLAIM_UID,
+    ENV_CLAIM_NAMESPACE,
+    ENV_CLAIM_NAME,
+    ENV_VISIBLE_DEVICES,
+    ENV_NVIDIA_VISIBLE_DEVICES,
+)
+# Per-device variable: DRASIL_DEVICE_<device name, upper case, "-" as "_">=<uuid>.
+ENV_DEVICE_PREFIX: Final = "DRASIL_DEVICE_"
 SPEC_FILE_MODE: Final = 0o644
 _CRASH_TAG: Final = "cdi"
 
@@ -159,8 +170,18 @@ def build_claim_spec(req: ClaimSpecRequest, *, driver: str) -> CdiSpec:
     if not req.devices:
         raise CdiSpecError(f"devices: claim {req.namespace}/{req.name} has no device")
     _check_claim_uid(req.claim_uid)
+    # Env is per container, not per device: when two devices set the same variable the
+    # runtime keeps the last. So the lists live in the spec-wide edits (applied once
+    # when any device of the claim is injected) and each device adds only a variable
+    # named after itself. The claim's identity lets a lost checkpoint be rebuilt.
     common = dict(req.common_edits.env)
-    _reserve(common, ENV_CLAIM_UID, req.claim_uid, where="containerEdits.env")
+    uuids = ",".join(d.device.uuid for d in req.devices)
+    where = "containerEdits.env"
+    _reserve(common, ENV_CLAIM_UID, req.claim_uid, where=where)
+    _reserve(common, ENV_CLAIM_NAMESPACE, req.namespace, where=where)
+    _reserve(common, ENV_CLAIM_NAME, req.name, where=where)
+    _reserve(common, ENV_VISIBLE_DEVICES, uuids, where=where)
+    _reserve(common, ENV_NVIDIA_VISIBLE_DEVICES, uuids, where=where)
     spec: CdiSpec = {
         "kind": claim_kind(driver),
         "devices": [_device_entry(req.claim_uid, d, index=i) for i, d in enumerate(req.devices)],
@@ -180,13 +201,20 @@ def _device_entry(claim_uid: str, claim_device: ClaimDevice, *, index: int) -> C
     device = claim_device.device
     env = dict(claim_device.extra_env)
     where = f"devices[{index}].containerEdits.env"
-    _reserve(env, ENV_VISIBLE_DEVICES, device.uuid, where=where)
-    _reserve(env, ENV_NVIDIA_VISIBLE_DEVICES, device.uuid, where=where)
+    for name in _CLAIM_WIDE_ENV:
+        if name in env:
+            raise CdiSpecError(f"{where}: {name} is set by drasil and cannot be overridden")
+    _reserve(env, device_env_name(device.name), device.uuid, where=where)
     nodes = tuple(DeviceNode(path=p) for p in device.device_nodes)
     return {
         "name": cdi_device_name(claim_uid, device.name),
         "containerEdits": _edits_dict(env, nodes, ()),
     }
+
+
+def device_env_name(device_name: str) -> str:
+    """The per-device variable, e.g. ``DRASIL_DEVICE_GPU_0`` for ``gpu-0``."""
+    return ENV_DEVICE_PREFIX + re.sub(r"[^A-Za-z0-9_]", "_", device_name).upper()
 
 
 def _reserve(env: dict[str, str], name: str, value: str, *, where: str) -> None:

@@ -163,10 +163,18 @@ def test_claim_spec_content(schema_validator: jsonschema.Draft7Validator) -> Non
     assert spec["kind"] == "k8s.gpu.drasil.dev/claim"
     assert spec["cdiVersion"] == "0.5.0"  # device names start with the UID's digit
     assert [d["name"] for d in spec["devices"]] == [f"{UID}-gpu-0", f"{UID}-gpu-1"]
-    assert spec["devices"][1]["containerEdits"] == {
-        "env": [f"DRASIL_VISIBLE_DEVICES={GPU1_UUID}", f"NVIDIA_VISIBLE_DEVICES={GPU1_UUID}"]
+    assert spec["devices"][1]["containerEdits"] == {"env": [f"DRASIL_DEVICE_GPU_1={GPU1_UUID}"]}
+    # Lists go to the spec-wide edits: per-device values of one variable would clash.
+    both = f"{GPU0_UUID},{GPU1_UUID}"
+    assert spec["containerEdits"] == {
+        "env": [
+            f"DRASIL_CLAIM_NAME={req.name}",
+            f"DRASIL_CLAIM_NAMESPACE={req.namespace}",
+            f"DRASIL_CLAIM_UID={UID}",
+            f"DRASIL_VISIBLE_DEVICES={both}",
+            f"NVIDIA_VISIBLE_DEVICES={both}",
+        ]
     }
-    assert spec["containerEdits"] == {"env": [f"DRASIL_CLAIM_UID={UID}"]}
 
 
 def test_uid_starting_with_a_letter_needs_only_the_base_version(
@@ -194,10 +202,9 @@ def test_sharing_env_from_the_caller(schema_validator: jsonschema.Draft7Validato
     spec = build(schema_validator, request(ClaimDevice(gpu(), extra_env=sharing)))
     assert spec["devices"][0]["containerEdits"]["env"] == [
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50",
+        f"DRASIL_DEVICE_GPU_0={GPU0_UUID}",
         "DRASIL_SHARING_STRATEGY=TimeSlicing",
         "DRASIL_TIMESLICE_INTERVAL=Short",
-        f"DRASIL_VISIBLE_DEVICES={GPU0_UUID}",
-        f"NVIDIA_VISIBLE_DEVICES={GPU0_UUID}",
     ]
 
 
@@ -211,7 +218,14 @@ def test_device_nodes_and_common_edits(schema_validator: jsonschema.Draft7Valida
     spec = build(schema_validator, req)
     assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia0"}]
     assert spec["containerEdits"] == {
-        "env": ["DRASIL_CLAIM_UID=" + UID, "NVIDIA_DRIVER_CAPABILITIES=compute,utility"],
+        "env": [
+            f"DRASIL_CLAIM_NAME={req.name}",
+            f"DRASIL_CLAIM_NAMESPACE={req.namespace}",
+            "DRASIL_CLAIM_UID=" + UID,
+            f"DRASIL_VISIBLE_DEVICES={GPU0_UUID}",
+            "NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+            f"NVIDIA_VISIBLE_DEVICES={GPU0_UUID}",
+        ],
         "deviceNodes": [{"path": "/dev/nvidiactl"}, {"path": "/dev/nvidia-uvm"}],
         "mounts": [
             {

@@ -1,0 +1,159 @@
+"""The Kubernetes API calls drasil makes, on plain JSON objects.
+
+The kubernetes v37 models drop fields they do not know when they deserialize
+(DESIGN.md, Decisions), so everything here goes through the custom-objects API and
+returns the server's JSON as dicts: nothing is lost, and nothing we do not own is
+ever read-modified-replaced.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+log = logging.getLogger(__name__)
+
+RESOURCE_GROUP = "resource.k8s.io"
+RESOURCE_VERSION = "v1"
+JsonObject = dict[str, Any]
+
+
+class ConflictError(Exception):
+    """The object changed under us (409/412): re-read and try again."""
+
+
+def load_api_client(kubeconfig: str | None) -> client.ApiClient:
+    """An API client from a kubeconfig file, or the in-cluster service account."""
+    if kubeconfig:
+        api: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig
+        )
+        return api
+    config.load_incluster_config()  # type: ignore[no-untyped-call]
+    return client.ApiClient()
+
+
+def _or_none(err: ApiException) -> None:
+    if err.status != 404:
+        raise err
+
+
+class KubeApi:
+    """Typed wrappers over the few endpoints the daemons use."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.api_client = api_client
+        self.custom = client.CustomObjectsApi(api_client)
+        self.core = client.CoreV1Api(api_client)
+
+    # ---- ResourceClaims ---------------------------------------------------------
+
+    def get_claim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        try:
+            obj = self.custom.get_namespaced_custom_object(
+                RESOURCE_GROUP, RESOURCE_VERSION, namespace, "resourceclaims", name
+            )
+        except ApiException as err:
+            _or_none(err)
+            return None
+        return cast(JsonObject, obj)
+
+    # ---- ResourceSlices ---------------------------------------------------------
+
+    def list_slices(self, *, driver: str, pool: str) -> list[JsonObject]:
+        """The slices of one pool of one driver (field selectors, server-side)."""
+        result = self.custom.list_cluster_custom_object(
+            RESOURCE_GROUP,
+            RESOURCE_VERSION,
+            "resourceslices",
+            field_selector=f"spec.driver={driver},spec.pool.name={pool}",
+        )
+        return list(cast(JsonObject, result).get("items", []))
+
+    def create_slice(self, obj: Mapping[str, Any]) -> JsonObject:
+        return self._write(
+            lambda: self.custom.create_cluster_custom_object(
+                RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices", dict(obj)
+            )
+        )
+
+    def replace_slice(self, obj: Mapping[str, Any]) -> JsonObject:
+        """PUT with the resourceVersion the planner copied in: fails on a concurrent write."""
+        name = obj["metadata"]["name"]
+        return self._write(
+            lambda: self.custom.replace_cluster_custom_object(
+                RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices", name, dict(obj)
+            )
+        )
+
+    def delete_slice(self, name: str, *, uid: str, resource_version: str) -> None:
+        body = client.V1DeleteOptions(
+            preconditions=client.V1Preconditions(uid=uid, resource_version=resource_version)
+        )
+        try:
+            self.custom.delete_cluster_custom_object(
+                RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices", name, body=body
+            )
+        except ApiException as err:
+            if err.status == 404:
+                return  # already gone: the goal of a delete
+            if err.status in (409, 412):
+                raise ConflictError(f"ResourceSlice {name} changed: {err.reason}") from err
+            raise
+
+    def _write(self, call: Any) -> JsonObject:
+        try:
+            return cast(JsonObject, call())
+        except ApiException as err:
+            if err.status in (409, 412):
+                raise ConflictError(f"{err.status} {err.reason}") from err
+            raise
+
+    # ---- Nodes and Events -------------------------------------------------------
+
+    def get_node_uid(self, name: str) -> str | None:
+        try:
+            node = self.core.read_node(name)
+        except ApiException as err:
+            _or_none(err)
+            return None
+        return node.metadata.uid if node.metadata else None
+
+    def post_event(
+        self,
+        *,
+        involved: Mapping[str, str],
+        reason: str,
+        message: str,
+        event_type: str = "Warning",
+        component: str = "drasil",
+    ) -> None:
+        """A core/v1 Event about ``involved`` (kind, name, namespace, uid, apiVersion)."""
+        namespace = involved.get("namespace") or "default"
+        now = datetime.now(UTC)
+        event = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{involved['name']}."),
+            involved_object=client.V1ObjectReference(**_reference(involved)),
+            reason=reason,
+            message=message[:1024],
+            type=event_type,
+            source=client.V1EventSource(component=component),
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+        )
+        try:
+            self.core.create_namespaced_event(namespace, event)
+        except ApiException as err:  # events are best effort; never fail the caller
+            log.warning("could not post event", extra={"reason": reason, "error": str(err)})
+
+
+def _reference(involved: Mapping[str, str]) -> dict[str, str]:
+    keys = {"kind": "kind", "name": "name", "namespace": "namespace", "uid": "uid"}
+    keys["apiVersion"] = "api_version"
+    return {ours: involved[theirs] for theirs, ours in keys.items() if involved.get(theirs)}
