@@ -15,6 +15,7 @@ from drasil.driver.backends import BACKENDS, open_backend
 from drasil.driver.configfiles import validate_config_document
 from drasil.driver.devices import Device, Version
 from drasil.driver.discovery import DiscoveryResult, discover
+from drasil.driver.health import FAULT_FILE, read_faults, write_faults
 from drasil.driver.nvml import NvmlError
 from drasil.driver.simulated import ProfileSpecError
 from drasil.driver.slices import build_slices
@@ -39,6 +40,12 @@ def _parser() -> argparse.ArgumentParser:
         "DeviceClass YAML; - for standard input",
     )
     v.add_argument("--driver-name", default=DEFAULT_DRIVER)
+    f = sub.add_parser("fault", help="break or mend a simulated device (the plugin reacts)")
+    f.add_argument("action", choices=("inject", "clear", "list"))
+    f.add_argument("device", nargs="?", help="device name, e.g. gpu-3 (clear: all if omitted)")
+    f.add_argument("--message", default="fault injected with drasil fault inject")
+    f.add_argument("--plugins-dir", default="/var/lib/kubelet/plugins")
+    f.add_argument("--driver-name", default=DEFAULT_DRIVER)
     return p
 
 
@@ -105,12 +112,31 @@ def _validate_config(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _fault(args: argparse.Namespace, out: TextIO) -> int:
+    path = Path(args.plugins_dir) / args.driver_name / FAULT_FILE
+    faults = read_faults(path)
+    if args.action == "inject":
+        if not args.device:
+            print("drasil fault inject: name the device, e.g. gpu-3", file=sys.stderr)
+            return 2
+        faults[args.device] = args.message
+    elif args.action == "clear":
+        faults = {k: v for k, v in faults.items() if args.device not in (None, k)}
+    if args.action != "list":
+        write_faults(path, faults)
+    for device, message in sorted(faults.items()):
+        out.write(f"{device}\t{message}\n")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     args = _parser().parse_args(argv)
     out = out or sys.stdout
     try:
         if args.command == "discover":
             return _discover(args, out)
+        if args.command == "fault":
+            return _fault(args, out)
         return _validate_config(args, out)
     except (NvmlError, ProfileSpecError, OSError) as err:
         print(f"drasil {args.command}: {err}", file=sys.stderr)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -273,6 +273,10 @@ class Preparer:
         """Unprepare by UID alone (stale entries and leaked specs)."""
         with self._claim_locks.hold(uid):
             self._unprepare_locked(uid)
+
+    def claim_lock(self, uid: str) -> AbstractContextManager[None]:
+        """The lock every prepare and unprepare of this claim holds."""
+        return self._claim_locks.hold(uid)
 
 
 def _names(devices: Sequence[PreparedDevice]) -> str:

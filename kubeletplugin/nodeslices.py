@@ -1,0 +1,110 @@
+"""The node's pool: its devices, tainted where unhealthy, kept published.
+
+Runs in its own thread: publishes at start, again whenever device health changes,
+and every ``resync`` seconds (a human may have deleted a slice). Failures (API
+server away) are retried with exponential backoff; on a clean stop the slices stay,
+because kubelet removes them when no plugin instance is connected for long enough.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+
+from drasil.driver.devices import Device
+from drasil.driver.health import HealthTracker
+from drasil.driver.kubeapi import KubeApi
+from drasil.driver.publish import PublishPlan
+from drasil.driver.publisher import PoolPublisher
+from drasil.driver.slices import JsonObject, OwnerRef, Taint, TaintEffect, build_slices
+
+log = logging.getLogger(__name__)
+
+BACKOFF_START = 0.5
+BACKOFF_MAX = 30.0
+
+
+def unhealthy_taint_key(driver: str) -> str:
+    return f"{driver}/unhealthy"
+
+
+class NodeSlices:
+    def __init__(
+        self,
+        api: KubeApi,
+        *,
+        driver: str,
+        node_name: str,
+        devices: Sequence[Device],
+        health: HealthTracker,
+        publisher: PoolPublisher,
+        resync: float = 300.0,
+    ) -> None:
+        self.api = api
+        self.driver = driver
+        self.node_name = node_name
+        self.devices = devices
+        self.health = health
+        self.publisher = publisher
+        self.resync = resync
+        self.published = threading.Event()  # set after the first success
+        self.last_error = ""
+        self._owner: OwnerRef | None = None
+
+    def desired(self) -> list[JsonObject]:
+        taint = unhealthy_taint_key(self.driver)
+        taints = {
+            name: [Taint(key=taint, value="true", effect=TaintEffect.NO_SCHEDULE)]
+            for name in self.health.unhealthy()
+        }
+        return build_slices(
+            driver=self.driver,
+            pool=self.node_name,
+            devices=self.devices,
+            node_name=self.node_name,
+            taints=taints,
+            generation=1,
+            owner=self._node_owner(),
+        )
+
+    def _node_owner(self) -> OwnerRef | None:
+        # Owned by the Node so that deleting the Node garbage-collects its slices.
+        if self._owner is None:
+            uid = self.api.get_node_uid(self.node_name)
+            if uid is not None:
+                self._owner = OwnerRef.node(name=self.node_name, uid=uid)
+        return self._owner
+
+    def publish_once(self) -> PublishPlan:
+        plan = self.publisher.publish(self.desired())
+        self.published.set()
+        self.last_error = ""
+        return plan
+
+    def run(self, stop: threading.Event) -> None:
+        backoff = BACKOFF_START
+        seen = -1
+        while not stop.is_set():
+            seen = self.health.version
+            try:
+                self.publish_once()
+            except Exception as err:  # any failure: keep the node serving, retry later
+                self.last_error = str(err)
+                log.warning(
+                    "publishing ResourceSlices failed; retrying",
+                    extra={"node": self.node_name, "retryIn": backoff, "error": str(err)},
+                )
+                stop.wait(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX)
+                continue
+            backoff = BACKOFF_START
+            self._wait(stop, seen)
+
+    def _wait(self, stop: threading.Event, seen: int) -> None:
+        """Until health changes, the resync period passes, or we are stopped."""
+        waited = 0.0
+        while not stop.is_set() and waited < self.resync:
+            if self.health.wait_for_change(seen, timeout=0.5) != seen:
+                return
+            waited += 0.5

@@ -1,0 +1,255 @@
+"""The node daemon assembled: discovery, checkpoint recovery, gRPC servers, loops."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import ThreadingHTTPServer
+
+import grpc
+
+from drasil.api.kubelet.dra.v1 import dra_pb2_grpc as dra_v1_grpc
+from drasil.api.kubelet.dra.v1beta1 import dra_pb2_grpc as dra_v1beta1_grpc
+from drasil.api.kubelet.health.v1 import health_pb2_grpc as health_v1_grpc
+from drasil.api.kubelet.health.v1alpha1 import health_pb2_grpc as health_v1alpha1_grpc
+from drasil.api.kubelet.pluginregistration import registration_pb2 as reg_pb
+from drasil.api.kubelet.pluginregistration import registration_pb2_grpc as reg_grpc
+from drasil.driver.cdi import delete_claim_spec
+from drasil.driver.checkpoint import CHECKPOINT_FILE, CheckpointStore, LoadOutcome, LoadResult
+from drasil.driver.devices import Device
+from drasil.driver.discovery import discover
+from drasil.driver.endpoints import serve_http
+from drasil.driver.files import FileLock
+from drasil.driver.health import FAULT_FILE, FaultFileWatcher, HealthTracker, XidWatcher
+from drasil.driver.kubeapi import KubeApi
+from drasil.driver.nvml import NvmlLibrary
+from drasil.driver.publisher import PoolPublisher
+from drasil.kubeletplugin import reconcile
+from drasil.kubeletplugin.draservice import ClaimWork, DRAPluginV1, DRAPluginV1beta1
+from drasil.kubeletplugin.healthservice import HealthStreams, HealthV1, HealthV1alpha1
+from drasil.kubeletplugin.metrics import PluginMetrics
+from drasil.kubeletplugin.nodeslices import NodeSlices
+from drasil.kubeletplugin.options import PluginOptions
+from drasil.kubeletplugin.prepare import Preparer
+from drasil.kubeletplugin.registration import Registration
+from drasil.kubeletplugin.sockets import UnixSocketServer
+
+log = logging.getLogger(__name__)
+
+SOCKET_CHECK_INTERVAL = 0.2  # a deleted socket is back well within a second
+
+
+@dataclass
+class Intervals:
+    """Loop periods; tests shorten them."""
+
+    reconcile: float = 60.0
+    slice_resync: float = 300.0
+    health_resend: float = 30.0
+    fault_poll: float = 0.25
+
+
+def socket_names(opts: PluginOptions) -> tuple[str, str]:
+    """(dra socket, registration socket) file names; per-Pod during rolling updates."""
+    if opts.pod_uid:
+        return f"dra-{opts.pod_uid}.sock", f"{opts.driver_name}-{opts.pod_uid}-reg.sock"
+    return "dra.sock", f"{opts.driver_name}-reg.sock"
+
+
+@dataclass
+class KubeletPlugin:
+    opts: PluginOptions
+    lib: NvmlLibrary
+    api: KubeApi
+    metrics: PluginMetrics = field(default_factory=PluginMetrics)
+    intervals: Intervals = field(default_factory=Intervals)
+
+    def __post_init__(self) -> None:
+        self.stop_event = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._servers: list[UnixSocketServer] = []
+        self._http: ThreadingHTTPServer | None = None
+        dra_name, reg_name = socket_names(self.opts)
+        self.dra_socket = self.opts.state_dir / dra_name
+        self.reg_socket = self.opts.registrar_dir / reg_name
+
+    # ---- start -------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.devices = self._discover()
+        self.opts.state_dir.mkdir(parents=True, exist_ok=True)
+        self.opts.cdi_root.mkdir(parents=True, exist_ok=True)
+        self.health = HealthTracker(self.devices.values())
+        self.store = CheckpointStore(self.opts.state_dir / CHECKPOINT_FILE)
+        self.preparer = Preparer(
+            driver=self.opts.driver_name,
+            pool=self.opts.node_name,
+            devices=self.devices,
+            claims=self.api,
+            store=self.store,
+            cdi_root=self.opts.cdi_root,
+            state_dir=self.opts.state_dir,
+        )
+        self._recover_checkpoint()
+        self._start_health_sources()
+        self._start_servers()
+        self._start_loops()
+        self._http = serve_http(
+            self.opts.metrics_addr, registry=self.metrics.registry, health=self.check_health
+        )
+        if self.opts.health_addr != self.opts.metrics_addr:
+            serve_http(self.opts.health_addr, health=self.check_health)
+
+    def _discover(self) -> dict[str, Device]:
+        result = discover(self.lib, node_name=self.opts.node_name)
+        for skipped in result.skipped:
+            log.error("device skipped", extra={"index": skipped.index, "why": skipped.reason})
+        log.info(
+            "discovered devices",
+            extra={"count": len(result.devices), "devices": [d.name for d in result.devices]},
+        )
+        return {d.name: d for d in result.devices}
+
+    def _recover_checkpoint(self) -> None:
+        with FileLock(self.opts.state_dir / "checkpoint.lock", timeout=60):
+            loaded = self.store.load_or_quarantine()
+        self._report_load(loaded)
+        if loaded.outcome == LoadOutcome.QUARANTINED:
+            rebuilt = reconcile.rebuild_from_specs(self.preparer)
+            log.warning("rebuilt checkpoint entries from CDI specs", extra={"claims": rebuilt})
+        for uid in loaded.discarded:  # rebooted: whatever survived is stale now
+            delete_claim_spec(self.opts.cdi_root, driver=self.opts.driver_name, claim_uid=uid)
+        self.metrics.prepared_claims.set_function(lambda: len(self.store.claims()))
+
+    def _report_load(self, loaded: LoadResult) -> None:
+        if loaded.outcome == LoadOutcome.QUARANTINED:
+            message = (
+                f"checkpoint unreadable ({loaded.detail}); moved to {loaded.quarantined_to}; "
+                "prepared claims are being rebuilt from CDI specs"
+            )
+            log.error(message)
+            self._node_event("CheckpointQuarantined", message)
+        elif loaded.outcome == LoadOutcome.BOOT_CHANGED:
+            log.info("node rebooted; prepared state discarded", extra={"detail": loaded.detail})
+
+    def _node_event(self, reason: str, message: str) -> None:
+        try:
+            uid = self.api.get_node_uid(self.opts.node_name) or ""
+            involved = {"kind": "Node", "name": self.opts.node_name, "uid": uid}
+            self.api.post_event(involved=involved, reason=reason, message=message)
+        except Exception as err:  # the API may be away; the log line above stays
+            log.warning("could not post node event", extra={"error": str(err)})
+
+    def _start_health_sources(self) -> None:
+        if self.opts.backend == "simulated":
+            watcher = FaultFileWatcher(
+                self.opts.state_dir / FAULT_FILE, self.health, interval=self.intervals.fault_poll
+            )
+            watcher.poll()  # faults injected before start count from the first publish
+            self._thread("faults", watcher.run)
+        xid = XidWatcher(self.lib, list(self.devices.values()), self.health)
+        self._thread("xid", xid.run)
+        self._update_device_gauge()
+
+    def _update_device_gauge(self) -> None:
+        self.metrics.devices.labels("Healthy").set_function(
+            lambda: len(self.devices) - len(self.health.unhealthy())
+        )
+        self.metrics.devices.labels("Unhealthy").set_function(lambda: len(self.health.unhealthy()))
+
+    def _start_servers(self) -> None:
+        work = ClaimWork(self.preparer, self.metrics)
+        streams = HealthStreams(
+            self.health,
+            pool=self.opts.node_name,
+            stop=self.stop_event,
+            resend=self.intervals.health_resend,
+        )
+
+        def add_dra(server: grpc.Server) -> None:
+            dra_v1_grpc.add_DRAPluginServicer_to_server(DRAPluginV1(work), server)
+            dra_v1beta1_grpc.add_DRAPluginServicer_to_server(DRAPluginV1beta1(work), server)
+            health_v1_grpc.add_DRAResourceHealthServicer_to_server(HealthV1(streams), server)
+            health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(
+                HealthV1alpha1(streams), server
+            )
+
+        self.registration = Registration(
+            driver_name=self.opts.driver_name, endpoint=str(self.dra_socket)
+        )
+
+        def add_reg(server: grpc.Server) -> None:
+            reg_grpc.add_RegistrationServicer_to_server(self.registration, server)
+
+        # The DRA socket first: kubelet dials it as soon as registration succeeds.
+        self._servers = [
+            UnixSocketServer(self.dra_socket, add_dra),
+            UnixSocketServer(self.reg_socket, add_reg),
+        ]
+        for server in self._servers:
+            server.start()
+
+    def _start_loops(self) -> None:
+        publisher = PoolPublisher(
+            self.api,
+            driver=self.opts.driver_name,
+            pool=self.opts.node_name,
+            on_write=lambda verb, ok: self.metrics.slice_writes.labels(
+                verb, "success" if ok else "error"
+            ).inc(),
+        )
+        self.node_slices = NodeSlices(
+            self.api,
+            driver=self.opts.driver_name,
+            node_name=self.opts.node_name,
+            devices=sorted(self.devices.values(), key=lambda d: d.name),
+            health=self.health,
+            publisher=publisher,
+            resync=self.intervals.slice_resync,
+        )
+        self._thread("slices", self.node_slices.run)
+        self._thread(
+            "reconcile",
+            lambda stop: reconcile.run_periodically(
+                self.preparer, self.api, stop, interval=self.intervals.reconcile
+            ),
+        )
+        self._thread("sockets", self._watch_sockets)
+
+    def _thread(self, name: str, target: Callable[[threading.Event], None]) -> None:
+        thread = threading.Thread(target=target, args=(self.stop_event,), name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _watch_sockets(self, stop: threading.Event) -> None:
+        while not stop.wait(SOCKET_CHECK_INTERVAL):
+            for server in self._servers:
+                try:
+                    server.ensure()
+                except Exception as err:  # e.g. the directory vanished; try again
+                    log.error("re-creating socket failed", extra={"error": str(err)})
+
+    # ---- health and stop ---------------------------------------------------------
+
+    def check_health(self) -> tuple[bool, str]:
+        """Both sockets answer a real gRPC call."""
+        try:
+            with grpc.insecure_channel(f"unix://{self.reg_socket}") as channel:
+                reg_grpc.RegistrationStub(channel).GetInfo(reg_pb.InfoRequest(), timeout=2)
+            with grpc.insecure_channel(f"unix://{self.dra_socket}") as channel:
+                grpc.channel_ready_future(channel).result(timeout=2)
+        except (grpc.RpcError, grpc.FutureTimeoutError) as err:
+            return False, f"plugin sockets do not answer: {err}"
+        detail = "registered" if self.registration.registered.is_set() else "not yet registered"
+        return True, f"ok ({detail})"
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        for server in self._servers:
+            server.stop()
+        if self._http is not None:
+            self._http.shutdown()
+        for thread in self._threads:
+            thread.join(timeout=5)

@@ -1,0 +1,118 @@
+"""Cleaning up what crashes and deleted claims leave behind.
+
+At start and periodically: checkpoint entries (PrepareStarted or PrepareCompleted)
+whose claim no longer exists, or exists with another UID, are unprepared; CDI specs
+of ours that no checkpoint entry accounts for are deleted. kubelet would never call
+unprepare for a claim deleted while the plugin was down, so nobody else will.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from drasil.api.checkpoint import PreparedDevice
+from drasil.driver.cdi import (
+    ENV_CLAIM_NAME,
+    ENV_CLAIM_NAMESPACE,
+    ENV_CLAIM_UID,
+    cdi_device_id,
+    delete_claim_spec,
+    list_claim_specs,
+    read_claim_spec,
+)
+from drasil.kubeletplugin.prepare import ClaimReader, Preparer
+
+log = logging.getLogger(__name__)
+
+
+def stale_claims(preparer: Preparer, claims: ClaimReader) -> list[str]:
+    """UIDs of recorded claims the API server no longer has (raises if unreachable)."""
+    with preparer.state_lock():
+        records = dict(preparer.store.claims())
+    stale = []
+    for uid, record in records.items():
+        claim = claims.get_claim(record.namespace, record.name)
+        if claim is None or claim.get("metadata", {}).get("uid") != uid:
+            stale.append(uid)
+    return stale
+
+
+def reconcile(preparer: Preparer, claims: ClaimReader) -> int:
+    """One pass; returns how many claims or specs were cleaned up."""
+    cleaned = 0
+    for uid in stale_claims(preparer, claims):
+        log.info("unpreparing stale claim", extra={"claimUID": uid})
+        preparer.unprepare_uid(uid)
+        cleaned += 1
+    cleaned += _leaked_specs(preparer)
+    return cleaned
+
+
+def _leaked_specs(preparer: Preparer) -> int:
+    # Prepare records PrepareStarted before it writes a spec and unprepare deletes the
+    # spec before the entry, so a spec without an entry belongs to no live prepare.
+    # The check runs under each claim's lock, so an in-flight prepare cannot race it.
+    cleaned = 0
+    for uid in list_claim_specs(preparer.cdi_root, preparer.driver):
+        with preparer.claim_lock(uid), preparer.state_lock():
+            if preparer.store.get(uid) is not None:
+                continue
+            delete_claim_spec(preparer.cdi_root, driver=preparer.driver, claim_uid=uid)
+        log.info("deleted leaked CDI spec", extra={"claimUID": uid})
+        cleaned += 1
+    return cleaned
+
+
+def run_periodically(
+    preparer: Preparer, claims: ClaimReader, stop: threading.Event, *, interval: float = 60.0
+) -> None:
+    while not stop.is_set():
+        try:
+            reconcile(preparer, claims)
+        except Exception as err:  # API server away: try again next period
+            log.warning("stale-claim reconcile failed", extra={"error": str(err)})
+        stop.wait(interval)
+
+
+def _env(spec: dict[str, object]) -> dict[str, str]:
+    edits = spec.get("containerEdits")
+    items = edits.get("env", []) if isinstance(edits, dict) else []
+    return dict(str(item).split("=", 1) for item in items if "=" in str(item))
+
+
+def rebuild_from_specs(preparer: Preparer) -> int:
+    """Re-record the claims whose CDI specs exist after the checkpoint was lost.
+
+    The spec names the claim (env) and its devices, which is enough to keep those
+    devices reserved. Entries come back as PrepareStarted, so kubelet's next prepare
+    redoes the full path against the API server (request names included), and the
+    stale-claim pass removes those whose claim is gone.
+    """
+    rebuilt = 0
+    for uid in list_claim_specs(preparer.cdi_root, preparer.driver):
+        spec = read_claim_spec(preparer.cdi_root, driver=preparer.driver, claim_uid=uid)
+        env = _env(spec or {})
+        if spec is None or env.get(ENV_CLAIM_UID) != uid:
+            continue
+        names = [str(d.get("name", ""))[len(uid) + 1 :] for d in spec.get("devices", [])]
+        devices = [
+            PreparedDevice(
+                pool_name=preparer.pool,
+                device_name=name,
+                cdi_device_ids=(
+                    cdi_device_id(driver=preparer.driver, claim_uid=uid, device_name=name),
+                ),
+            )
+            for name in names
+        ]
+        with preparer.claim_lock(uid), preparer.state_lock():
+            if preparer.store.get(uid) is None:
+                preparer.store.mark_started(
+                    uid,
+                    namespace=env.get(ENV_CLAIM_NAMESPACE, ""),
+                    name=env.get(ENV_CLAIM_NAME, ""),
+                    devices=devices,
+                )
+                rebuilt += 1
+    return rebuilt
