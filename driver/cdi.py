@@ -499,9 +499,17 @@ def delete_claim_spec(cdi_root: Path, *, driver: str, claim_uid: str) -> bool:
     return remove_durable(path, crash_tag=_CRASH_TAG)
 
 
-def sweep_claim_spec_temps(cdi_root: Path, driver: str) -> list[Path]:
-    """Remove temp files of spec writes that crashed; call under the plugin's FileLock."""
-    return sweep_temp_files(cdi_root, prefix=_spec_file_prefix(driver))
+def sweep_claim_spec_temps(
+    cdi_root: Path, driver: str, *, claim_uid: str | None = None, older_than: float | None = None
+) -> list[Path]:
+    """Remove temp files of spec writes that crashed (see ``sweep_temp_files``).
+
+    With ``claim_uid``, only that claim's: safe while holding the claim's lock.
+    """
+    prefix = _spec_file_prefix(driver)
+    if claim_uid is not None:
+        prefix = spec_path(cdi_root, driver=driver, claim_uid=claim_uid).name + "."
+    return sweep_temp_files(cdi_root, prefix=prefix, older_than=older_than)
 
 
 def list_claim_specs(cdi_root: Path, driver: str) -> list[str]:

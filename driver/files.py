@@ -118,12 +118,16 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def sweep_temp_files(directory: Path, *, prefix: str) -> list[Path]:
+def sweep_temp_files(
+    directory: Path, *, prefix: str, older_than: float | None = None
+) -> list[Path]:
     """Remove temp files a crashed ``write_atomic`` left for targets named ``prefix*``.
 
     Only safe while no other process writes those targets (hold the ``FileLock``),
-    because a live writer's temp file looks the same as a dead one's.
+    because a live writer's temp file looks the same as a dead one's; or pass
+    ``older_than`` (seconds): a live write takes milliseconds.
     """
+    cutoff = time.time() - older_than if older_than is not None else None
     removed = []
     try:
         entries = list(os.scandir(directory))
@@ -131,6 +135,8 @@ def sweep_temp_files(directory: Path, *, prefix: str) -> list[Path]:
         return []
     for entry in entries:
         if entry.name.startswith(prefix) and entry.name.endswith(TEMP_SUFFIX):
+            if cutoff is not None and entry.stat().st_mtime > cutoff:
+                continue
             Path(entry.path).unlink(missing_ok=True)
             removed.append(Path(entry.path))
     if removed:

@@ -34,6 +34,7 @@ from drasil.driver.cdi import (
     cdi_device_id,
     delete_claim_spec,
     read_claim_spec,
+    sweep_claim_spec_temps,
     write_claim_spec,
 )
 from drasil.driver.checkpoint import CheckpointStore
@@ -182,6 +183,8 @@ class Preparer:
             ),
             common_edits=self.common_edits,
         )
+        # A crash mid-write left a temp file; this claim's lock makes it ours to remove.
+        sweep_claim_spec_temps(self.cdi_root, self.driver, claim_uid=ref.uid)
         write_claim_spec(spec, cdi_root=self.cdi_root, driver=self.driver)
         crash_point("prepare-after-cdi")
         with self.state_lock():
@@ -264,6 +267,7 @@ class Preparer:
         return ""
 
     def _unprepare_locked(self, uid: str) -> None:
+        sweep_claim_spec_temps(self.cdi_root, self.driver, claim_uid=uid)
         delete_claim_spec(self.cdi_root, driver=self.driver, claim_uid=uid)
         crash_point("unprepare-after-cdi")
         with self.state_lock():

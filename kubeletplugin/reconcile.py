@@ -20,10 +20,13 @@ from drasil.driver.cdi import (
     delete_claim_spec,
     list_claim_specs,
     read_claim_spec,
+    sweep_claim_spec_temps,
 )
 from drasil.kubeletplugin.prepare import ClaimReader, Preparer
 
 log = logging.getLogger(__name__)
+
+TEMP_MAX_AGE = 60.0  # seconds; a live atomic write takes milliseconds
 
 
 def stale_claims(preparer: Preparer, claims: ClaimReader) -> list[str]:
@@ -46,7 +49,9 @@ def reconcile(preparer: Preparer, claims: ClaimReader) -> int:
         preparer.unprepare_uid(uid)
         cleaned += 1
     cleaned += _leaked_specs(preparer)
-    return cleaned
+    # Temp files of writes that crashed for claims nobody asks about again.
+    old = sweep_claim_spec_temps(preparer.cdi_root, preparer.driver, older_than=TEMP_MAX_AGE)
+    return cleaned + len(old)
 
 
 def _leaked_specs(preparer: Preparer) -> int:

@@ -20,8 +20,9 @@ import grpc
 
 log = logging.getLogger(__name__)
 
-# Linux limits sun_path to 108 bytes including the terminating NUL.
-MAX_SOCKET_PATH = 107
+# Linux limits sun_path to 108 bytes including the NUL; grpc's own check refuses
+# paths from 106 bytes on (measured with grpcio 1.85).
+MAX_SOCKET_PATH = 105
 
 AddServicers = Callable[[grpc.Server], None]
 
@@ -63,7 +64,10 @@ class UnixSocketServer:
         self.path.unlink(missing_ok=True)  # a stale socket makes bind fail
         server = grpc.server(ThreadPoolExecutor(max_workers=self._max_workers))
         self._add_servicers(server)
-        server.add_insecure_port(f"unix://{self.path}")
+        try:
+            server.add_insecure_port(f"unix://{self.path}")
+        except RuntimeError as err:  # grpc says only "Failed to bind"
+            raise OSError(f"cannot listen on unix socket {self.path}: {err}") from err
         server.start()
         self._server = server
         self._inode = _inode(self.path)

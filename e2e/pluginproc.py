@@ -1,0 +1,198 @@
+"""The drasil kubelet plugin as a real process, and a client that talks to it as kubelet.
+
+Used by the e2e tests, `make demo` and the benchmarks: the plugin runs with its own
+registrar/plugins/CDI directories under a temp dir, against the API server of the
+cluster under test, and `KubeletClient` calls its sockets exactly as kubelet does.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from drasil.api.kubelet.dra.v1 import dra_pb2, dra_pb2_grpc
+from drasil.api.kubelet.dra.v1beta1 import dra_pb2 as dra_v1beta1_pb2
+from drasil.api.kubelet.dra.v1beta1 import dra_pb2_grpc as dra_v1beta1_grpc
+from drasil.api.kubelet.pluginregistration import registration_pb2, registration_pb2_grpc
+
+DRIVER = "gpu.drasil.dev"
+
+
+@dataclass
+class PluginProcess:
+    """``drasil-kubelet-plugin`` on temp dirs; start/kill/restart it like a node would."""
+
+    root: Path
+    kubeconfig: Path
+    node_name: str
+    profile: str = "h100-80gb:8"
+    driver: str = DRIVER
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def registrar_dir(self) -> Path:
+        return self.root / "plugins_registry"
+
+    @property
+    def plugins_dir(self) -> Path:
+        return self.root / "plugins"
+
+    @property
+    def cdi_root(self) -> Path:
+        return self.root / "cdi"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.plugins_dir / self.driver
+
+    @property
+    def dra_socket(self) -> Path:
+        return self.state_dir / "dra.sock"
+
+    @property
+    def reg_socket(self) -> Path:
+        return self.registrar_dir / f"{self.driver}-reg.sock"
+
+    @property
+    def log_path(self) -> Path:
+        return self.root / "plugin.log"
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "drasil.kubeletplugin.main",
+            f"--node-name={self.node_name}",
+            f"--driver-name={self.driver}",
+            "--backend=simulated",
+            f"--simulated-profile={self.profile}",
+            f"--kubeconfig={self.kubeconfig}",
+            f"--registrar-dir={self.registrar_dir}",
+            f"--plugins-dir={self.plugins_dir}",
+            f"--cdi-root={self.cdi_root}",
+            "--metrics-addr=127.0.0.1:0",
+            "--health-addr=",
+            "--log-format=json",
+        ]
+
+    def start(self, *, crash_at: str | None = None, timeout: float = 30.0) -> None:
+        env = {**os.environ, **self.env}
+        env.pop("DRASIL_CRASH_AT", None)
+        if crash_at:
+            env["DRASIL_CRASH_AT"] = crash_at
+        self.root.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=log, env=env)
+        log.close()
+        self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float) -> None:
+        """Until both sockets answer a real gRPC call (GetInfo, then a channel)."""
+        deadline = time.monotonic() + timeout
+        last = "no attempt"
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"plugin exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                KubeletClient(self).get_info()
+                return
+            except grpc.RpcError as err:
+                last = str(err)
+            time.sleep(0.1)
+        raise TimeoutError(f"plugin not ready after {timeout}s ({last}):\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text().splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"
+
+    def wait_exit(self, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        """kill -9: what a crash, an OOM kill or a node power cut looks like."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@dataclass(frozen=True)
+class ClaimId:
+    namespace: str
+    name: str
+    uid: str
+
+
+class KubeletClient:
+    """Calls the plugin's sockets with the same messages kubelet sends."""
+
+    def __init__(self, plugin: PluginProcess) -> None:
+        self.plugin = plugin
+
+    def get_info(self) -> registration_pb2.PluginInfo:
+        with grpc.insecure_channel(f"unix://{self.plugin.reg_socket}") as channel:
+            stub = registration_pb2_grpc.RegistrationStub(channel)
+            return stub.GetInfo(registration_pb2.InfoRequest(), timeout=5)
+
+    def notify_registered(self) -> None:
+        with grpc.insecure_channel(f"unix://{self.plugin.reg_socket}") as channel:
+            stub = registration_pb2_grpc.RegistrationStub(channel)
+            status = registration_pb2.RegistrationStatus(plugin_registered=True)
+            stub.NotifyRegistrationStatus(status, timeout=5)
+
+    def _channel(self) -> grpc.Channel:
+        return grpc.insecure_channel(f"unix://{self.plugin.dra_socket}")
+
+    def prepare(
+        self, claims: Sequence[ClaimId], *, timeout: float = 45.0
+    ) -> dra_pb2.NodePrepareResourcesResponse:
+        request = dra_pb2.NodePrepareResourcesRequest(
+            claims=[dra_pb2.Claim(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims]
+        )
+        with self._channel() as channel:
+            return dra_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
+                request, timeout=timeout
+            )
+
+    def unprepare(
+        self, claims: Sequence[ClaimId], *, timeout: float = 45.0
+    ) -> dra_pb2.NodeUnprepareResourcesResponse:
+        request = dra_pb2.NodeUnprepareResourcesRequest(
+            claims=[dra_pb2.Claim(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims]
+        )
+        with self._channel() as channel:
+            return dra_pb2_grpc.DRAPluginStub(channel).NodeUnprepareResources(
+                request, timeout=timeout
+            )
+
+    def prepare_v1beta1(
+        self, claims: Sequence[ClaimId], *, timeout: float = 45.0
+    ) -> dra_v1beta1_pb2.NodePrepareResourcesResponse:
+        request = dra_v1beta1_pb2.NodePrepareResourcesRequest(
+            claims=[
+                dra_v1beta1_pb2.Claim(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims
+            ]
+        )
+        with self._channel() as channel:
+            return dra_v1beta1_grpc.DRAPluginStub(channel).NodePrepareResources(
+                request, timeout=timeout
+            )

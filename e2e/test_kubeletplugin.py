@@ -1,0 +1,403 @@
+"""The kubelet plugin against the real control plane, called over its sockets as kubelet.
+
+The plugin process publishes its node's slices; kube-scheduler allocates a Pod's
+claim from them; the test, acting as kubelet, prepares and unprepares it and checks
+what a container runtime would read: the CDI file.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import jsonschema
+import pytest
+from referencing import Registry
+from referencing.jsonschema import DRAFT7
+
+from e2e.kube import Kube, NotYet, wait_for
+from e2e.pluginproc import DRIVER, ClaimId, KubeletClient, PluginProcess
+
+RESOURCE = "resource.k8s.io/v1"
+CDI_SCHEMA_DIR = Path(__file__).resolve().parents[2] / "shared" / "reference" / "cdi-schema"
+GPU_CLASS = {
+    "apiVersion": RESOURCE,
+    "kind": "DeviceClass",
+    "metadata": {"name": DRIVER},
+    "spec": {
+        "selectors": [
+            {
+                "cel": {
+                    "expression": f'device.driver == "{DRIVER}" && '
+                    f'device.attributes["{DRIVER}"].type == "gpu"'
+                }
+            }
+        ]
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def gpu_class(kube: Kube) -> Iterator[str]:
+    kube.delete(RESOURCE, "DeviceClass", DRIVER)
+    kube.create(GPU_CLASS)
+    yield DRIVER
+    kube.delete(RESOURCE, "DeviceClass", DRIVER)
+
+
+@pytest.fixture
+def node(make_node: Callable[..., dict[str, Any]]) -> str:
+    name = f"e2e-gpu-{secrets.token_hex(3)}"
+    make_node(name)
+    return name
+
+
+@pytest.fixture
+def node_root() -> Iterator[Path]:
+    """A short root dir: unix socket paths must stay under ~105 bytes."""
+    root = Path(tempfile.mkdtemp(prefix="drasil-e2e-"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def plugin(node_root: Path, kubeconfig: Path, node: str) -> Iterator[PluginProcess]:
+    proc = PluginProcess(root=node_root, kubeconfig=kubeconfig, node_name=node)
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def cdi_validator() -> jsonschema.Draft7Validator:
+    schema = json.loads((CDI_SCHEMA_DIR / "schema.json").read_text())
+    defs = json.loads((CDI_SCHEMA_DIR / "defs.json").read_text())
+    registry = Registry().with_resource("defs.json", DRAFT7.create_resource(defs))
+    return jsonschema.Draft7Validator(schema, registry=registry)
+
+
+def node_slices(kube: Kube, node: str) -> list[dict[str, Any]]:
+    items = kube.resource(RESOURCE, "ResourceSlice").get(field_selector=f"spec.nodeName={node}")
+    return [dict(i.to_dict()) for i in items.items]
+
+
+def wait_published(kube: Kube, node: str, count: int = 8) -> list[dict[str, Any]]:
+    def published() -> Any:
+        slices = node_slices(kube, node)
+        devices = [d for s in slices for d in s["spec"].get("devices") or []]
+        return slices if len(devices) == count else NotYet(slices)
+
+    result: list[dict[str, Any]] = wait_for(
+        published, timeout=60, what=f"{count} devices published for {node}"
+    )
+    return result
+
+
+def allocated_pod_claim(
+    kube: Kube, namespace: str, node: str, *, config: dict[str, Any] | None = None
+) -> tuple[ClaimId, dict[str, Any]]:
+    """A Pod with a claim from a template, pinned to ``node``; returns the allocated claim."""
+    requests: dict[str, Any] = {"name": "gpu", "exactly": {"deviceClassName": DRIVER}}
+    devices: dict[str, Any] = {"requests": [requests]}
+    if config is not None:
+        devices["config"] = [
+            {"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": config}}
+        ]
+    name = f"gpu-{secrets.token_hex(3)}"
+    kube.create(
+        {
+            "apiVersion": RESOURCE,
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name},
+            "spec": {"spec": {"devices": devices}},
+        },
+        namespace,
+    )
+    kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": "registry.invalid/none:1",
+                        "resources": {"claims": [{"name": "gpu"}]},
+                    }
+                ],
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
+            },
+        },
+        namespace,
+    )
+
+    def allocated() -> Any:
+        claims = kube.resource(RESOURCE, "ResourceClaim").get(namespace=namespace).items
+        for claim in claims:
+            c = dict(claim.to_dict())
+            if c.get("status", {}).get("allocation") and c["status"].get("reservedFor"):
+                return c
+        return NotYet([dict(c.to_dict()).get("status") for c in claims])
+
+    claim = wait_for(allocated, timeout=60, what=f"claim of Pod {namespace}/{name} allocated")
+    meta = claim["metadata"]
+    return ClaimId(namespace=namespace, name=meta["name"], uid=meta["uid"]), claim
+
+
+def cdi_file(plugin: PluginProcess, uid: str) -> Path:
+    return plugin.cdi_root / f"k8s.{DRIVER}-claim_{uid}.json"
+
+
+def checkpoint_claims(plugin: PluginProcess) -> dict[str, Any]:
+    path = plugin.state_dir / "checkpoint.json"
+    if not path.exists():
+        return {}
+    claims: dict[str, Any] = json.loads(path.read_text()).get("claims", {})
+    return claims
+
+
+def assert_clean(plugin: PluginProcess) -> None:
+    """Nothing left behind: no spec, no checkpoint entry, no temp file."""
+    assert list(plugin.cdi_root.glob("*.json")) == []
+    assert checkpoint_claims(plugin) == {}
+    leftovers = [*plugin.cdi_root.glob("*.tmp"), *plugin.state_dir.glob("*.tmp")]
+    assert leftovers == []
+
+
+def test_slices_are_accepted_allocated_and_prepared(
+    kube: Kube,
+    namespace: str,
+    node: str,
+    gpu_class: str,
+    plugin: PluginProcess,
+    cdi_validator: jsonschema.Draft7Validator,
+) -> None:
+    slices = wait_published(kube, node)
+    assert {s["spec"]["pool"]["name"] for s in slices} == {node}
+    assert slices[0]["metadata"]["ownerReferences"][0]["kind"] == "Node"
+
+    ref, claim = allocated_pod_claim(kube, namespace, node)
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert result["driver"] == DRIVER
+    assert result["pool"] == node
+
+    kubelet = KubeletClient(plugin)
+    response = kubelet.prepare([ref])
+    entry = response.claims[ref.uid]
+    assert entry.error == ""
+    (device,) = entry.devices
+    assert device.device_name == result["device"]
+    assert list(device.request_names) == ["gpu"]
+    expected_id = f"k8s.{DRIVER}/claim={ref.uid}-{result['device']}"
+    assert list(device.cdi_device_ids) == [expected_id]
+
+    spec = json.loads(cdi_file(plugin, ref.uid).read_text())
+    cdi_validator.validate(spec)
+    assert f"{spec['kind']}={spec['devices'][0]['name']}" == expected_id
+    env = spec["containerEdits"]["env"]
+    assert any(e.startswith("NVIDIA_VISIBLE_DEVICES=GPU-") for e in env)
+    assert checkpoint_claims(plugin)[ref.uid]["state"] == "PrepareCompleted"
+
+    # kubelet may call again (its own restart): same answer.
+    again = kubelet.prepare([ref]).claims[ref.uid]
+    assert list(again.devices[0].cdi_device_ids) == [expected_id]
+    # v1beta1 speaks the same.
+    beta = kubelet.prepare_v1beta1([ref]).claims[ref.uid]
+    assert list(beta.devices[0].cdi_device_ids) == [expected_id]
+
+    assert kubelet.unprepare([ref]).claims[ref.uid].error == ""
+    assert_clean(plugin)
+    assert kubelet.unprepare([ref]).claims[ref.uid].error == ""  # idempotent
+
+
+def test_wiped_cdi_dir_is_rewritten_on_repeated_prepare(
+    kube: Kube, namespace: str, node: str, gpu_class: str, plugin: PluginProcess
+) -> None:
+    wait_published(kube, node)
+    ref, _ = allocated_pod_claim(kube, namespace, node)
+    kubelet = KubeletClient(plugin)
+    first = kubelet.prepare([ref]).claims[ref.uid]
+    before = cdi_file(plugin, ref.uid).read_bytes()
+    cdi_file(plugin, ref.uid).unlink()  # what a reboot does to /var/run/cdi (tmpfs)
+    second = kubelet.prepare([ref]).claims[ref.uid]
+    assert second.error == ""
+    assert list(second.devices[0].cdi_device_ids) == list(first.devices[0].cdi_device_ids)
+    assert cdi_file(plugin, ref.uid).read_bytes() == before
+
+
+def test_config_errors_name_the_field(
+    kube: Kube, namespace: str, node: str, gpu_class: str, plugin: PluginProcess
+) -> None:
+    wait_published(kube, node)
+    bad = {"apiVersion": "resource.drasil.dev/v1beta1", "kind": "GpuConfig"}
+    bad["sharing"] = {"strategy": "Foo"}  # type: ignore[assignment]
+    ref, _ = allocated_pod_claim(kube, namespace, node, config=bad)
+    entry = KubeletClient(plugin).prepare([ref]).claims[ref.uid]
+    assert "sharing.strategy" in entry.error
+    assert "Foo" in entry.error
+    assert "TimeSlicing" in entry.error
+    assert not cdi_file(plugin, ref.uid).exists()
+
+
+def test_sharing_config_reaches_the_cdi_env(
+    kube: Kube, namespace: str, node: str, gpu_class: str, plugin: PluginProcess
+) -> None:
+    wait_published(kube, node)
+    config = {
+        "apiVersion": "resource.drasil.dev/v1beta1",
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}},
+    }
+    ref, _ = allocated_pod_claim(kube, namespace, node, config=config)
+    assert KubeletClient(plugin).prepare([ref]).claims[ref.uid].error == ""
+    spec = json.loads(cdi_file(plugin, ref.uid).read_text())
+    env = spec["devices"][0]["containerEdits"]["env"]
+    assert "DRASIL_SHARING_STRATEGY=TimeSlicing" in env
+    assert "DRASIL_TIMESLICE_INTERVAL=Long" in env
+
+
+def test_unknown_claim_gets_a_per_claim_error(plugin: PluginProcess) -> None:
+    ghost = ClaimId(namespace="default", name="no-such-claim", uid="0000-ghost")
+    entry = KubeletClient(plugin).prepare([ghost]).claims[ghost.uid]
+    assert "not found" in entry.error
+
+
+PREPARE_CRASHES = [
+    "checkpoint-before-rename",  # the PrepareStarted write
+    "prepare-after-started",
+    "cdi-mid-write",
+    "cdi-before-rename",
+    "prepare-after-cdi",
+    "prepare-after-completed",
+]
+UNPREPARE_CRASHES = ["cdi-before-remove", "unprepare-after-cdi"]
+
+
+@pytest.mark.parametrize("crash_at", PREPARE_CRASHES)
+def test_crash_during_prepare_is_repaired_by_the_next_call(
+    kube: Kube, namespace: str, node: str, gpu_class: str, node_root: Path, kubeconfig: Path,
+    crash_at: str,
+) -> None:  # fmt: skip
+    plugin = PluginProcess(root=node_root, kubeconfig=kubeconfig, node_name=node)
+    plugin.start(crash_at=crash_at)
+    try:
+        wait_published(kube, node)
+        ref, _ = allocated_pod_claim(kube, namespace, node)
+        kubelet = KubeletClient(plugin)
+        with pytest.raises(grpc.RpcError):
+            kubelet.prepare([ref], timeout=20)
+        assert plugin.wait_exit() == 137
+        plugin.start()  # what the DaemonSet does after the crash
+        entry = kubelet.prepare([ref]).claims[ref.uid]
+        assert entry.error == ""
+        assert cdi_file(plugin, ref.uid).exists()
+        assert checkpoint_claims(plugin)[ref.uid]["state"] == "PrepareCompleted"
+        assert kubelet.unprepare([ref]).claims[ref.uid].error == ""
+        assert_clean(plugin)
+    finally:
+        plugin.stop()
+
+
+@pytest.mark.parametrize("crash_at", UNPREPARE_CRASHES)
+def test_crash_during_unprepare_is_repaired_by_the_next_call(
+    kube: Kube, namespace: str, node: str, gpu_class: str, node_root: Path, kubeconfig: Path,
+    crash_at: str,
+) -> None:  # fmt: skip
+    plugin = PluginProcess(root=node_root, kubeconfig=kubeconfig, node_name=node)
+    plugin.start()
+    try:
+        wait_published(kube, node)
+        ref, _ = allocated_pod_claim(kube, namespace, node)
+        kubelet = KubeletClient(plugin)
+        assert kubelet.prepare([ref]).claims[ref.uid].error == ""
+        plugin.stop()
+        plugin.start(crash_at=crash_at)
+        with pytest.raises(grpc.RpcError):
+            kubelet.unprepare([ref], timeout=20)
+        assert plugin.wait_exit() == 137
+        plugin.start()
+        assert kubelet.unprepare([ref]).claims[ref.uid].error == ""
+        assert_clean(plugin)
+    finally:
+        plugin.stop()
+
+
+def test_claims_deleted_while_the_plugin_was_down_are_cleaned_up(
+    kube: Kube, namespace: str, node: str, gpu_class: str, plugin: PluginProcess
+) -> None:
+    wait_published(kube, node)
+    ref, _ = allocated_pod_claim(kube, namespace, node)
+    assert KubeletClient(plugin).prepare([ref]).claims[ref.uid].error == ""
+    plugin.kill()
+    for pod in kube.core.list_namespaced_pod(namespace).items:
+        kube.core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
+    kube.delete(RESOURCE, "ResourceClaim", ref.name, namespace)
+    wait_for(
+        lambda: NotYet("claim still there") if _exists(kube, ref, namespace) else True,
+        timeout=60,
+        what=f"claim {ref.name} deleted",
+    )
+    plugin.start()  # the reconcile at start finds the stale entry
+    wait_for(
+        lambda: True if not checkpoint_claims(plugin) else NotYet(checkpoint_claims(plugin)),
+        timeout=60,
+        what="the stale checkpoint entry to be unprepared",
+    )
+    assert_clean(plugin)
+
+
+def _exists(kube: Kube, ref: ClaimId, namespace: str) -> bool:
+    claims = kube.resource(RESOURCE, "ResourceClaim").get(namespace=namespace).items
+    return any(c.metadata.uid == ref.uid for c in claims)
+
+
+def test_fault_taints_the_device_and_recovery_removes_the_taint(
+    kube: Kube, node: str, plugin: PluginProcess
+) -> None:
+    from drasil.driver.health import FAULT_FILE, write_faults
+
+    wait_published(kube, node)
+    faults = plugin.state_dir / FAULT_FILE
+    write_faults(faults, {"gpu-3": "injected by e2e"})
+
+    def taints() -> dict[str, Any]:
+        return {
+            d["name"]: d.get("taints")
+            for s in node_slices(kube, node)
+            for d in s["spec"].get("devices") or []
+        }
+
+    tainted = wait_for(
+        lambda: taints() if taints().get("gpu-3") else NotYet(taints()),
+        timeout=30,
+        what="gpu-3 tainted in the published slice",
+    )
+    assert tainted["gpu-3"][0]["key"] == f"{DRIVER}/unhealthy"
+    assert tainted["gpu-3"][0]["effect"] == "NoSchedule"
+    assert not tainted["gpu-2"]
+    write_faults(faults, {})
+    wait_for(
+        lambda: True if not taints().get("gpu-3") else NotYet(taints()),
+        timeout=30,
+        what="the taint on gpu-3 removed after recovery",
+    )
+
+
+def test_deleted_registration_socket_comes_back(plugin: PluginProcess) -> None:
+    plugin.reg_socket.unlink()
+    info = wait_for(
+        lambda: KubeletClient(plugin).get_info() if plugin.reg_socket.exists() else NotYet("gone"),
+        timeout=10,
+        what="the registration socket re-created",
+    )
+    assert info.name == DRIVER
+    assert info.endpoint == str(plugin.dra_socket)
+    assert list(info.supported_versions)[:2] == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
