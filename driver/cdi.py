@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from drasil.driver.devices import Device
-from drasil.driver.files import remove_durable, sweep_temp_files, write_atomic
+from drasil.driver.files import remove_file, sweep_temp_files, write_atomic
 
 CdiSpec = dict[str, Any]
 """A CDI spec as the JSON object runtimes read."""
@@ -473,7 +473,10 @@ def write_claim_spec(req: ClaimSpecRequest, *, cdi_root: Path, driver: str) -> P
             return path
     except FileNotFoundError:
         pass
-    write_atomic(path, data, mode=SPEC_FILE_MODE, crash_tag=_CRASH_TAG)
+    # /var/run/cdi is tmpfs: a power loss wipes it whatever we fsync, and a process
+    # crash keeps the page cache. The rename alone gives what runtimes need: they
+    # never see a partial spec.
+    write_atomic(path, data, mode=SPEC_FILE_MODE, crash_tag=_CRASH_TAG, durable=False)
     return path
 
 
@@ -496,7 +499,7 @@ def read_claim_spec(cdi_root: Path, *, driver: str, claim_uid: str) -> CdiSpec |
 def delete_claim_spec(cdi_root: Path, *, driver: str, claim_uid: str) -> bool:
     """Remove the claim's spec durably; returns whether one existed (idempotent)."""
     path = spec_path(cdi_root, driver=driver, claim_uid=claim_uid)
-    return remove_durable(path, crash_tag=_CRASH_TAG)
+    return remove_file(path, crash_tag=_CRASH_TAG, durable=False)
 
 
 def sweep_claim_spec_temps(

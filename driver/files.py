@@ -14,9 +14,9 @@ checkpoint; callers may add their own points with ``crash_point``.
 point                      state left behind
 =========================  ==============================================================
 ``<tag>-mid-write``        temp file holds the first half of the data; target untouched
-``<tag>-before-rename``    temp file complete and fsynced; target untouched
+``<tag>-before-rename``    temp file complete (fsynced if durable); target untouched
 ``<tag>-after-rename``     target replaced; the directory entry not yet fsynced
-``<tag>-before-remove``    ``remove_durable`` about to unlink; target untouched
+``<tag>-before-remove``    ``remove_file`` about to unlink; target untouched
 =========================  ==============================================================
 """
 
@@ -55,12 +55,19 @@ def temp_path_for(path: Path) -> Path:
     return path.with_name(f"{path.name}.{secrets.token_hex(6)}{TEMP_SUFFIX}")
 
 
-def write_atomic(path: Path, data: bytes, *, mode: int = 0o644, crash_tag: str = "file") -> None:
+def write_atomic(
+    path: Path, data: bytes, *, mode: int = 0o644, crash_tag: str = "file", durable: bool = True
+) -> None:
     """Replace ``path`` with ``data`` so that a crash leaves the old or the new file.
 
     Temp file in the same directory (rename is atomic only within one file system),
     write, fsync, rename over the target, fsync the directory so the rename itself
     survives power loss. ``mode`` is applied exactly, whatever the umask.
+
+    ``durable=False`` skips both fsyncs: the rename still makes the write atomic for
+    every reader and across a process crash (the page cache outlives the process);
+    only a kernel crash or power loss can lose it. Use it for state that a reboot
+    invalidates anyway (each fsync costs milliseconds on the prepare path).
     """
     temp = temp_path_for(path)
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
@@ -68,7 +75,8 @@ def write_atomic(path: Path, data: bytes, *, mode: int = 0o644, crash_tag: str =
         try:
             os.fchmod(fd, mode)
             _write_all(fd, data, crash_tag=crash_tag)
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         crash_point(f"{crash_tag}-before-rename")
@@ -77,7 +85,8 @@ def write_atomic(path: Path, data: bytes, *, mode: int = 0o644, crash_tag: str =
         temp.unlink(missing_ok=True)
         raise
     crash_point(f"{crash_tag}-after-rename")
-    fsync_directory(path.parent)
+    if durable:
+        fsync_directory(path.parent)
 
 
 def _write_all(fd: int, data: bytes, *, crash_tag: str) -> None:
@@ -95,8 +104,8 @@ def _write_view(fd: int, view: memoryview) -> None:
         view = view[written:]
 
 
-def remove_durable(path: Path, *, crash_tag: str = "file") -> bool:
-    """Remove ``path`` and fsync its directory; a missing file is fine.
+def remove_file(path: Path, *, crash_tag: str = "file", durable: bool = True) -> bool:
+    """Remove ``path`` (and fsync its directory if ``durable``); a missing file is fine.
 
     Returns whether a file was removed.
     """
@@ -105,7 +114,8 @@ def remove_durable(path: Path, *, crash_tag: str = "file") -> bool:
         path.unlink()
     except FileNotFoundError:
         return False
-    fsync_directory(path.parent)
+    if durable:
+        fsync_directory(path.parent)
     return True
 
 

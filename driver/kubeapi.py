@@ -8,6 +8,7 @@ ever read-modified-replaced.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -53,15 +54,39 @@ class KubeApi:
 
     # ---- ResourceClaims ---------------------------------------------------------
 
-    def get_claim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+    def get_claim(
+        self, namespace: str, name: str, *, cached: bool = False
+    ) -> Mapping[str, Any] | None:
+        """The claim as JSON, or None. ``cached`` reads the API server's watch cache
+        (``resourceVersion=0``): about a millisecond faster, possibly a moment old."""
+        path = (
+            f"/apis/{RESOURCE_GROUP}/{RESOURCE_VERSION}/namespaces/{namespace}"
+            f"/resourceclaims/{name}"
+        )
+        return self._get_json(path, query=[("resourceVersion", "0")] if cached else [])
+
+    def _get_json(self, path: str, *, query: list[tuple[str, str]]) -> JsonObject | None:
+        # A raw GET: this is on kubelet's prepare path, and the generated method's
+        # argument validation costs more than the JSON decoding.
+        ac = self.api_client
+        request = ac.param_serialize(
+            "GET",
+            path,
+            query_params=query,
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
         try:
-            obj = self.custom.get_namespaced_custom_object(
-                RESOURCE_GROUP, RESOURCE_VERSION, namespace, "resourceclaims", name
-            )
+            response = ac.call_api(*request)
+            response.read()  # type: ignore[no-untyped-call]
         except ApiException as err:
             _or_none(err)
             return None
-        return cast(JsonObject, obj)
+        if response.status == 404:
+            return None
+        if response.status >= 300:
+            raise ApiException(status=response.status, reason=response.reason)
+        return cast(JsonObject, json.loads(cast(bytes, response.data)))
 
     # ---- ResourceSlices ---------------------------------------------------------
 

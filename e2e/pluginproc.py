@@ -143,10 +143,20 @@ class ClaimId:
 
 
 class KubeletClient:
-    """Calls the plugin's sockets with the same messages kubelet sends."""
+    """Calls the plugin's sockets with the same messages kubelet sends.
+
+    Like kubelet, it keeps one connection to ``dra.sock`` and reuses it; gRPC
+    reconnects by itself after the plugin restarts.
+    """
 
     def __init__(self, plugin: PluginProcess) -> None:
         self.plugin = plugin
+        self._dra: grpc.Channel | None = None
+
+    def close(self) -> None:
+        if self._dra is not None:
+            self._dra.close()
+            self._dra = None
 
     def get_info(self) -> registration_pb2.PluginInfo:
         with grpc.insecure_channel(f"unix://{self.plugin.reg_socket}") as channel:
@@ -159,8 +169,10 @@ class KubeletClient:
             status = registration_pb2.RegistrationStatus(plugin_registered=True)
             stub.NotifyRegistrationStatus(status, timeout=5)
 
-    def _channel(self) -> grpc.Channel:
-        return grpc.insecure_channel(f"unix://{self.plugin.dra_socket}")
+    def _stub(self) -> dra_pb2_grpc.DRAPluginStub:
+        if self._dra is None:
+            self._dra = grpc.insecure_channel(f"unix://{self.plugin.dra_socket}")
+        return dra_pb2_grpc.DRAPluginStub(self._dra)
 
     def prepare(
         self, claims: Sequence[ClaimId], *, timeout: float = 45.0
@@ -168,10 +180,7 @@ class KubeletClient:
         request = dra_pb2.NodePrepareResourcesRequest(
             claims=[dra_pb2.Claim(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims]
         )
-        with self._channel() as channel:
-            return dra_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
-                request, timeout=timeout
-            )
+        return self._stub().NodePrepareResources(request, timeout=timeout)
 
     def unprepare(
         self, claims: Sequence[ClaimId], *, timeout: float = 45.0
@@ -179,10 +188,7 @@ class KubeletClient:
         request = dra_pb2.NodeUnprepareResourcesRequest(
             claims=[dra_pb2.Claim(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims]
         )
-        with self._channel() as channel:
-            return dra_pb2_grpc.DRAPluginStub(channel).NodeUnprepareResources(
-                request, timeout=timeout
-            )
+        return self._stub().NodeUnprepareResources(request, timeout=timeout)
 
     def prepare_v1beta1(
         self, claims: Sequence[ClaimId], *, timeout: float = 45.0
@@ -192,7 +198,9 @@ class KubeletClient:
                 dra_v1beta1_pb2.Claim(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims
             ]
         )
-        with self._channel() as channel:
-            return dra_v1beta1_grpc.DRAPluginStub(channel).NodePrepareResources(
-                request, timeout=timeout
-            )
+        if self._dra is None:
+            self._stub()
+        assert self._dra is not None
+        return dra_v1beta1_grpc.DRAPluginStub(self._dra).NodePrepareResources(
+            request, timeout=timeout
+        )

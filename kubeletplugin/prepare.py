@@ -57,9 +57,15 @@ STATE_LOCK_TIMEOUT = 30.0
 
 
 class ClaimReader(Protocol):
-    """Reads a ResourceClaim from the API server as its JSON object."""
+    """Reads a ResourceClaim from the API server as its JSON object.
 
-    def get_claim(self, namespace: str, name: str) -> Mapping[str, Any] | None: ...
+    ``cached=True`` may answer from the API server's watch cache (a moment old);
+    the Preparer falls back to a fresh read when that copy cannot be used.
+    """
+
+    def get_claim(
+        self, namespace: str, name: str, *, cached: bool = False
+    ) -> Mapping[str, Any] | None: ...
 
 
 @dataclass(frozen=True)
@@ -204,7 +210,11 @@ class Preparer:
         return spec is not None
 
     def _read_claim(self, ref: ClaimRef) -> Mapping[str, Any]:
-        claim = self.claims.get_claim(ref.namespace, ref.name)
+        # The claim was allocated and reserved long before kubelet calls us, so the
+        # cache almost always has it; anything unexpected is read again, fresh.
+        claim = self.claims.get_claim(ref.namespace, ref.name, cached=True)
+        if not _usable(claim, ref.uid):
+            claim = self.claims.get_claim(ref.namespace, ref.name)
         if claim is None:
             raise PrepareError(f"ResourceClaim {ref.namespace}/{ref.name} not found")
         uid = claim.get("metadata", {}).get("uid")
@@ -281,6 +291,12 @@ class Preparer:
     def claim_lock(self, uid: str) -> AbstractContextManager[None]:
         """The lock every prepare and unprepare of this claim holds."""
         return self._claim_locks.hold(uid)
+
+
+def _usable(claim: Mapping[str, Any] | None, uid: str) -> bool:
+    if claim is None or claim.get("metadata", {}).get("uid") != uid:
+        return False
+    return bool(claim.get("status", {}).get("allocation"))
 
 
 def _names(devices: Sequence[PreparedDevice]) -> str:

@@ -8,7 +8,6 @@ import stat
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -263,23 +262,8 @@ def test_crash_during_write_keeps_a_readable_version(path: Path, point: str, sur
 
 
 def test_encoded_size_stays_small(prepared: CheckpointStore) -> None:
-    # One claim should stay well under a page, so a write is one small fsync.
+    # One claim should stay well under a page: every prepare rewrites the file.
     assert len(encode_checkpoint(prepared.checkpoint)) < 1024
-
-
-def test_mutation_latency(path: Path) -> None:
-    store = store_at(path)
-    store.load()
-    samples = []
-    for i in range(50):
-        start = time.perf_counter()
-        store.mark_started(f"uid-{i}", namespace="n", name="c")
-        store.mark_completed(f"uid-{i}", [device()])
-        samples.append(time.perf_counter() - start)
-    samples.sort()
-    # Generous bound (two fsynced writes on a shared CI disk); the p99 < 10 ms
-    # target for a whole prepare is measured by the benchmarks, not here.
-    assert samples[len(samples) // 2] < 0.1
 
 
 # --- FileLock --------------------------------------------------------------------------------
