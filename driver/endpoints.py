@@ -19,8 +19,11 @@ def parse_addr(addr: str) -> tuple[str, int] | None:
     if addr in ("", "0"):
         return None
     host, _, port = addr.rpartition(":")
-    if not port.isdigit():
-        raise ValueError(f"address {addr!r}: expected [host]:port, e.g. :9400 or 127.0.0.1:9400")
+    if not port.isdigit() or int(port) > 65535:
+        raise ValueError(
+            f"address {addr!r}: expected [host]:port, e.g. :9400 or 127.0.0.1:9400 "
+            "(port from 0 to 65535)"
+        )
     return (host or "0.0.0.0", int(port))
 
 

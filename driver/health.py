@@ -209,7 +209,22 @@ class XidWatcher:
         self.tracker.report("xid", {n: why for n, (_, why) in self._hit.items()})
 
     def run(self, stop: threading.Event) -> None:
-        """Wait for events until ``stop``; any NVML failure disables XID watching only."""
+        """Wait for events until ``stop``; any NVML failure disables XID watching only.
+
+        NVML is reference-counted and discovery shut its reference down, so this
+        thread holds its own for as long as it watches.
+        """
+        try:
+            self.lib.init()
+        except NvmlError as err:
+            log.error("XID events unavailable; NVML health disabled", extra={"error": str(err)})
+            return
+        try:
+            self._watch(stop)
+        finally:
+            self.lib.shutdown()
+
+    def _watch(self, stop: threading.Event) -> None:
         try:
             event_set = self.lib.event_set_create()
             for index in range(self.lib.device_count()):
@@ -220,14 +235,16 @@ class XidWatcher:
                 "XID events unavailable; health from NVML disabled", extra={"error": str(err)}
             )
             return
-        while not stop.is_set():
-            try:
-                event = self.lib.event_set_wait(event_set, 500)
-            except NvmlError as err:
-                log.warning("XID wait failed", extra={"error": str(err)})
-                stop.wait(1.0)
-                continue
-            if event is not None:
-                self.handle(event)
-            self.recover()
-        self.lib.event_set_free(event_set)
+        try:
+            while not stop.is_set():
+                try:
+                    event = self.lib.event_set_wait(event_set, 500)
+                except NvmlError as err:
+                    log.warning("XID wait failed", extra={"error": str(err)})
+                    stop.wait(1.0)
+                    continue
+                if event is not None:
+                    self.handle(event)
+                self.recover()
+        finally:
+            self.lib.event_set_free(event_set)

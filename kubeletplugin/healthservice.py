@@ -20,6 +20,7 @@ from drasil.api.kubelet.health.v1alpha1 import health_pb2_grpc as v1alpha1_grpc
 from drasil.driver.health import HealthTracker
 
 MAX_MESSAGE = 1024  # kubelet's limit on DeviceHealth.message
+WAIT_SLICE = 0.25
 
 
 class HealthStreams:
@@ -38,11 +39,21 @@ class HealthStreams:
         return int(self.resend * 2)
 
     def responses(self, pb: ModuleType, context: Any) -> Iterator[Any]:
-        seen = -1
-        while not self.stop.is_set() and context.is_active():
+        while self._open(context):
             seen = self.tracker.version
             yield self._response(pb)
-            self.tracker.wait_for_change(seen, timeout=self.resend)
+            self._wait(seen, context)
+
+    def _open(self, context: Any) -> bool:
+        return not self.stop.is_set() and bool(context.is_active())
+
+    def _wait(self, seen: int, context: Any) -> None:
+        """Until a change or the resend time; short slices notice a stop or a hang-up
+        quickly, so the process exits within its grace period."""
+        deadline = time.monotonic() + self.resend
+        while self._open(context) and time.monotonic() < deadline:
+            if self.tracker.wait_for_change(seen, timeout=WAIT_SLICE) != seen:
+                return
 
     def _response(self, pb: ModuleType) -> Any:
         now = int(time.time())

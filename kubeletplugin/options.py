@@ -8,11 +8,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from drasil.driver.endpoints import parse_addr
 from drasil.driver.logs import LOG_FORMATS, LogFormat
 
 DEFAULT_DRIVER = "gpu.drasil.dev"
 BACKENDS = ("nvml", "simulated")
 MODES = ("dra", "device-plugin")
+MIG_STRATEGIES = ("none", "single", "mixed")
 
 
 class OptionsError(ValueError):
@@ -35,6 +37,11 @@ class PluginOptions:
     log_format: LogFormat
     verbosity: int
     mode: str
+    # Device-plugin mode only (docs/device-plugin.md); defaults keep DRA callers short.
+    device_plugins_dir: Path = Path("/var/lib/kubelet/device-plugins")
+    resource_name: str = "drasil.dev/gpu"
+    time_slicing_replicas: int = 1
+    mig_strategy: str = "none"
 
     @property
     def state_dir(self) -> Path:
@@ -64,9 +71,44 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p.add_argument("--metrics-addr", default=env.get("METRICS_ADDR", ":9400"))
     p.add_argument("--health-addr", default=env.get("HEALTH_ADDR", ":9401"))
     p.add_argument("--log-format", choices=LOG_FORMATS, default=env.get("LOG_FORMAT", "text"))
-    p.add_argument("-v", "--v", dest="verbosity", type=int, default=int(env.get("V", "0")))
+    p.add_argument("-v", "--v", dest="verbosity", type=int, default=_env_int(env, "V"))
     p.add_argument("--mode", choices=MODES, default=env.get("MODE", "dra"))
+    p.add_argument("--device-plugins-dir", default="/var/lib/kubelet/device-plugins")
+    p.add_argument(
+        "--resource-name",
+        default=env.get("RESOURCE_NAME", "drasil.dev/gpu"),
+        help="extended resource of device-plugin mode; match the DeviceClass's "
+        "extendedResourceName",
+    )
+    p.add_argument(
+        "--time-slicing-replicas",
+        type=int,
+        # A string default goes through type=int too: a bad env value is a usage error.
+        default=env.get("TIME_SLICING_REPLICAS", "1"),
+        help="device-plugin mode: advertise each device N times (<id>::<n>)",
+    )
+    p.add_argument(
+        "--mig-strategy",
+        choices=MIG_STRATEGIES,
+        default=env.get("MIG_STRATEGY", "none"),
+        help="device-plugin mode: none (full GPUs), single or mixed (mig-<profile>)",
+    )
     return p
+
+
+def _env_int(env: Mapping[str, str], name: str) -> int:
+    value = env.get(name, "0")
+    try:
+        return int(value)
+    except ValueError:
+        raise OptionsError(f"env {name}: {value!r} is not an integer") from None
+
+
+def _check_addr(flag: str, value: str) -> None:
+    try:
+        parse_addr(value)
+    except ValueError as err:
+        raise OptionsError(f"{flag}: {err}") from None
 
 
 def _check_choice(name: str, value: str, allowed: Sequence[str]) -> None:
@@ -84,6 +126,11 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
     _check_choice("--backend", ns.backend, BACKENDS)
     _check_choice("--log-format", ns.log_format, LOG_FORMATS)
     _check_choice("--mode", ns.mode, MODES)
+    _check_addr("--metrics-addr", ns.metrics_addr)
+    _check_addr("--health-addr", ns.health_addr)
+    _check_choice("--mig-strategy", ns.mig_strategy, MIG_STRATEGIES)
+    if ns.time_slicing_replicas < 1:
+        raise OptionsError(f"--time-slicing-replicas: {ns.time_slicing_replicas} is less than 1")
     return PluginOptions(
         node_name=ns.node_name,
         driver_name=ns.driver_name,
@@ -99,4 +146,8 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         log_format=ns.log_format,
         verbosity=ns.verbosity,
         mode=ns.mode,
+        device_plugins_dir=Path(ns.device_plugins_dir),
+        resource_name=ns.resource_name,
+        time_slicing_replicas=ns.time_slicing_replicas,
+        mig_strategy=ns.mig_strategy,
     )

@@ -46,7 +46,7 @@ from drasil.driver.configs import (
     resolve_configs,
 )
 from drasil.driver.devices import Device
-from drasil.driver.files import FileLock, crash_point
+from drasil.driver.files import FileLock, LockTimeoutError, crash_point
 from drasil.driver.sharing import sharing_env
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ class Preparer:
         with self._claim_locks.hold(ref.uid):
             try:
                 devices = self._prepare_locked(ref)
-            except (PrepareError, AllocationError, CdiSpecError) as err:
+            except (PrepareError, AllocationError, CdiSpecError, LockTimeoutError) as err:
                 log.warning("prepare failed", extra={**ref.log_fields(), "error": str(err)})
                 return PrepareResult(error=str(err))
             except ConfigResolutionError as err:
@@ -244,6 +244,7 @@ class Preparer:
                 cdi_device_id(driver=self.driver, claim_uid=ref.uid, device_name=result.device),
             ),
             share_id=result.share_id,
+            admin_access=result.admin_access,
         )
 
     def _check_not_held(self, ref: ClaimRef, results: Sequence[AllocatedDevice]) -> None:
@@ -255,7 +256,7 @@ class Preparer:
                 for result in results:
                     if held.device_name != result.device or held.pool_name != result.pool:
                         continue
-                    if result.admin_access or _shares(result, held):
+                    if result.admin_access or held.admin_access or _shares(result, held):
                         continue
                     raise PrepareError(
                         f'device "{result.device}" is already prepared for claim '

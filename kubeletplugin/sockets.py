@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +24,11 @@ log = logging.getLogger(__name__)
 # Linux limits sun_path to 108 bytes including the NUL; grpc's own check refuses
 # paths from 106 bytes on (measured with grpcio 1.85).
 MAX_SOCKET_PATH = 105
+
+# The hidden name bound before the rename: "." + name + "." + 6 hex digits.
+_HIDDEN_EXTRA = 8
+# The longest socket path a caller may ask for.
+MAX_PATH = MAX_SOCKET_PATH - _HIDDEN_EXTRA
 
 AddServicers = Callable[[grpc.Server], None]
 
@@ -42,10 +48,11 @@ class UnixSocketServer:
     """One gRPC server bound to one unix socket path, restartable on deletion."""
 
     def __init__(self, path: Path, add_servicers: AddServicers, *, max_workers: int = 32) -> None:
-        if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        size = len(os.fsencode(path))
+        if size > MAX_PATH:
             raise SocketPathTooLong(
-                f"socket path {path} is {len(os.fsencode(path))} bytes; "
-                f"unix sockets allow at most {MAX_SOCKET_PATH}: use a shorter directory"
+                f"socket path {path} is {size} bytes; at most {MAX_PATH} are allowed "
+                "(unix sockets, and the temporary name bound first): use a shorter directory"
             )
         self.path = path
         self._add_servicers = add_servicers
@@ -61,14 +68,19 @@ class UnixSocketServer:
 
     def _start_locked(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.unlink(missing_ok=True)  # a stale socket makes bind fail
+        # grpc unlinks the path it bound when the server stops, whoever owns the file
+        # by then. Binding a hidden name (kubelet ignores dot-files) and renaming it
+        # into place leaves grpc a name that no longer exists, so stopping an old
+        # instance never deletes a newer instance's socket.
+        hidden = self.path.with_name(f".{self.path.name}.{secrets.token_hex(3)}")
         server = grpc.server(ThreadPoolExecutor(max_workers=self._max_workers))
         self._add_servicers(server)
         try:
-            server.add_insecure_port(f"unix://{self.path}")
+            server.add_insecure_port(f"unix://{hidden}")
         except RuntimeError as err:  # grpc says only "Failed to bind"
-            raise OSError(f"cannot listen on unix socket {self.path}: {err}") from err
+            raise OSError(f"cannot listen on unix socket {hidden}: {err}") from err
         server.start()
+        os.replace(hidden, self.path)  # also replaces a stale socket of a dead instance
         self._server = server
         self._inode = _inode(self.path)
         log.info("serving gRPC", extra={"socket": str(self.path)})

@@ -1,0 +1,92 @@
+"""python -m e2e.cluster up | down | status | env [--run-dir DIR]"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from e2e.build import BuildError
+from e2e.cluster.control_plane import Cluster, ClusterError
+
+
+def _pick(run_dir: Path | None) -> Cluster:
+    if run_dir is not None:
+        if not run_dir.is_dir():
+            raise ClusterError(f"no run directory {run_dir}")
+        return Cluster(run_dir)
+    cluster = Cluster.latest()
+    if cluster is None:
+        raise ClusterError("no cluster run found; start one with `python -m e2e.cluster up`")
+    return cluster
+
+
+def _up(_: argparse.Namespace) -> int:
+    cluster = Cluster(out=sys.stderr)
+    print(f"e2e.cluster: run dir {cluster.run_dir}", file=sys.stderr)
+    seconds = cluster.up()
+    print(
+        f"e2e.cluster: up in {seconds:.1f}s; API server {cluster.server}\n"
+        f"e2e.cluster: logs in {cluster.logs_dir}\n"
+        f"e2e.cluster: export $(.venv/bin/python -m e2e.cluster env)   "
+        f"# then kubectl, or pytest e2e against it",
+        file=sys.stderr,
+    )
+    print(f"KUBECONFIG={shlex.quote(str(cluster.kubeconfig))}")
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    cluster = _pick(args.run_dir)
+    cluster.down()
+    print(f"e2e.cluster: stopped {cluster.run_dir}", file=sys.stderr)
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    status = _pick(args.run_dir).status()
+    print(status.format())
+    return 0 if status.running else 1
+
+
+def _env(args: argparse.Namespace) -> int:
+    kubeconfig = shlex.quote(str(_pick(args.run_dir).kubeconfig))
+    print(f"KUBECONFIG={kubeconfig}")
+    # The tests only ever use a cluster named by this variable, never KUBECONFIG.
+    print(f"DRASIL_E2E_KUBECONFIG={kubeconfig}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m e2e.cluster",
+        description="A local Kubernetes control plane with DRA (etcd, kube-apiserver, "
+        "kube-controller-manager, kube-scheduler) on 127.0.0.1.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("up", help="start a new cluster in a new run directory").set_defaults(func=_up)
+    for name, func, text in (
+        ("down", _down, "stop everything a run started"),
+        ("status", _status, "show what runs and whether it is healthy (exit 1 if not)"),
+        ("env", _env, "print KUBECONFIG=... for `export $(python -m e2e.cluster env)`"),
+    ):
+        p = sub.add_parser(name, help=text)
+        p.add_argument(
+            "--run-dir", type=Path, help="the run to act on (default: the most recent one)"
+        )
+        p.set_defaults(func=func)
+    args = parser.parse_args(argv)
+    try:
+        result: int = args.func(args)
+    except (ClusterError, BuildError) as e:
+        print(f"e2e.cluster: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("e2e.cluster: interrupted", file=sys.stderr)
+        return 130
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""Fixtures for e2e tests: one real control plane per session, a namespace per test,
+schedulable Node objects, API clients.
+
+The cluster is started here (binaries built first if needed) unless
+DRASIL_E2E_KUBECONFIG names an existing one. The ambient KUBECONFIG is never used: a
+developer's real cluster must not be touched by tests by accident. DRASIL_E2E_KEEP=1
+leaves the started cluster running after the session (see docs/e2e.md).
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from e2e import build
+from e2e.cluster import Cluster
+from e2e.kube import Kube, NotYet, gone, wait_for
+
+E2E_DIR = Path(__file__).parent
+KUBECONFIG_ENV = "DRASIL_E2E_KUBECONFIG"
+KEEP_ENV = "DRASIL_E2E_KEEP"
+
+BUILD_ERROR = pytest.StashKey[Exception]()
+STARTED = pytest.StashKey[tuple[Path, bool]]()  # run dir of the session's cluster, kept?
+
+
+def _keep() -> bool:
+    return os.environ.get(KEEP_ENV, "") not in ("", "0", "false", "no")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if E2E_DIR in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the binaries before the first test: a cold build takes minutes, more than
+    the per-test timeout, which would otherwise count it against the first test."""
+    if not any(E2E_DIR in Path(str(i.path)).parents for i in session.items):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    stream = getattr(reporter, "_tw", None)
+
+    class _Out:
+        def write(self, text: str, /) -> int:
+            if stream is not None and text.strip():
+                stream.line(text.rstrip())
+            return len(text)
+
+        def flush(self) -> None:
+            pass
+
+    try:
+        build.ensure_binaries(out=_Out())
+    except Exception as e:  # reported by every e2e test through the cluster fixture
+        session.config.stash[BUILD_ERROR] = e
+
+
+@pytest.fixture(scope="session")
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster | None]:
+    """The Cluster this session started, or None when DRASIL_E2E_KUBECONFIG is used."""
+    if os.environ.get(KUBECONFIG_ENV):
+        yield None
+        return
+    build_error = request.config.stash.get(BUILD_ERROR, None)
+    if build_error is not None:
+        raise build_error
+    keep = _keep()
+    c = Cluster(die_with_parent=not keep, out=sys.stderr)
+    previous: Any = None
+    if not keep:
+        # Whatever ends this process (exception, Ctrl-C, SIGTERM), nothing stays behind;
+        # with SIGKILL the components die with us (die_with_parent).
+        atexit.register(c.down)
+
+        def on_sigterm(signum: int, frame: FrameType | None) -> None:
+            raise KeyboardInterrupt(f"signal {signum}")
+
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
+    request.config.stash[STARTED] = (c.run_dir, keep)
+    try:
+        c.up()
+        yield c
+    finally:
+        if not keep:
+            c.down()
+            atexit.unregister(c.down)
+            signal.signal(signal.SIGTERM, previous)
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
+    """Where the session's cluster left its logs, and how to reach it if it was kept."""
+    started = config.stash.get(STARTED, None)
+    if started is None:
+        return
+    run_dir, kept = started
+    tr = terminalreporter
+    tr.write_sep("-", "e2e cluster")
+    tr.write_line(f"logs: {run_dir / 'logs'}")
+    if kept:
+        tr.write_line(f"{KEEP_ENV} is set: the cluster is still running. Use it with")
+        tr.write_line(f"  export $(.venv/bin/python -m e2e.cluster env --run-dir {run_dir})")
+        tr.write_line(f"and stop it with .venv/bin/python -m e2e.cluster down --run-dir {run_dir}")
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(cluster: Cluster | None) -> Path:
+    """The admin kubeconfig of the cluster under test."""
+    if cluster is not None:
+        return cluster.kubeconfig
+    path = Path(os.environ[KUBECONFIG_ENV]).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"{KUBECONFIG_ENV}={path}: no such file")
+    return path
+
+
+@pytest.fixture(scope="session")
+def kube(kubeconfig: Path) -> Kube:
+    """Real API clients: .api (ApiClient), .core (CoreV1Api), .dyn (DynamicClient)."""
+    k = Kube(kubeconfig)
+    wait_for(
+        lambda: k.core.read_namespaced_service_account("default", "default"),
+        timeout=60,
+        what="the API server to answer (ServiceAccount default/default)",
+    )
+    return k
+
+
+@pytest.fixture(scope="session")
+def kubectl(kubeconfig: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run the built kubectl against the cluster under test: kubectl("get", "nodes")."""
+    binary = build.ensure_binaries(["kubectl"])["kubectl"]
+
+    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(binary), f"--kubeconfig={kubeconfig}", *args],
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=60,
+        )
+
+    return run
+
+
+def _namespace_name(node_name: str) -> str:
+    base = re.sub(r"[^a-z0-9-]+", "-", node_name.lower()).strip("-")[:40].strip("-")
+    return f"e2e-{base}-{secrets.token_hex(3)}"
+
+
+@pytest.fixture
+def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace for this test (with its default ServiceAccount), deleted after.
+
+    Teardown waits until the ResourceClaims in it are gone, so they no longer hold
+    devices when the next test allocates (the rest of the namespace goes in the
+    background). Pods are force-deleted first: without a kubelet nobody would confirm
+    their graceful termination, and a reserved claim is not released."""
+    name = _namespace_name(request.node.name)
+    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    try:
+        # The ServiceAccount admission plugin rejects pods until the controller made it.
+        wait_for(
+            lambda: kube.core.read_namespaced_service_account("default", name),
+            timeout=30,
+            what=f"ServiceAccount default in namespace {name}",
+        )
+        yield name
+    finally:
+        kube.core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+        claims = kube.resource("resource.k8s.io/v1", "ResourceClaim")
+        for claim in claims.get(namespace=name).items:
+            kube.delete("resource.k8s.io/v1", "ResourceClaim", claim.metadata.name, name)
+
+        def no_claims() -> Any:
+            left = [c.metadata.name for c in claims.get(namespace=name).items]
+            return not left or NotYet({"claims left": left})
+
+        wait_for(no_claims, timeout=60, what=f"the ResourceClaims in {name} to be deleted")
+        kube.delete("v1", "Namespace", name)
+
+
+@pytest.fixture
+def make_node(kube: Kube) -> Iterator[Callable[..., dict[str, Any]]]:
+    """make_node(name, **kw) creates a schedulable Node (see Kube.make_node); every
+    Node made is deleted after the test (ResourceSlices it owns go with it)."""
+    made: list[str] = []
+
+    def make(name: str, **kwargs: Any) -> dict[str, Any]:
+        made.append(name)
+        return kube.make_node(name, **kwargs)
+
+    yield make
+    for name in made:
+        kube.delete("v1", "Node", name)
+    for name in made:
+        wait_for(
+            functools.partial(gone, kube, "v1", "Node", name),
+            timeout=30,
+            what=f"Node {name} to be deleted",
+        )

@@ -1,0 +1,41 @@
+"""Where the harness keeps what it builds and what each cluster run writes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from e2e import versions
+
+
+def cache_root() -> Path:
+    """`$DRASIL_CACHE_DIR`, else `$XDG_CACHE_HOME/drasil`, else `~/.cache/drasil`."""
+    override = os.environ.get("DRASIL_CACHE_DIR")
+    if override:
+        return Path(override).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "drasil"
+
+
+def e2e_root() -> Path:
+    return cache_root() / "e2e"
+
+
+def version_dir() -> Path:
+    """Everything built for the pinned Kubernetes release."""
+    return e2e_root() / versions.KUBERNETES
+
+
+def bin_dir() -> Path:
+    return version_dir() / "bin"
+
+
+def work_dir() -> Path:
+    """The go.mod (and main.go) of each build, and each build's full Go output."""
+    return version_dir() / "work"
+
+
+def runs_dir() -> Path:
+    """One directory per `cluster up`: PKI, kubeconfigs, etcd data, logs, pid files."""
+    return e2e_root() / "runs"

@@ -1,0 +1,118 @@
+"""Flags of drasil-kubelet-plugin: flag beats env, required values, clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from drasil.kubeletplugin.options import OptionsError, parse_options
+
+
+def test_defaults() -> None:
+    opts = parse_options([], {"NODE_NAME": "n1"})
+    assert opts.node_name == "n1"
+    assert opts.driver_name == "gpu.drasil.dev"
+    assert opts.backend == "nvml"
+    assert opts.mode == "dra"
+    assert opts.registrar_dir == Path("/var/lib/kubelet/plugins_registry")
+    assert opts.plugins_dir == Path("/var/lib/kubelet/plugins")
+    assert opts.cdi_root == Path("/var/run/cdi")
+    assert opts.state_dir == Path("/var/lib/kubelet/plugins/gpu.drasil.dev")
+    assert (opts.metrics_addr, opts.health_addr) == (":9400", ":9401")
+    assert opts.pod_uid is None
+    assert opts.verbosity == 0
+
+
+def test_env_is_used_without_flags() -> None:
+    env = {
+        "NODE_NAME": "env-node",
+        "DRIVER_NAME": "gpu.example.com",
+        "BACKEND": "simulated",
+        "SIMULATED_PROFILE": "l4:2",
+        "POD_UID": "pod-1",
+        "LOG_FORMAT": "json",
+        "V": "4",
+        "MODE": "device-plugin",
+    }
+    opts = parse_options(["--plugins-dir", "/p"], env)
+    assert opts.node_name == "env-node"
+    assert opts.driver_name == "gpu.example.com"
+    assert opts.backend == "simulated"
+    assert opts.simulated_profile == "l4:2"
+    assert opts.pod_uid == "pod-1"
+    assert opts.log_format == "json"
+    assert opts.verbosity == 4
+    assert opts.mode == "device-plugin"
+    assert opts.state_dir == Path("/p/gpu.example.com")
+
+
+def test_flag_beats_env() -> None:
+    env = {"NODE_NAME": "env-node", "DRIVER_NAME": "env.example.com", "BACKEND": "nvml", "V": "1"}
+    opts = parse_options(
+        [
+            "--node-name",
+            "flag-node",
+            "--driver-name",
+            "flag.example.com",
+            "--backend",
+            "simulated",
+            "-v",
+            "3",
+        ],
+        env,
+    )
+    assert (opts.node_name, opts.driver_name, opts.backend, opts.verbosity) == (
+        "flag-node",
+        "flag.example.com",
+        "simulated",
+        3,
+    )
+
+
+def test_a_flag_beats_a_bad_env_value() -> None:
+    opts = parse_options(["--backend", "simulated"], {"NODE_NAME": "n", "BACKEND": "cuda"})
+    assert opts.backend == "simulated"
+
+
+@pytest.mark.parametrize("env", [{}, {"NODE_NAME": ""}])
+def test_node_name_is_required(env: dict[str, str]) -> None:
+    with pytest.raises(OptionsError, match=r"--node-name \(or env NODE_NAME\) is required"):
+        parse_options([], env)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "flag", "allowed"),
+    [
+        ("BACKEND", "cuda", "--backend", "('nvml', 'simulated')"),
+        ("MODE", "classic", "--mode", "('dra', 'device-plugin')"),
+        ("LOG_FORMAT", "xml", "--log-format", "'json'"),
+    ],
+)
+def test_bad_env_choice_names_the_allowed_values(
+    variable: str, value: str, flag: str, allowed: str
+) -> None:
+    with pytest.raises(OptionsError) as err:
+        parse_options([], {"NODE_NAME": "n", variable: value})
+    message = str(err.value)
+    assert message.startswith(f"{flag}: unsupported value {value!r}; allowed values are ")
+    assert allowed in message
+
+
+def test_bad_flag_choice_is_an_argparse_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_options(["--backend", "cuda"], {"NODE_NAME": "n"})
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'cuda'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--metrics-addr", "--health-addr"])
+@pytest.mark.parametrize("addr", ["nonsense", ":70000"])
+def test_bad_http_address_is_an_options_error(flag: str, addr: str) -> None:
+    with pytest.raises(OptionsError, match=flag):
+        parse_options([flag, addr], {"NODE_NAME": "n"})
+
+
+def test_bad_verbosity_env_is_an_options_error() -> None:
+    with pytest.raises(OptionsError, match="V"):
+        parse_options([], {"NODE_NAME": "n", "V": "debug"})
