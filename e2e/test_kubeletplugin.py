@@ -25,7 +25,7 @@ from e2e.kube import Kube, NotYet, wait_for
 from e2e.pluginproc import DRIVER, ClaimId, KubeletClient, PluginProcess
 
 RESOURCE = "resource.k8s.io/v1"
-CDI_SCHEMA_DIR = Path(__file__).resolve().parents[2] / "shared" / "reference" / "cdi-schema"
+CDI_SCHEMA_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "cdi-schema"
 GPU_CLASS = {
     "apiVersion": RESOURCE,
     "kind": "DeviceClass",

@@ -34,7 +34,7 @@ from drasil.driver.devices import Device, DeviceType
 from drasil.driver.files import CRASH_ENV, CRASH_EXIT_CODE, write_atomic
 
 ROOT = Path(__file__).resolve().parents[2]
-SCHEMA_DIR = ROOT.parent / "shared" / "reference" / "cdi-schema"
+SCHEMA_DIR = ROOT / "tests" / "data" / "cdi-schema"
 DRIVER = "gpu.drasil.dev"
 UID = "0b7c3f2e-8d1a-4c55-9e0f-1a2b3c4d5e6f"
 UID2 = "1f2e3d4c-5b6a-4978-8695-a4b3c2d1e0f9"
@@ -51,7 +51,7 @@ def schema_validator() -> jsonschema.Draft7Validator:
     if not (schema_file.is_file() and defs_file.is_file()):
         pytest.fail(
             f"official CDI schema not found: expected schema.json and defs.json in "
-            f"{SCHEMA_DIR} (the repo's ../shared/reference/cdi-schema)"
+            f"{SCHEMA_DIR} (a copy of the shared reference/cdi-schema)"
         )
     defs = json.loads(defs_file.read_text())
     registry: Registry[Any] = Registry().with_resource(
