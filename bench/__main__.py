@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from bench import prepare
+from bench import explain, prepare
 
 if __name__ == "__main__":
+    explain.main()
     prepare.main()
