@@ -7,14 +7,19 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from types import FrameType
+
+from kubernetes.config import ConfigException
 
 from drasil.driver.backends import open_backend
 from drasil.driver.kubeapi import KubeApi, load_api_client
 from drasil.driver.logs import setup_logging
-from drasil.driver.nvml import NvmlError
+from drasil.driver.nvml import NvmlError, NvmlLibrary
 from drasil.driver.simulated import ProfileSpecError
-from drasil.kubeletplugin.options import OptionsError, parse_options
+from drasil.kubeletplugin.deviceplugin import DevicePluginServer
+from drasil.kubeletplugin.deviceplugin_resources import DevicePluginConfigError
+from drasil.kubeletplugin.options import OptionsError, PluginOptions, parse_options
 from drasil.kubeletplugin.plugin import KubeletPlugin
 
 log = logging.getLogger("drasil.kubeletplugin")
@@ -29,10 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(log_format=opts.log_format, verbosity=opts.verbosity)
     try:
         lib = open_backend(opts.backend, profile=opts.simulated_profile, node_name=opts.node_name)
-        api = KubeApi(load_api_client(opts.kubeconfig))
-        plugin = KubeletPlugin(opts, lib=lib, api=api)
-        plugin.start()
-    except (NvmlError, ProfileSpecError, OSError) as err:
+        plugin = _start(opts, lib)
+    except (NvmlError, ProfileSpecError, DevicePluginConfigError, OSError, ConfigException) as err:
         log.error("cannot start: %s", err)
         return 1
     stopped = threading.Event()
@@ -48,12 +51,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra={
             "node": opts.node_name,
             "driver": opts.driver_name,
-            "socket": str(plugin.dra_socket),
+            "socket": ", ".join(str(s) for s in _sockets(plugin)),
         },
     )
-    stopped.wait()
+    # Wake up now and then: the kernel may deliver SIGTERM to a gRPC thread, and
+    # Python runs the handler only when the main thread next gets to run.
+    while not stopped.wait(1.0):
+        pass
     plugin.stop()
     return 0
+
+
+def _start(opts: PluginOptions, lib: NvmlLibrary) -> KubeletPlugin | DevicePluginServer:
+    # Device-plugin mode needs no API server: kubelet's socket is all it talks to.
+    if opts.mode == "device-plugin":
+        server = DevicePluginServer(opts, lib=lib)
+        server.start()
+        return server
+    plugin = KubeletPlugin(opts, lib=lib, api=KubeApi(load_api_client(opts.kubeconfig)))
+    plugin.start()
+    return plugin
+
+
+def _sockets(plugin: KubeletPlugin | DevicePluginServer) -> list[Path]:
+    return plugin.sockets if isinstance(plugin, DevicePluginServer) else [plugin.dra_socket]
 
 
 if __name__ == "__main__":
