@@ -1,0 +1,213 @@
+"""DevicePool → ResourceSlices: the pure part (conversion, desired slices, status).
+
+A DevicePool's devices become ``Device`` objects and go through the same
+``build_slices`` as a node's GPUs, so they are split under the same limits and
+checked by the same ``validate_slice`` before anything is written. Every problem
+is a ``PoolSpecError`` whose message says which device and field is wrong; the
+controller puts it into the Ready condition and keeps the previous slices.
+
+``Device.type``, ``uuid`` and ``minor`` describe a local GPU and do not reach a
+slice; a pool device takes them from its ``type``/``uuid``/``minor`` attributes
+where those exist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from drasil.api.devicepool import (
+    API_VERSION,
+    KIND,
+    READY,
+    DeviceAttribute,
+    DevicePool,
+    PoolDevice,
+)
+from drasil.api.quantity import QuantityError, parse_quantity
+from drasil.driver.devices import AttributeValue, Device, DeviceType, Version
+from drasil.driver.slices import (
+    JsonObject,
+    OwnerRef,
+    SliceValidationError,
+    Taint,
+    TaintEffect,
+    build_slices,
+)
+
+POOL_LABEL = "drasil.dev/devicepool"
+"""Label on every slice of a DevicePool: finds them when the driver changes or the pool goes."""
+
+
+class PoolSpecError(ValueError):
+    """A DevicePool that cannot be published; the message says what to fix."""
+
+
+def _attribute(device: str, name: str, value: DeviceAttribute) -> AttributeValue:
+    given: list[AttributeValue] = []
+    if value.int_ is not None:
+        given.append(value.int_)
+    if value.bool_ is not None:
+        given.append(value.bool_)
+    if value.string is not None:
+        given.append(value.string)
+    if value.version is not None:
+        given.append(Version(value.version))
+    if len(given) != 1:
+        raise PoolSpecError(
+            f'device "{device}": attribute "{name}": needs exactly one of int, bool, string, '
+            "version"
+        )
+    return given[0]
+
+
+def _capacity(device: str, name: str, value: int | str) -> int:
+    where = f'device "{device}": capacity "{name}"'
+    try:
+        amount = parse_quantity(str(value))
+    except QuantityError as err:
+        raise PoolSpecError(f"{where}: {err}") from None
+    if amount < 0 or amount != amount.to_integral_value():
+        # Device capacities are whole units (bytes, counts), as the slice builder writes them.
+        raise PoolSpecError(f"{where}: {value!r} is not a whole non-negative number")
+    return int(amount)
+
+
+def _device_type(attributes: Mapping[str, AttributeValue]) -> DeviceType:
+    value = attributes.get("type")
+    return DeviceType(value) if value in tuple(DeviceType) else DeviceType.GPU
+
+
+def to_device(spec: PoolDevice) -> Device:
+    """One DevicePool device as a ``Device`` for the slice builder."""
+    attributes = {k: _attribute(spec.name, k, v) for k, v in spec.attributes.items()}
+    uuid, minor = attributes.get("uuid"), attributes.get("minor")
+    return Device(
+        name=spec.name,
+        type=_device_type(attributes),
+        uuid=uuid if isinstance(uuid, str) else "",
+        minor=minor if isinstance(minor, int) and not isinstance(minor, bool) else 0,
+        attributes=attributes,
+        capacity={k: _capacity(spec.name, k, v.value) for k, v in spec.capacity.items()},
+    )
+
+
+def to_taints(spec: PoolDevice) -> list[Taint]:
+    return [
+        Taint(key=t.key, value=t.value or "", effect=TaintEffect(t.effect)) for t in spec.taints
+    ]
+
+
+def pool_driver(pool: DevicePool, default: str) -> str:
+    return pool.spec.driver or default
+
+
+def owner_of(pool: DevicePool) -> OwnerRef:
+    return OwnerRef(
+        api_version=API_VERSION,
+        kind=KIND,
+        name=pool.name,
+        uid=str(pool.metadata.get("uid", "")),
+    )
+
+
+def _node_selection(pool: DevicePool) -> dict[str, Any]:
+    selector, all_nodes = pool.spec.node_selector, pool.spec.all_nodes is True
+    if (selector is not None) == all_nodes:
+        raise PoolSpecError("set exactly one of spec.nodeSelector and spec.allNodes: true")
+    return {"node_selector": selector} if selector is not None else {"all_nodes": True}
+
+
+def desired_slices(pool: DevicePool, *, driver: str) -> list[JsonObject]:
+    """The ResourceSlices of the pool (generation 0: the planner sets the real one)."""
+    devices = [to_device(d) for d in pool.spec.devices]
+    taints = {d.name: to_taints(d) for d in pool.spec.devices if d.taints}
+    try:
+        return build_slices(
+            driver=driver,
+            pool=pool.name,
+            devices=devices,
+            taints=taints,
+            generation=0,
+            owner=owner_of(pool),
+            labels={POOL_LABEL: pool.name},
+            **_node_selection(pool),
+        )
+    except SliceValidationError as err:
+        raise PoolSpecError(str(err)) from None
+
+
+def foreign_owner(existing: Sequence[Mapping[str, Any]]) -> str | None:
+    """Who else controls slices of this pool name (a Node's plugin, another tool)."""
+    for obj in existing:
+        for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+            if ref.get("controller") and ref.get("kind") != KIND:
+                return f"{ref.get('kind')} {ref.get('name')}"
+    return None
+
+
+# --- status ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoolStatus:
+    """What the Ready condition and ``publishedSlices`` should say."""
+
+    ready: bool
+    reason: str
+    message: str
+    published: tuple[str, ...]
+    generation: int | None
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _current_ready(status: Mapping[str, Any]) -> Mapping[str, Any]:
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == READY:
+            return dict(condition)
+    return {}
+
+
+def status_patch(
+    current: Mapping[str, Any] | None, wanted: PoolStatus, *, now: str
+) -> dict[str, Any] | None:
+    """The merge patch of ``status`` that says ``wanted``, or None when it already does.
+
+    ``lastTransitionTime`` moves only when the condition's status flips, as
+    metav1.Condition asks, so repeated reconciles do not write.
+    """
+    current = current or {}
+    old = _current_ready(current)
+    status = "True" if wanted.ready else "False"
+    condition: dict[str, Any] = {
+        "type": READY,
+        "status": status,
+        "reason": wanted.reason,
+        "message": wanted.message[:32768],
+        "lastTransitionTime": old.get("lastTransitionTime") or now,
+    }
+    if old.get("status") != status:
+        condition["lastTransitionTime"] = now
+    if wanted.generation is not None:
+        condition["observedGeneration"] = wanted.generation
+    others = [c for c in current.get("conditions") or [] if c.get("type") != READY]
+    body = {
+        "conditions": [*others, condition],
+        "publishedSlices": list(wanted.published),
+        "observedGeneration": wanted.generation,
+    }
+    unchanged = {k: current.get(k) for k in body} == body
+    return None if unchanged else {"status": body}
+
+
+def published_message(slices: Sequence[Mapping[str, Any]], *, driver: str, pool: str) -> str:
+    devices = sum(len(s["spec"].get("devices") or []) for s in slices)
+    return (
+        f"{devices} device{'s' if devices != 1 else ''} published in {len(slices)} "
+        f"ResourceSlice{'s' if len(slices) != 1 else ''} of pool {pool} (driver {driver})"
+    )

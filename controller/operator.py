@@ -1,0 +1,110 @@
+"""kopf, configured so that it only watches: event handlers, memory storage, no posting.
+
+kopf is the controller's watch machinery (list, watch, re-list, per-object queues).
+It is kept from writing anything onto the objects it watches (DESIGN.md, Decisions):
+
+- only ``@kopf.on.event`` handlers are registered: no change handlers, daemons or
+  timers, so kopf has no progress to persist and no reason to add a finalizer;
+- progress and diff-base storage live in memory (``kopfstorage``), should that ever
+  change; the finalizer name is ours, so a stray one would at least say who added it;
+- kopf's own Events about handler runs are off (``posting.enabled``): the controller
+  posts its own, deduplicated;
+- no KopfPeering: the Lease in ``leader`` decides which replica runs kopf at all.
+
+kopf logs in with the same kubeconfig (or service account) as the rest of the
+controller, not with whatever its default discovery finds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import kopf
+from kubernetes import client
+
+from drasil.api.devicepool import API_VERSION as DEVICEPOOL_API
+from drasil.api.devicepool import PLURAL as DEVICEPOOL_PLURAL
+from drasil.controller.controller import Controller
+from drasil.controller.kopfstorage import MemoryDiffBaseStorage, MemoryProgressStorage
+
+FINALIZER = "drasil.dev/controller"
+RESOURCE_API = "resource.k8s.io/v1"
+
+
+def settings() -> kopf.OperatorSettings:
+    s = kopf.OperatorSettings()
+    s.persistence.finalizer = FINALIZER
+    s.persistence.progress_storage = MemoryProgressStorage()
+    s.persistence.diffbase_storage = MemoryDiffBaseStorage()
+    s.posting.enabled = False
+    s.peering.standalone = True
+    s.peering.mandatory = False
+    # A stuck shutdown should not outlive a Pod's grace period by ten minutes.
+    s.process.ultimate_exiting_timeout = 60.0
+    return s
+
+
+def connection_info(api_client: client.ApiClient) -> kopf.ConnectionInfo:
+    """kopf credentials from a configured kubernetes client (as kopf.login_via_client)."""
+    cfg = api_client.configuration
+    header = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix(
+        "authorization"
+    )
+    parts = header.split(" ", 1) if header else []
+    scheme, token = (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0] if parts else None)
+    return kopf.ConnectionInfo(
+        server=cfg.host,
+        ca_path=cfg.ssl_ca_cert,
+        insecure=not cfg.verify_ssl,
+        scheme=scheme,
+        token=token,
+        certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file,
+    )
+
+
+def registry(controller: Controller, api_client: client.ApiClient) -> kopf.OperatorRegistry:
+    """The handlers: one event handler per watched kind, and the login."""
+    r = kopf.OperatorRegistry()
+
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return connection_info(api_client)
+
+    kopf.on.login(registry=r, id="login")(login)
+    watched = (
+        (DEVICEPOOL_API, DEVICEPOOL_PLURAL, controller.on_pool),
+        (RESOURCE_API, "resourceclaims", controller.on_claim),
+        (RESOURCE_API, "resourceclaimtemplates", controller.on_template),
+        (RESOURCE_API, "resourceslices", controller.on_slice),
+        (RESOURCE_API, "deviceclasses", controller.on_class),
+        ("v1", "pods", controller.on_pod),
+    )
+    for api_version, plural, handler in watched:
+        kopf.on.event(api_version, plural, registry=r, id=plural)(handler)
+    return r
+
+
+async def run_operator(
+    controller: Controller, *, api_client: client.ApiClient, stop: asyncio.Event
+) -> None:
+    """kopf plus the controller's housekeeping, until ``stop`` is set or kopf ends."""
+    housekeeping = asyncio.create_task(controller.run(stop), name="drasil housekeeping")
+    try:
+        await kopf.operator(
+            registry=registry(controller, api_client),
+            settings=settings(),
+            clusterwide=True,
+            standalone=True,
+            stop_flag=stop,
+        )
+    finally:
+        stop.set()
+        await housekeeping
+
+
+def quiet_kopf(verbosity: int) -> None:
+    """kopf logs every watch and handler at INFO; keep that for ``-v 2`` and up."""
+    level = logging.DEBUG if verbosity >= 5 else logging.INFO if verbosity >= 2 else logging.WARNING
+    logging.getLogger("kopf").setLevel(level)

@@ -1,0 +1,237 @@
+"""What the controller knows of the cluster, fed by kopf's watch events, kept in memory.
+
+Nothing here is written to the objects themselves (DESIGN.md: no kopf annotations,
+finalizers or status on objects we do not own): claims, Pods, slices, classes and
+DevicePools live in plain dicts, replaced on every event and dropped on deletion.
+Pods are reduced to the claims they use, which is all the controller needs of them.
+Readers on worker threads get copies under the lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from drasil.controller.events import ObjectRef
+from drasil.driver.explain import is_driver_class, request_classes
+
+JsonObject = Mapping[str, Any]
+Key = tuple[str, str]  # namespace, name
+
+
+def _meta(obj: JsonObject) -> JsonObject:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def key_of(obj: JsonObject) -> Key:
+    meta = _meta(obj)
+    return str(meta.get("namespace", "")), str(meta.get("name", ""))
+
+
+def _allocated_pools(claim: JsonObject) -> set[tuple[str, str]]:
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    results = (allocation.get("devices") or {}).get("results") or []
+    return {(str(r.get("driver", "")), str(r.get("pool", ""))) for r in results}
+
+
+@dataclass(frozen=True)
+class PodRef:
+    """A Pod as far as claims go: which it uses, and whether it waits to be scheduled.
+
+    ``claims`` holds every ResourceClaim of the Pod, ``direct`` only those it names
+    itself (``resourceClaimName``), not those made for it from a template: a problem
+    of a generated claim is its template's, which the Pod hears about once.
+    """
+
+    namespace: str
+    name: str
+    uid: str
+    claims: frozenset[str]
+    templates: frozenset[str]
+    waiting: bool
+    direct: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, pod: JsonObject) -> PodRef | None:
+        """None for a Pod that uses no ResourceClaim."""
+        spec, status, meta = pod.get("spec") or {}, pod.get("status") or {}, _meta(pod)
+        entries = spec.get("resourceClaims") or []
+        if not entries:
+            return None
+        direct = {str(e["resourceClaimName"]) for e in entries if e.get("resourceClaimName")}
+        claims = direct | {
+            str(s["resourceClaimName"])
+            for s in status.get("resourceClaimStatuses") or []
+            if s.get("resourceClaimName")
+        }
+        templates = {
+            str(e["resourceClaimTemplateName"])
+            for e in entries
+            if e.get("resourceClaimTemplateName")
+        }
+        waiting = not spec.get("nodeName") and not meta.get("deletionTimestamp")
+        return cls(
+            namespace=str(meta.get("namespace", "")),
+            name=str(meta.get("name", "")),
+            uid=str(meta.get("uid", "")),
+            claims=frozenset(claims),
+            templates=frozenset(templates),
+            waiting=waiting and status.get("phase", "Pending") == "Pending",
+            direct=frozenset(direct),
+        )
+
+    def ref(self) -> ObjectRef:
+        return ObjectRef("v1", "Pod", self.namespace, self.name, self.uid)
+
+
+@dataclass(frozen=True)
+class ExplainSnapshot:
+    slices: list[JsonObject]
+    claims: list[JsonObject]
+    classes: list[JsonObject]
+
+
+class ClusterView:
+    """Claims, Pods (as PodRefs), the driver's slices, DeviceClasses and DevicePools."""
+
+    def __init__(self, *, driver: str) -> None:
+        self.driver = driver
+        self._lock = threading.Lock()
+        self._claims: dict[Key, JsonObject] = {}
+        self._pods: dict[str, PodRef] = {}
+        self._by_claim: dict[Key, set[str]] = defaultdict(set)
+        self._by_template: dict[Key, set[str]] = defaultdict(set)
+        self._slices: dict[str, JsonObject] = {}
+        self._classes: dict[str, JsonObject] = {}
+        self._pools: dict[str, JsonObject] = {}
+
+    # ---- claims -------------------------------------------------------------------
+
+    def put_claim(self, claim: JsonObject) -> None:
+        with self._lock:
+            self._claims[key_of(claim)] = claim
+
+    def drop_claim(self, claim: JsonObject) -> None:
+        with self._lock:
+            self._claims.pop(key_of(claim), None)
+
+    def claim(self, key: Key) -> JsonObject | None:
+        with self._lock:
+            return self._claims.get(key)
+
+    def unallocated_claims(self) -> list[JsonObject]:
+        """Claims without an allocation that use a DeviceClass of the driver."""
+        with self._lock:
+            classes = self._driver_classes()
+            claims = list(self._claims.values())
+        return [
+            c
+            for c in claims
+            if not (c.get("status") or {}).get("allocation")
+            and not _meta(c).get("deletionTimestamp")
+            and request_classes(c.get("spec") or {}) & classes
+        ]
+
+    def claims_allocated_from(self, pool: str) -> list[JsonObject]:
+        """Claims with a result of the driver from ``pool``."""
+        with self._lock:
+            claims = list(self._claims.values())
+        return [c for c in claims if (self.driver, pool) in _allocated_pools(c)]
+
+    # ---- pods ---------------------------------------------------------------------
+
+    def put_pod(self, pod: JsonObject) -> PodRef | None:
+        ref = PodRef.of(pod)
+        uid = str(_meta(pod).get("uid", ""))
+        with self._lock:
+            self._unindex(uid)
+            if ref is not None:
+                self._pods[uid] = ref
+                for name in ref.claims:
+                    self._by_claim[(ref.namespace, name)].add(uid)
+                for name in ref.templates:
+                    self._by_template[(ref.namespace, name)].add(uid)
+        return ref
+
+    def drop_pod(self, pod: JsonObject) -> None:
+        with self._lock:
+            self._unindex(str(_meta(pod).get("uid", "")))
+
+    def _unindex(self, uid: str) -> None:
+        old = self._pods.pop(uid, None)
+        if old is None:
+            return
+        for index, names in ((self._by_claim, old.claims), (self._by_template, old.templates)):
+            for name in names:
+                uids = index.get((old.namespace, name))
+                if uids is not None:
+                    uids.discard(uid)
+                    if not uids:
+                        del index[(old.namespace, name)]
+
+    def pods_using(self, kind: str, key: Key) -> list[PodRef]:
+        """Pods using the ResourceClaim or ResourceClaimTemplate ``key``."""
+        index = self._by_template if kind == "ResourceClaimTemplate" else self._by_claim
+        with self._lock:
+            return [self._pods[uid] for uid in sorted(index.get(key, ())) if uid in self._pods]
+
+    # ---- slices, classes, pools ---------------------------------------------------
+
+    def put_slice(self, obj: JsonObject) -> None:
+        if (obj.get("spec") or {}).get("driver") != self.driver:
+            return
+        with self._lock:
+            self._slices[str(_meta(obj).get("name", ""))] = obj
+
+    def drop_slice(self, obj: JsonObject) -> None:
+        with self._lock:
+            self._slices.pop(str(_meta(obj).get("name", "")), None)
+
+    def put_class(self, obj: JsonObject) -> None:
+        with self._lock:
+            self._classes[str(_meta(obj).get("name", ""))] = obj
+
+    def drop_class(self, obj: JsonObject) -> None:
+        with self._lock:
+            self._classes.pop(str(_meta(obj).get("name", "")), None)
+
+    def _driver_classes(self) -> set[str]:
+        return {n for n, c in self._classes.items() if is_driver_class(c, self.driver)}
+
+    def put_pool(self, obj: JsonObject) -> None:
+        with self._lock:
+            self._pools[str(_meta(obj).get("name", ""))] = obj
+
+    def drop_pool(self, obj: JsonObject) -> None:
+        with self._lock:
+            self._pools.pop(str(_meta(obj).get("name", "")), None)
+
+    def pool(self, name: str) -> JsonObject | None:
+        with self._lock:
+            return self._pools.get(name)
+
+    def pool_names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._pools)
+
+    def published_pools(self) -> set[str]:
+        """Names of DevicePools this driver publishes (their pools' names)."""
+        with self._lock:
+            pools = list(self._pools.values())
+        return {
+            str(_meta(p).get("name", ""))
+            for p in pools
+            if ((p.get("spec") or {}).get("driver") or self.driver) == self.driver
+        }
+
+    def explain_snapshot(self) -> ExplainSnapshot:
+        with self._lock:
+            return ExplainSnapshot(
+                slices=list(self._slices.values()),
+                claims=list(self._claims.values()),
+                classes=list(self._classes.values()),
+            )

@@ -1,0 +1,650 @@
+"""drasil-controller against the real control plane, run as a process like in a cluster.
+
+A DevicePool becomes slices kube-scheduler allocates from; bad pools and bad opaque
+configs are reported in words; a pending claim is explained within 30 s; two
+replicas take turns through the Lease; and nothing of kopf's or ours is ever written
+onto ResourceClaims, Pods or ResourceSlices.
+
+Each run uses a driver name of its own, so slices other e2e tests publish for
+gpu.drasil.dev never show up in the counts asserted here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.request import urlopen
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from drasil.api.devicepool import API_VERSION as POOL_API
+from drasil.api.devicepool import CRD_NAME, crd_manifest
+from drasil.driver.explain import explain_from_api
+from drasil.driver.kubeapi import KubeApi
+from e2e.kube import Kube, NotYet, gone, wait_for
+
+RESOURCE = "resource.k8s.io/v1"
+TOKEN = secrets.token_hex(3)
+DRIVER = f"ctl-{TOKEN}.drasil.dev"
+H200 = f'device.attributes["{DRIVER}"].productName == "NVIDIA H200"'
+CONFIG_API = "resource.drasil.dev/v1beta1"
+OURS = re.compile(r"kopf|drasil", re.IGNORECASE)
+
+
+# --- the controller as a process -----------------------------------------------------
+
+
+@dataclass
+class ControllerProcess:
+    """``drasil-controller`` with JSON logs in a file; metrics on a free port."""
+
+    kubeconfig: Path
+    log_path: Path
+    driver: str
+    lease: str
+    identity: str
+    args: list[str] = field(default_factory=list)
+    proc: subprocess.Popen[bytes] | None = None
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "drasil.controller.main",
+            f"--driver-name={self.driver}",
+            f"--kubeconfig={self.kubeconfig}",
+            "--metrics-addr=127.0.0.1:0",
+            "--health-addr=",
+            "--log-format=json",
+            f"--leader-elect-lease-name={self.lease}",
+            "--leader-elect-namespace=default",
+            f"--leader-elect-identity={self.identity}",
+            "--leader-elect-lease-duration=4",
+            "--leader-elect-renew-deadline=3",
+            "--leader-elect-retry-period=1",
+            *self.args,
+        ]
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=log, env=os.environ)
+
+    def logs(self) -> list[dict[str, Any]]:
+        lines = self.log_path.read_text().splitlines() if self.log_path.exists() else []
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                out.append({"msg": line})
+        return out
+
+    def tail(self, lines: int = 40) -> str:
+        text = self.log_path.read_text() if self.log_path.exists() else "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_logged(self, message: str, *, timeout: float = 30) -> dict[str, Any]:
+        def logged() -> Any:
+            if not self.alive():
+                raise AssertionError(f"controller exited:\n{self.tail()}")
+            found = [entry for entry in self.logs() if entry.get("msg") == message]
+            return found[-1] if found else NotYet(self.tail(5))
+
+        result: dict[str, Any] = wait_for(logged, timeout=timeout, what=f"log {message!r}")
+        return result
+
+    def metrics(self) -> dict[str, float]:
+        address = self.wait_logged("serving HTTP")["address"]
+        with urlopen(f"http://{address}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        samples = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                samples[name] = float(value)
+        return samples
+
+    def kill(self) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+# --- fixtures --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def crd(kube: Kube) -> Iterator[None]:
+    """The DevicePool CRD from the generated manifest, Established."""
+    kube.delete("apiextensions.k8s.io/v1", "CustomResourceDefinition", CRD_NAME)
+    wait_for(
+        lambda: gone(kube, "apiextensions.k8s.io/v1", "CustomResourceDefinition", CRD_NAME),
+        timeout=60,
+        what="an old DevicePool CRD to go",
+    )
+    kube.create(crd_manifest())
+
+    def established() -> Any:
+        obj = kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", CRD_NAME)
+        conditions = (obj.get("status") or {}).get("conditions") or []
+        ok = any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+        return ok or NotYet(conditions)
+
+    wait_for(established, timeout=60, what="the DevicePool CRD to be established")
+    kube.dyn.resources.invalidate_cache()
+    yield
+    kube.delete("apiextensions.k8s.io/v1", "CustomResourceDefinition", CRD_NAME)
+
+
+@pytest.fixture(scope="module")
+def device_class(kube: Kube) -> Iterator[str]:
+    kube.delete(RESOURCE, "DeviceClass", DRIVER)
+    kube.create(
+        {
+            "apiVersion": RESOURCE,
+            "kind": "DeviceClass",
+            "metadata": {"name": DRIVER},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+        }
+    )
+    yield DRIVER
+    kube.delete(RESOURCE, "DeviceClass", DRIVER)
+
+
+@pytest.fixture(scope="module")
+def controller(
+    crd: None, device_class: str, kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ControllerProcess]:
+    """One controller for the driver of this module, leading its own Lease."""
+    proc = ControllerProcess(
+        kubeconfig=kubeconfig,
+        log_path=tmp_path_factory.mktemp("controller") / "controller.log",
+        driver=DRIVER,
+        lease=f"drasil-e2e-{TOKEN}",
+        identity=f"e2e-{TOKEN}",
+    )
+    proc.start()
+    proc.wait_logged("leading")
+    yield proc
+    proc.stop()
+    print(f"controller log ({proc.log_path}):\n{proc.tail()}")
+
+
+@pytest.fixture
+def rack_node(make_node: Callable[..., dict[str, Any]]) -> str:
+    name = f"e2e-rack-{secrets.token_hex(3)}"
+    make_node(name, labels={"rack": "a"})
+    return name
+
+
+@pytest.fixture
+def pools(kube: Kube) -> Iterator[Callable[..., dict[str, Any]]]:
+    """make(name, devices, **spec) creates a DevicePool; all are deleted after, and
+    their slices awaited gone so the next test counts devices from zero."""
+    made: list[str] = []
+
+    def make(name: str, devices: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
+        made.append(name)
+        body = {
+            "apiVersion": POOL_API,
+            "kind": "DevicePool",
+            "metadata": {"name": name},
+            "spec": {"devices": devices, **spec},
+        }
+        return kube.create(body)
+
+    yield make
+    for name in made:
+        kube.delete(POOL_API, "DevicePool", name)
+    for name in made:
+        wait_for(
+            lambda n=name: not pool_slices(kube, n) or NotYet(pool_slices(kube, n)),
+            timeout=30,
+            what=f"the slices of DevicePool {name} to go",
+        )
+
+
+def gpu(name: str, product: str = "NVIDIA L4", **extra: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "attributes": {"type": {"string": "gpu"}, "productName": {"string": product}},
+        "capacity": {"memory": {"value": "24Gi"}},
+        **extra,
+    }
+
+
+RACK_A = {
+    "nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "rack", "operator": "In", "values": ["a"]}]}
+    ]
+}
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def pool_slices(kube: Kube, pool: str, driver: str = DRIVER) -> list[dict[str, Any]]:
+    items = kube.resource(RESOURCE, "ResourceSlice").get(
+        field_selector=f"spec.driver={driver},spec.pool.name={pool}"
+    )
+    return [dict(i.to_dict()) for i in items.items]
+
+
+def ready_condition(kube: Kube, name: str) -> dict[str, Any] | None:
+    obj = kube.get(POOL_API, "DevicePool", name)
+    for condition in (obj.get("status") or {}).get("conditions") or []:
+        if condition["type"] == "Ready":
+            return dict(condition)
+    return None
+
+
+def wait_ready(kube: Kube, name: str, status: str, *, generation: int = 1) -> dict[str, Any]:
+    def reported() -> Any:
+        condition = ready_condition(kube, name)
+        if (
+            condition
+            and condition["status"] == status
+            and condition.get("observedGeneration") == generation
+        ):
+            return condition
+        return NotYet(condition)
+
+    result: dict[str, Any] = wait_for(
+        reported, timeout=30, what=f"DevicePool {name} Ready={status} (generation {generation})"
+    )
+    return result
+
+
+def events(kube: Kube, namespace: str, uid: str, reason: str) -> list[Any]:
+    selector = f"involvedObject.uid={uid},reason={reason}"
+    return list(kube.core.list_namespaced_event(namespace, field_selector=selector).items)
+
+
+def wait_event(kube: Kube, namespace: str, uid: str, reason: str, *, timeout: float = 30) -> Any:
+    def posted() -> Any:
+        found = events(kube, namespace, uid, reason)
+        return found[0] if found else NotYet(f"no {reason} event for {uid}")
+
+    return wait_for(posted, timeout=timeout, what=f"a {reason} Event")
+
+
+def claim_template(
+    name: str, *selectors: str, config: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    request: dict[str, Any] = {"deviceClassName": DRIVER}
+    if selectors:
+        request["selectors"] = [{"cel": {"expression": s}} for s in selectors]
+    devices: dict[str, Any] = {"requests": [{"name": "gpu", "exactly": request}]}
+    if config is not None:
+        devices["config"] = [
+            {"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": config}}
+        ]
+    return {
+        "apiVersion": RESOURCE,
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": devices}},
+    }
+
+
+def pod(name: str, *, template: str | None = None, claim: str | None = None) -> dict[str, Any]:
+    source = {"resourceClaimTemplateName": template} if template else {"resourceClaimName": claim}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "automountServiceAccountToken": False,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.invalid/never-pulled:1",
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "gpu", **source}],
+        },
+    }
+
+
+def pod_claim(kube: Kube, namespace: str, pod_name: str) -> Any:
+    obj = kube.get("v1", "Pod", pod_name, namespace)
+    statuses = (obj.get("status") or {}).get("resourceClaimStatuses") or []
+    names = [s.get("resourceClaimName") for s in statuses if s.get("resourceClaimName")]
+    if not names:
+        return NotYet(obj.get("status"))
+    return kube.get(RESOURCE, "ResourceClaim", names[0], namespace)
+
+
+def assert_untouched(kube: Kube, namespace: str) -> None:
+    """No annotation, finalizer or status field of kopf's or ours on the objects we watch."""
+    objects = [
+        dict(i.to_dict())
+        for i in kube.resource(RESOURCE, "ResourceClaim").get(namespace=namespace).items
+    ]
+    objects += [
+        dict(i.to_dict()) for i in kube.resource("v1", "Pod").get(namespace=namespace).items
+    ]
+    objects += [dict(i.to_dict()) for i in kube.resource(RESOURCE, "ResourceSlice").get().items]
+    assert objects
+    for obj in objects:
+        meta = obj["metadata"]
+        where = f"{obj['kind']} {meta.get('namespace', '')}/{meta['name']}"
+        assert not [a for a in meta.get("annotations") or {} if OURS.search(a)], where
+        assert not [f for f in meta.get("finalizers") or [] if OURS.search(f)], where
+        assert "kopf" not in (obj.get("status") or {}), where
+
+
+# --- DevicePool ------------------------------------------------------------------------
+
+
+def test_devicepool_becomes_slices_the_scheduler_allocates_from(
+    kube: Kube,
+    namespace: str,
+    controller: ControllerProcess,
+    rack_node: str,
+    pools: Callable[..., dict[str, Any]],
+) -> None:
+    pool = pools("rack-a", [gpu("remote-0"), gpu("remote-1")], nodeSelector=RACK_A)
+
+    condition = wait_ready(kube, "rack-a", "True")
+    assert condition["reason"] == "Published"
+    assert (
+        condition["message"]
+        == f"2 devices published in 1 ResourceSlice of pool rack-a (driver {DRIVER})"
+    )
+    slices = pool_slices(kube, "rack-a")
+    assert len(slices) == 1
+    spec = slices[0]["spec"]
+    assert spec["nodeSelector"] == RACK_A
+    assert spec["pool"] == {"name": "rack-a", "generation": 1, "resourceSliceCount": 1}
+    assert [d["name"] for d in spec["devices"]] == ["remote-0", "remote-1"]
+    assert spec["devices"][0]["attributes"]["productName"] == {"string": "NVIDIA L4"}
+    owners = slices[0]["metadata"]["ownerReferences"]
+    assert [(o["kind"], o["name"], o["uid"], o["controller"]) for o in owners] == [
+        ("DevicePool", "rack-a", pool["metadata"]["uid"], True)
+    ]
+    status = kube.get(POOL_API, "DevicePool", "rack-a")["status"]
+    assert status["publishedSlices"] == [slices[0]["metadata"]["name"]]
+
+    kube.create(claim_template("remote-gpu"), namespace)
+    kube.create(pod("worker", template="remote-gpu"), namespace)
+
+    def allocated() -> Any:
+        claim = pod_claim(kube, namespace, "worker")
+        return claim if claim and (claim.get("status") or {}).get("allocation") else NotYet(claim)
+
+    claim = wait_for(allocated, timeout=60, what="the scheduler to allocate from the DevicePool")
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    assert (result["driver"], result["pool"]) == (DRIVER, "rack-a")
+    assert result["device"] in ("remote-0", "remote-1")
+
+    def device_status() -> Any:
+        c = pod_claim(kube, namespace, "worker")
+        entries = (c.get("status") or {}).get("devices") or []
+        return c if entries else NotYet(c.get("status"))
+
+    claim = wait_for(device_status, timeout=30, what="the controller to write status.devices")
+    [entry] = claim["status"]["devices"]
+    assert (entry["driver"], entry["pool"], entry["device"]) == (DRIVER, "rack-a", result["device"])
+    assert [(c["type"], c["status"]) for c in entry["conditions"]] == [("Ready", "True")]
+    managers = [
+        m["manager"]
+        for m in claim["metadata"]["managedFields"]
+        if m.get("subresource") == "status" and m["operation"] == "Apply"
+    ]
+    assert managers == ["drasil-controller"]
+    assert_untouched(kube, namespace)
+
+    kube.delete(POOL_API, "DevicePool", "rack-a")
+    wait_for(
+        lambda: not pool_slices(kube, "rack-a") or NotYet(pool_slices(kube, "rack-a")),
+        timeout=30,
+        what="the slices to go with the DevicePool",
+    )
+
+
+def test_bad_devicepool_is_reported_and_keeps_the_good_slices(
+    kube: Kube, controller: ControllerProcess, pools: Callable[..., dict[str, Any]]
+) -> None:
+    pools("rack-b", [gpu("remote-0")], allNodes=True)
+    wait_ready(kube, "rack-b", "True")
+    [good] = pool_slices(kube, "rack-b")
+
+    broken = {"name": "remote-0", "attributes": {"bad name!": {"string": "x"}}}
+    kube.dyn.resources.get(api_version=POOL_API, kind="DevicePool").patch(
+        name="rack-b",
+        body={"spec": {"devices": [broken]}},
+        content_type="application/merge-patch+json",
+    )
+
+    condition = wait_ready(kube, "rack-b", "False", generation=2)
+    assert condition["reason"] == "InvalidSpec"
+    assert 'device "remote-0": attribute "bad name!"' in condition["message"]
+    assert "is not a C identifier" in condition["message"]
+    assert condition["message"].endswith("the previously published slices are kept")
+    [kept] = pool_slices(kube, "rack-b")
+    assert kept["metadata"]["resourceVersion"] == good["metadata"]["resourceVersion"]
+
+    pools("rack-c", [gpu("remote-0"), {"name": "Remote_1"}], allNodes=True)
+    condition = wait_ready(kube, "rack-c", "False")
+    assert 'device "Remote_1": name is not a DNS label' in condition["message"]
+    assert pool_slices(kube, "rack-c") == []
+    assert kube.get(POOL_API, "DevicePool", "rack-c")["status"]["publishedSlices"] == []
+
+
+def test_a_pool_moved_to_another_driver_takes_our_slices_away(
+    kube: Kube, controller: ControllerProcess, pools: Callable[..., dict[str, Any]]
+) -> None:
+    pools("rack-e", [gpu("remote-0")], allNodes=True)
+    wait_ready(kube, "rack-e", "True")
+    assert pool_slices(kube, "rack-e")
+
+    kube.dyn.resources.get(api_version=POOL_API, kind="DevicePool").patch(
+        name="rack-e",
+        body={"spec": {"driver": "elsewhere.example.com"}},
+        content_type="application/merge-patch+json",
+    )
+
+    wait_for(
+        lambda: not pool_slices(kube, "rack-e") or NotYet(pool_slices(kube, "rack-e")),
+        timeout=30,
+        what="our slices of a DevicePool that names another driver to go",
+    )
+    # Its status is the other driver's controller's to write.
+    assert ready_condition(kube, "rack-e") == wait_ready(kube, "rack-e", "True")
+
+
+# --- claims ----------------------------------------------------------------------------
+
+
+def test_invalid_opaque_config_gets_an_event_naming_the_field(
+    kube: Kube,
+    namespace: str,
+    controller: ControllerProcess,
+    kubectl: Callable[..., Any],
+    tmp_path: Path,
+) -> None:
+    config = {"apiVersion": CONFIG_API, "kind": "GpuConfig", "sharing": {"strategy": "Foo"}}
+    template = kube.create(claim_template("bad-sharing", config=config), namespace)
+    # kubectl, not the Python client: the API server keeps opaque parameters byte for
+    # byte, and json.dumps' spaces would make every later patch of the claim fail
+    # "spec: field is immutable".
+    manifest = tmp_path / "claim.json"
+    body = {
+        "apiVersion": RESOURCE,
+        "kind": "ResourceClaim",
+        "metadata": {"name": "bad-sharing", "namespace": namespace},
+        "spec": claim_template("x", config=config)["spec"]["spec"],
+    }
+    manifest.write_text(json.dumps(body, separators=(",", ":")))
+    kubectl("create", "-f", str(manifest))
+    claim = kube.get(RESOURCE, "ResourceClaim", "bad-sharing", namespace)
+    waiting = kube.create(pod("user", claim="bad-sharing"), namespace)
+
+    expected = (
+        'spec.devices.config[0].opaque.parameters.sharing.strategy: unsupported value "Foo": '
+        'allowed values are "Exclusive", "TimeSlicing", "MPS"'
+    )
+    event = wait_event(kube, namespace, claim["metadata"]["uid"], "InvalidDeviceConfig")
+    assert event.message == expected
+    assert event.type == "Warning"
+    assert event.source.component == "drasil-controller"
+    on_template = wait_event(kube, namespace, template["metadata"]["uid"], "InvalidDeviceConfig")
+    assert on_template.message == expected.replace("spec.devices", "spec.spec.devices")
+    on_pod = wait_event(kube, namespace, waiting["metadata"]["uid"], "InvalidDeviceConfig")
+    assert on_pod.message == f"ResourceClaim bad-sharing: {expected}"
+
+    # A change that does not fix the config does not repeat the Event; a claim created
+    # after the change is checked after it, so its Event marks the change as seen.
+    client.CustomObjectsApi(kube.api).patch_namespaced_custom_object(
+        "resource.k8s.io",
+        "v1",
+        namespace,
+        "resourceclaims",
+        "bad-sharing",
+        {"metadata": {"labels": {"touched": "yes"}}},
+    )
+    config["sharing"] = {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Forever"}}
+    marker = kube.create(
+        {
+            "apiVersion": RESOURCE,
+            "kind": "ResourceClaim",
+            "metadata": {"name": "bad-interval"},
+            "spec": claim_template("x", config=config)["spec"]["spec"],
+        },
+        namespace,
+    )
+    later = wait_event(kube, namespace, marker["metadata"]["uid"], "InvalidDeviceConfig")
+    assert "sharing.timeSlicing.interval" in later.message
+    assert '"Forever"' in later.message
+    assert len(events(kube, namespace, claim["metadata"]["uid"], "InvalidDeviceConfig")) == 1
+    assert_untouched(kube, namespace)
+
+
+def test_unmatched_selector_is_explained_within_30s(
+    kube: Kube,
+    namespace: str,
+    controller: ControllerProcess,
+    rack_node: str,
+    pools: Callable[..., dict[str, Any]],
+) -> None:
+    pools("rack-d", [gpu("remote-0"), gpu("remote-1")], nodeSelector=RACK_A)
+    wait_ready(kube, "rack-d", "True")
+    kube.create(claim_template("h200", H200), namespace)
+    started = time.monotonic()
+    waiting = kube.create(pod("trainer", template="h200"), namespace)
+    claim = wait_for(lambda: pod_claim(kube, namespace, "trainer"), timeout=30, what="the claim")
+
+    # The default --explain-after (10 s) applies; 30 s from the Pod's creation on.
+    left = 30 - (time.monotonic() - started)
+    event = wait_event(kube, namespace, claim["metadata"]["uid"], "Unsatisfiable", timeout=left)
+
+    expected = (
+        f'request "gpu": 2 devices of {DRIVER}; 2 pass class {DRIVER}; 0 pass selector {H200}'
+    )
+    assert event.message == expected
+    on_pod = wait_event(kube, namespace, waiting["metadata"]["uid"], "Unsatisfiable")
+    assert on_pod.message == f"ResourceClaim {claim['metadata']['name']}: {expected}"
+    # `drasil explain` reads the same objects and says the same.
+    api = KubeApi(kube.api)
+    explanation = explain_from_api(
+        api, namespace=namespace, name=claim["metadata"]["name"], driver=DRIVER
+    )
+    assert explanation.message() == expected
+    assert_untouched(kube, namespace)
+
+
+# --- two replicas ----------------------------------------------------------------------
+
+
+def lease_holder(kube: Kube, name: str) -> str | None:
+    try:
+        lease = kube.get("coordination.k8s.io/v1", "Lease", name, "default")
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+    return (lease.get("spec") or {}).get("holderIdentity")
+
+
+def test_two_replicas_only_the_leader_publishes_and_the_other_takes_over(
+    kube: Kube, crd: None, kubeconfig: Path, tmp_path: Path, pools: Callable[..., dict[str, Any]]
+) -> None:
+    driver = f"ha-{TOKEN}.drasil.dev"
+    lease = f"drasil-ha-{TOKEN}"
+    replicas = [
+        ControllerProcess(
+            kubeconfig=kubeconfig,
+            log_path=tmp_path / f"replica-{name}.log",
+            driver=driver,
+            lease=lease,
+            identity=f"replica-{name}",
+        )
+        for name in ("a", "b")
+    ]
+    a, b = replicas
+    try:
+        a.start()
+        a.wait_logged("leading")
+        b.start()
+        b.wait_logged("serving HTTP")
+        pools("ha-pool", [gpu("remote-0")], allNodes=True, driver=driver)
+        wait_for(lambda: pool_slices(kube, "ha-pool", driver), timeout=30, what="slices of ha-pool")
+        wait_ready(kube, "ha-pool", "True")
+
+        assert lease_holder(kube, lease) == "replica-a"
+        metrics_a, metrics_b = a.metrics(), b.metrics()
+        assert metrics_a["drasil_controller_leader"] == 1
+        assert metrics_a['drasil_controller_pool_publishes_total{result="published"}'] >= 1
+        assert metrics_b["drasil_controller_leader"] == 0
+        assert not [k for k in metrics_b if k.startswith("drasil_controller_pool_publishes_total")]
+        assert not [e for e in b.logs() if e.get("msg") == "leading"]
+
+        a.kill()
+        b.wait_logged("leading", timeout=30)
+        assert lease_holder(kube, lease) == "replica-b"
+        kube.dyn.resources.get(api_version=POOL_API, kind="DevicePool").patch(
+            name="ha-pool",
+            body={"spec": {"devices": [gpu("remote-0"), gpu("remote-1")]}},
+            content_type="application/merge-patch+json",
+        )
+
+        def republished() -> Any:
+            slices = pool_slices(kube, "ha-pool", driver)
+            devices = [d["name"] for s in slices for d in s["spec"].get("devices") or []]
+            return devices == ["remote-0", "remote-1"] or NotYet(slices)
+
+        wait_for(republished, timeout=30, what="the new leader to publish the changed pool")
+        assert b.metrics()['drasil_controller_pool_publishes_total{result="published"}'] >= 1
+    finally:
+        for replica in replicas:
+            replica.stop()
+            print(f"{replica.identity} log:\n{replica.tail()}")
+        kube.delete("coordination.k8s.io/v1", "Lease", lease, "default")

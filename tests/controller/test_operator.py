@@ -1,0 +1,102 @@
+"""kopf is configured so that it never writes onto the objects it watches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+from kubernetes import client
+
+from drasil.controller.controller import Controller
+from drasil.controller.kopfstorage import MemoryDiffBaseStorage, MemoryProgressStorage
+from drasil.controller.metrics import ControllerMetrics
+from drasil.controller.operator import FINALIZER, connection_info, registry, settings
+from drasil.controller.options import parse_options
+from drasil.driver.kubeapi import KubeApi
+
+
+def api_client() -> client.ApiClient:
+    configuration = client.Configuration()
+    configuration.host = "https://127.0.0.1:6443"
+    configuration.ssl_ca_cert = "/ca.crt"
+    configuration.cert_file = "/admin.crt"
+    configuration.key_file = "/admin.key"
+    configuration.api_key = {"BearerToken": "abc"}
+    configuration.api_key_prefix = {"BearerToken": "Bearer"}
+    return client.ApiClient(configuration)
+
+
+def test_settings_keep_state_in_memory_and_post_nothing() -> None:
+    s = settings()
+
+    assert isinstance(s.persistence.progress_storage, MemoryProgressStorage)
+    assert isinstance(s.persistence.diffbase_storage, MemoryDiffBaseStorage)
+    assert s.persistence.finalizer == FINALIZER == "drasil.dev/controller"
+    assert s.posting.enabled is False
+    assert s.peering.standalone is True
+
+
+def test_only_event_handlers_are_registered() -> None:
+    opts = parse_options(["--kubeconfig=/dev/null"], env={})
+    controller = Controller(api=KubeApi(api_client()), options=opts, metrics=ControllerMetrics())
+
+    r = registry(controller, api_client())
+
+    watching = [h.id for h in r._watching.get_all_handlers()]
+    assert sorted(watching) == sorted(
+        [
+            "devicepools",
+            "resourceclaims",
+            "resourceclaimtemplates",
+            "resourceslices",
+            "deviceclasses",
+            "pods",
+        ]
+    )
+    # Change handlers, daemons and timers are what make kopf persist state and add
+    # finalizers; there must be none.
+    assert list(r._changing.get_all_handlers()) == []
+    assert list(r._spawning.get_all_handlers()) == []
+
+
+def test_connection_info_comes_from_our_kubeconfig() -> None:
+    info = connection_info(api_client())
+
+    assert info.server == "https://127.0.0.1:6443"
+    assert (info.ca_path, info.certificate_path, info.private_key_path) == (
+        "/ca.crt",
+        "/admin.crt",
+        "/admin.key",
+    )
+    assert (info.scheme, info.token) == ("Bearer", "abc")
+
+
+def _body(uid: str) -> kopf.Body:
+    return kopf.Body({"metadata": {"uid": uid}})
+
+
+def test_memory_progress_storage_round_trip_and_never_touches() -> None:
+    storage = MemoryProgressStorage()
+    patch = kopf.Patch()
+    record: Any = {"started": "t", "retries": 1}
+
+    storage.store(key=kopf.HandlerId("h"), record=record, body=_body("u1"), patch=patch)
+    assert storage.fetch(key=kopf.HandlerId("h"), body=_body("u1")) == record
+    assert storage.fetch(key=kopf.HandlerId("h"), body=_body("u2")) is None
+    storage.touch(body=_body("u1"), patch=patch, value="x")
+    storage.purge(key=kopf.HandlerId("h"), body=_body("u1"), patch=patch)
+    assert storage.fetch(key=kopf.HandlerId("h"), body=_body("u1")) is None
+    assert not patch
+
+
+def test_memory_diffbase_storage_round_trip() -> None:
+    storage = MemoryDiffBaseStorage()
+    patch = kopf.Patch()
+    essence: Any = {"spec": {"a": 1}}
+
+    storage.store(body=_body("u1"), patch=patch, essence=essence)
+
+    assert storage.fetch(body=_body("u1")) == essence
+    assert storage.fetch(body=_body("u2")) is None
+    assert len(storage) == 1
+    assert not patch

@@ -1,0 +1,123 @@
+"""The in-memory view of the cluster: Pods reduced to their claims, indexes, filters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drasil.controller.state import ClusterView, PodRef
+
+DRIVER = "gpu.drasil.dev"
+OUR_CLASS = {
+    "metadata": {"name": "gpu.drasil.dev"},
+    "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+}
+OTHER_CLASS = {
+    "metadata": {"name": "nic"},
+    "spec": {"selectors": [{"cel": {"expression": 'device.driver == "nic.example.com"'}}]},
+}
+
+
+def pod(
+    name: str,
+    *,
+    claims: list[str] = (),  # type: ignore[assignment]
+    templates: list[str] = (),  # type: ignore[assignment]
+    generated: list[str] = (),  # type: ignore[assignment]
+    node: str | None = None,
+    phase: str = "Pending",
+) -> dict[str, Any]:
+    entries = [{"name": c, "resourceClaimName": c} for c in claims]
+    entries += [{"name": t, "resourceClaimTemplateName": t} for t in templates]
+    return {
+        "metadata": {"namespace": "ml", "name": name, "uid": f"uid-{name}"},
+        "spec": {"resourceClaims": entries, **({"nodeName": node} if node else {})},
+        "status": {
+            "phase": phase,
+            "resourceClaimStatuses": [{"name": "x", "resourceClaimName": g} for g in generated],
+        },
+    }
+
+
+def claim(name: str, cls: str = "gpu.drasil.dev", **status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": "ml", "name": name, "uid": f"uid-{name}"},
+        "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": cls}}]}},
+        "status": status,
+    }
+
+
+def test_pod_ref_reads_claims_templates_and_generated_claims() -> None:
+    ref = PodRef.of(pod("p", claims=["shared"], templates=["t"], generated=["p-t-abc"]))
+
+    assert ref is not None
+    assert ref.claims == {"shared", "p-t-abc"}
+    assert ref.direct == {"shared"}
+    assert ref.templates == {"t"}
+    assert ref.waiting
+    assert ref.ref().kind == "Pod"
+
+
+def test_pod_ref_waiting_and_pods_without_claims() -> None:
+    assert PodRef.of({"metadata": {"name": "plain"}, "spec": {}}) is None
+    bound = PodRef.of(pod("p", claims=["c"], node="n1"))
+    assert bound is not None
+    assert not bound.waiting
+    done = PodRef.of(pod("p", claims=["c"], phase="Failed"))
+    assert done is not None
+    assert not done.waiting
+
+
+def test_pods_are_indexed_by_claim_and_template_and_unindexed_on_change() -> None:
+    view = ClusterView(driver=DRIVER)
+    view.put_pod(pod("a", claims=["c1"], templates=["t"]))
+    view.put_pod(pod("b", templates=["t2"], generated=["c1"]))
+
+    assert [p.name for p in view.pods_using("ResourceClaim", ("ml", "c1"))] == ["a", "b"]
+    assert [p.name for p in view.pods_using("ResourceClaimTemplate", ("ml", "t"))] == ["a"]
+
+    view.put_pod(pod("a", claims=["c2"]))
+    assert [p.name for p in view.pods_using("ResourceClaim", ("ml", "c1"))] == ["b"]
+    assert view.pods_using("ResourceClaimTemplate", ("ml", "t")) == []
+
+    view.drop_pod(pod("b"))
+    assert view.pods_using("ResourceClaim", ("ml", "c1")) == []
+
+
+def test_unallocated_claims_are_those_of_the_drivers_classes() -> None:
+    view = ClusterView(driver=DRIVER)
+    view.put_class(OUR_CLASS)
+    view.put_class(OTHER_CLASS)
+    view.put_claim(claim("pending"))
+    view.put_claim(claim("other", cls="nic"))
+    view.put_claim(claim("done", allocation={"devices": {"results": []}}))
+    view.put_claim(
+        {**claim("going"), "metadata": {**claim("going")["metadata"], "deletionTimestamp": "x"}}
+    )
+
+    assert [c["metadata"]["name"] for c in view.unallocated_claims()] == ["pending"]
+
+    view.drop_class(OUR_CLASS)
+    assert view.unallocated_claims() == []
+
+
+def test_slices_of_other_drivers_are_not_kept() -> None:
+    view = ClusterView(driver=DRIVER)
+    view.put_slice({"metadata": {"name": "a"}, "spec": {"driver": DRIVER}})
+    view.put_slice({"metadata": {"name": "b"}, "spec": {"driver": "nic.example.com"}})
+
+    assert [s["metadata"]["name"] for s in view.explain_snapshot().slices] == ["a"]
+    view.drop_slice({"metadata": {"name": "a"}})
+    assert view.explain_snapshot().slices == []
+
+
+def test_published_pools_and_claims_allocated_from_them() -> None:
+    view = ClusterView(driver=DRIVER)
+    view.put_pool({"metadata": {"name": "rack-a"}, "spec": {}})
+    view.put_pool({"metadata": {"name": "rack-b"}, "spec": {"driver": "other.example.com"}})
+    result = {"driver": DRIVER, "pool": "rack-a", "device": "d", "request": "r"}
+    view.put_claim(claim("user", allocation={"devices": {"results": [result]}}))
+    view.put_claim(claim("idle"))
+
+    assert view.published_pools() == {"rack-a"}
+    assert view.pool_names() == ["rack-a", "rack-b"]
+    assert [c["metadata"]["name"] for c in view.claims_allocated_from("rack-a")] == ["user"]
