@@ -10,12 +10,16 @@ from pathlib import Path
 from typing import TextIO
 
 import yaml
+from kubernetes import config
+from kubernetes.config import ConfigException
 
 from drasil.driver.backends import BACKENDS, open_backend
 from drasil.driver.configfiles import validate_config_document
 from drasil.driver.devices import Device, Version
 from drasil.driver.discovery import DiscoveryResult, discover
+from drasil.driver.explain import ClaimNotFound, explain_from_api, render_table
 from drasil.driver.health import FAULT_FILE, read_faults, write_faults
+from drasil.driver.kubeapi import KubeApi
 from drasil.driver.nvml import NvmlError
 from drasil.driver.simulated import ProfileSpecError
 from drasil.driver.slices import build_slices
@@ -40,6 +44,11 @@ def _parser() -> argparse.ArgumentParser:
         "DeviceClass YAML; - for standard input",
     )
     v.add_argument("--driver-name", default=DEFAULT_DRIVER)
+    e = sub.add_parser("explain", help="why a ResourceClaim is (not) satisfiable")
+    e.add_argument("claim", help="CLAIM or NAMESPACE/CLAIM")
+    e.add_argument("-n", "--namespace", default="default")
+    e.add_argument("--kubeconfig", help="default: $KUBECONFIG, then ~/.kube/config")
+    e.add_argument("--driver-name", default=DEFAULT_DRIVER)
     f = sub.add_parser("fault", help="break or mend a simulated device (the plugin reacts)")
     f.add_argument("action", choices=("inject", "clear", "list"))
     f.add_argument("device", nargs="?", help="device name, e.g. gpu-3 (clear: all if omitted)")
@@ -112,6 +121,24 @@ def _validate_config(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _explain(args: argparse.Namespace, out: TextIO) -> int:
+    namespace, _, name = args.claim.rpartition("/")
+    # A person at a terminal: their kubeconfig, never the in-cluster account.
+    api = KubeApi(
+        config.new_client_from_config(config_file=args.kubeconfig)  # type: ignore[no-untyped-call]
+    )
+    try:
+        explanation = explain_from_api(
+            api, namespace=namespace or args.namespace, name=name, driver=args.driver_name
+        )
+    except ClaimNotFound as err:
+        print(f"drasil explain: {err}", file=sys.stderr)
+        return 1
+    out.write(render_table(explanation))
+    out.write("\n")
+    return 0
+
+
 def _fault(args: argparse.Namespace, out: TextIO) -> int:
     path = Path(args.plugins_dir) / args.driver_name / FAULT_FILE
     faults = read_faults(path)
@@ -137,8 +164,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             return _discover(args, out)
         if args.command == "fault":
             return _fault(args, out)
+        if args.command == "explain":
+            return _explain(args, out)
         return _validate_config(args, out)
-    except (NvmlError, ProfileSpecError, OSError) as err:
+    except (NvmlError, ProfileSpecError, OSError, ConfigException) as err:
         print(f"drasil {args.command}: {err}", file=sys.stderr)
         return 2
 

@@ -550,6 +550,7 @@ def test_invalid_opaque_config_gets_an_event_naming_the_field(
 
 def test_unmatched_selector_is_explained_within_30s(
     kube: Kube,
+    kubeconfig: Path,
     namespace: str,
     controller: ControllerProcess,
     rack_node: str,
@@ -578,6 +579,13 @@ def test_unmatched_selector_is_explained_within_30s(
         api, namespace=namespace, name=claim["metadata"]["name"], driver=DRIVER
     )
     assert explanation.message() == expected
+    cli = subprocess.run(
+        [sys.executable, "-m", "drasil.driver.cli", "explain", f"--kubeconfig={kubeconfig}",
+         f"--driver-name={DRIVER}", "-n", namespace, claim["metadata"]["name"]],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert cli.returncode == 0, cli.stderr
+    assert f"0 pass selector {H200}" in cli.stdout
     assert_untouched(kube, namespace)
 
 
