@@ -70,16 +70,34 @@ class Binary:
     module: GoModule
     package: str
     ldflags: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
+    # CGO_ENABLED for this build; None leaves Go's default (on where a C compiler is).
+    cgo: bool | None = None
+    # Installed as <version dir>/<subdir>/<name> (CNI plugins get their own directory).
+    subdir: str = "bin"
+    # Keys of HOST_TOOLS the build needs (a C compiler, headers); not part of the recipe.
+    needs: tuple[str, ...] = ()
 
     def recipe(self) -> str:
         """Changes whenever anything that decides the binary's content changes."""
-        data = {
+        data: dict[str, object] = {
             "name": self.name,
             "package": self.package,
             "ldflags": list(self.ldflags),
             "files": dict(sorted(self.module.files.items())),
         }
+        # Only when set, so that adding these fields left older recipes (and the
+        # binaries built from them) valid.
+        if self.tags:
+            data["tags"] = list(self.tags)
+        if self.cgo is not None:
+            data["cgo"] = self.cgo
+        if self.subdir != "bin":
+            data["subdir"] = self.subdir
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+    def path(self, version_dir: Path) -> Path:
+        return version_dir / self.subdir / self.name
 
 
 def _kubernetes_module() -> GoModule:
@@ -134,6 +152,132 @@ def _kube_ldflags() -> tuple[str, ...]:
     return tuple(flags)
 
 
+def _containerd_module() -> GoModule:
+    gomod = (
+        "module drasil.dev/e2e-containerd\n\n"
+        f"go {versions.GO_DIRECTIVE}\n\n"
+        f"require github.com/containerd/containerd/v2 {versions.CONTAINERD}\n"
+    )
+    return GoModule("containerd", {"go.mod": gomod})
+
+
+def _runc_module() -> GoModule:
+    gomod = (
+        "module drasil.dev/e2e-runc\n\n"
+        f"go {versions.GO_DIRECTIVE}\n\n"
+        f"require github.com/opencontainers/runc {versions.RUNC}\n"
+    )
+    return GoModule("runc", {"go.mod": gomod})
+
+
+def _cni_module() -> GoModule:
+    gomod = (
+        "module drasil.dev/e2e-cni\n\n"
+        f"go {versions.GO_DIRECTIVE}\n\n"
+        f"require github.com/containernetworking/plugins {versions.CNI_PLUGINS}\n"
+    )
+    return GoModule("cni-plugins", {"go.mod": gomod})
+
+
+PAUSE_MAIN = """\
+// The sandbox ("pause") process of every Pod: PID 1 of the Pod's namespaces. It reaps
+// orphans and exits on SIGINT/SIGTERM, like registry.k8s.io/pause.
+package main
+
+import (
+\t"os"
+\t"os/signal"
+\t"syscall"
+)
+
+func main() {
+\tsignals := make(chan os.Signal, 8)
+\tsignal.Notify(signals, syscall.SIGINT, syscall.SIGTERM, syscall.SIGCHLD)
+\tfor s := range signals {
+\t\tif s != syscall.SIGCHLD {
+\t\t\tos.Exit(0)
+\t\t}
+\t\tfor {
+\t\t\tvar status syscall.WaitStatus
+\t\t\tpid, err := syscall.Wait4(-1, &status, syscall.WNOHANG, nil)
+\t\t\tif pid <= 0 || err != nil {
+\t\t\t\tbreak
+\t\t\t}
+\t\t}
+\t}
+}
+"""
+
+
+def _pause_module() -> GoModule:
+    gomod = f"module drasil.dev/e2e-pause\n\ngo {versions.GO_DIRECTIVE}\n"
+    return GoModule("pause", {"go.mod": gomod, "main.go": PAUSE_MAIN})
+
+
+def node_binaries() -> tuple[Binary, ...]:
+    """What a node runs besides kubelet: containerd, its shim, runc, CNI plugins, and the
+    pause binary of the sandbox image."""
+    ctrd = _containerd_module()
+    ctrd_pkg = "github.com/containerd/containerd/v2"
+    ctrd_flags = (
+        "-s",
+        "-w",
+        f"-X {ctrd_pkg}/version.Version={versions.CONTAINERD}",
+        f"-X {ctrd_pkg}/version.Package={ctrd_pkg}",
+    )
+    # Static (no cgo) like containerd's release builds; the btrfs, devmapper and zfs
+    # snapshotters are left out (overlayfs is what we use).
+    ctrd_tags = ("urfave_cli_no_docs", "no_btrfs", "no_devmapper", "no_zfs")
+    cni = _cni_module()
+    cni_flags = (
+        "-s",
+        "-w",
+        "-X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion="
+        + versions.CNI_PLUGINS,
+    )
+    cni_dirs = {"bridge": "main", "loopback": "main", "host-local": "ipam"}
+    return (
+        *(
+            Binary(
+                name,
+                ctrd,
+                f"{ctrd_pkg}/cmd/{name}",
+                ctrd_flags,
+                tags=(*ctrd_tags, "no_grpc") if name.startswith("containerd-shim") else ctrd_tags,
+                cgo=False,
+            )
+            for name in ("containerd", "ctr", "containerd-shim-runc-v2")
+        ),
+        Binary(
+            "runc",
+            _runc_module(),
+            "github.com/opencontainers/runc",
+            (
+                "-s",
+                "-w",
+                f"-X main.version={versions.RUNC.lstrip('v')}",
+                f"-X main.gitCommit={versions.RUNC_COMMIT}",
+            ),
+            # seccomp: containerd gives every Pod sandbox the runtime/default profile.
+            tags=("urfave_cli_no_docs", "seccomp"),
+            cgo=True,  # runc's nsenter is C; libseccomp is linked dynamically
+            needs=("gcc", "/usr/include/seccomp.h"),
+        ),
+        *(
+            Binary(
+                name,
+                cni,
+                f"github.com/containernetworking/plugins/plugins/{cni_dirs[name]}/{name}",
+                cni_flags,
+                cgo=False,
+                subdir="cni-bin",
+            )
+            for name in versions.CNI_PLUGIN_NAMES
+        ),
+        Binary("drasil-pause", _pause_module(), ".", ("-s", "-w"), cgo=False),
+    )
+
+
 def binaries() -> tuple[Binary, ...]:
     """Every binary the harness provides, in build order."""
     kube = _kubernetes_module()
@@ -163,10 +307,12 @@ def binaries() -> tuple[Binary, ...]:
                 f"-X {helm_version_pkg}.gitTreeState=clean",
             ),
         ),
+        *node_binaries(),
     )
 
 
 BINARY_NAMES = tuple(b.name for b in binaries())
+NODE_BINARY_NAMES = ("kubelet", "kubectl", *(b.name for b in node_binaries()))
 
 
 def _read_stamp(bin_dir: Path) -> dict[str, dict[str, object]]:
@@ -185,7 +331,7 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def _up_to_date(binary: Binary, bin_dir: Path, stamp: Mapping[str, Mapping[str, object]]) -> bool:
     entry = stamp.get(binary.name)
-    path = bin_dir / binary.name
+    path = binary.path(bin_dir.parent)
     if not entry or entry.get("recipe") != binary.recipe():
         return False
     try:
@@ -193,6 +339,54 @@ def _up_to_date(binary: Binary, bin_dir: Path, stamp: Mapping[str, Mapping[str, 
     except OSError:
         return False
     return st.st_size == entry.get("size") and os.access(path, os.X_OK)
+
+
+# What the harness needs from the host: a command on PATH (or, for a path, a file),
+# and the Debian packages that provide it. On a machine without them (a fresh CI
+# image), `ensure_host_tools` installs them with apt-get.
+HOST_TOOLS: dict[str, tuple[str, ...]] = {
+    "gcc": ("gcc", "libc6-dev"),  # runc's nsenter is cgo
+    "/usr/include/seccomp.h": ("libseccomp-dev", "pkg-config"),  # runc with seccomp
+    "ip": ("iproute2",),  # the node's Pod network bridge
+    "dpkg-deb": ("dpkg",),  # unpacks busybox-static for the test image
+}
+
+
+def _present(tool: str) -> bool:
+    return Path(tool).exists() if tool.startswith("/") else shutil.which(tool) is not None
+
+
+def ensure_host_tools(tools: Iterable[str], *, out: Writer | None = None) -> None:
+    """Install (apt-get) the Debian packages of any of `tools` (keys of HOST_TOOLS)
+    that is missing.
+
+    Raises BuildError when a tool is missing and cannot be installed."""
+    progress = out if out is not None else sys.stderr
+    missing = [t for t in tools if not _present(t)]
+    if not missing:
+        return
+    packages = sorted({p for t in missing for p in HOST_TOOLS[t]})
+    if shutil.which("apt-get") is None or os.geteuid() != 0:
+        raise BuildError(
+            step=f"find {', '.join(missing)}",
+            command=None,
+            detail=f"  not on PATH; install the packages {' '.join(packages)} (Debian names)",
+            log=None,
+        )
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages]
+    print(f"e2e.build: {shlex.join(install)} (for {', '.join(missing)})", file=progress, flush=True)
+    done = subprocess.run(install, capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:  # package lists may be empty on a fresh image
+        subprocess.run(["apt-get", "update", "-q"], capture_output=True, env=env, check=False)
+        done = subprocess.run(install, capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0 or not all(_present(t) for t in missing):
+        raise BuildError(
+            step=f"install {' '.join(packages)}",
+            command=install,
+            detail=(done.stderr or done.stdout)[-2000:],
+            log=None,
+        )
 
 
 def _find_go() -> Path:
@@ -218,7 +412,7 @@ def _tail(path: Path, n: int = TAIL_LINES) -> str:
 
 
 @contextlib.contextmanager
-def _build_lock(version_dir: Path, out: Writer) -> Iterator[None]:
+def build_lock(version_dir: Path, out: Writer) -> Iterator[None]:
     """Two builds at once (two test sessions) would race on the same files."""
     version_dir.mkdir(parents=True, exist_ok=True)
     with open(version_dir / ".build.lock", "w") as lock:
@@ -240,29 +434,36 @@ def _prepare_module(module: GoModule, work_dir: Path) -> Path:
     return mod_dir
 
 
-def _go_env() -> dict[str, str]:
+def _go_env(binary: Binary | None = None) -> dict[str, str]:
     env = dict(os.environ)
     # -mod=mod: resolve go.sum from the proxy and checksum database on first build.
     # Never `go mod tidy` here: it downgrades k8s.io/kubernetes to satisfy v0.0.0 requires.
     env["GOFLAGS"] = "-mod=mod -buildvcs=false"
+    if binary is not None and binary.cgo is not None:
+        env["CGO_ENABLED"] = "1" if binary.cgo else "0"
     return env
 
 
 def _build_one(binary: Binary, *, go: Path, bin_dir: Path, work_dir: Path) -> float:
     mod_dir = _prepare_module(binary.module, work_dir)
     log = mod_dir / f"{binary.name}.build.log"
-    tmp = bin_dir / f".{binary.name}.tmp-{os.getpid()}"
+    target = binary.path(bin_dir.parent)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{binary.name}.tmp-{os.getpid()}"
     cmd = [str(go), "build", "-o", str(tmp)]
+    if binary.tags:
+        cmd.append("-tags=" + ",".join(binary.tags))
     if binary.ldflags:
         cmd.append("-ldflags=" + " ".join(binary.ldflags))
     cmd.append(binary.package)
     started = time.monotonic()
     with open(log, "w") as out:
-        out.write(f"$ cd {mod_dir} && {shlex.join(cmd)}\n")
+        cgo = "" if binary.cgo is None else f"CGO_ENABLED={int(binary.cgo)} "
+        out.write(f"$ cd {mod_dir} && {cgo}{shlex.join(cmd)}\n")
         out.flush()
         try:
             rc = subprocess.call(
-                cmd, cwd=mod_dir, env=_go_env(), stdout=out, stderr=subprocess.STDOUT
+                cmd, cwd=mod_dir, env=_go_env(binary), stdout=out, stderr=subprocess.STDOUT
             )
         except OSError as e:
             raise BuildError(
@@ -279,7 +480,7 @@ def _build_one(binary: Binary, *, go: Path, bin_dir: Path, work_dir: Path) -> fl
             ),
             log=log,
         )
-    os.replace(tmp, bin_dir / binary.name)
+    os.replace(tmp, target)
     return time.monotonic() - started
 
 
@@ -297,20 +498,21 @@ def ensure_binaries(
         raise ValueError(f"unknown binaries {sorted(unknown)}; known: {list(BINARY_NAMES)}")
     todo = [b for b in binaries() if b.name in wanted]
     bin_dir = paths.bin_dir()
-    result = {b.name: bin_dir / b.name for b in todo}
+    result = {b.name: b.path(paths.version_dir()) for b in todo}
 
     # Fast path, no lock and no Go: everything is installed and current.
     stamp = _read_stamp(bin_dir)
     if all(_up_to_date(b, bin_dir, stamp) for b in todo):
         return result
 
-    with _build_lock(paths.version_dir(), progress):
+    with build_lock(paths.version_dir(), progress):
         bin_dir.mkdir(parents=True, exist_ok=True)
         stamp = _read_stamp(bin_dir)  # another build may have finished meanwhile
         stale = [b for b in todo if not _up_to_date(b, bin_dir, stamp)]
         if not stale:
             return result
         go = _find_go()
+        ensure_host_tools({t for b in stale for t in b.needs}, out=progress)
         total = time.monotonic()
         for i, binary in enumerate(stale, 1):
             print(
@@ -320,7 +522,7 @@ def ensure_binaries(
                 flush=True,
             )
             seconds = _build_one(binary, go=go, bin_dir=bin_dir, work_dir=paths.work_dir())
-            size = (bin_dir / binary.name).stat().st_size
+            size = binary.path(paths.version_dir()).stat().st_size
             stamp[binary.name] = {
                 "recipe": binary.recipe(),
                 "size": size,
@@ -345,15 +547,22 @@ def ensure_binaries(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m e2e.build",
-        description="Build the pinned Kubernetes, etcd and helm binaries into the cache.",
+        description="Build the pinned Kubernetes, etcd, helm and node binaries (containerd, "
+        "runc, CNI plugins) and the node's images into the cache; install missing host "
+        "tools (gcc, iproute2, dpkg) with apt-get.",
     )
     parser.add_argument("names", nargs="*", help=f"subset of {', '.join(BINARY_NAMES)}")
     parser.add_argument("--print-dir", action="store_true", help="print the bin directory")
     args = parser.parse_args(argv)
     started = time.monotonic()
+    from e2e import node_images  # imports this module
+
     try:
         ensure_binaries(args.names or None)
-    except BuildError as e:
+        if not args.names:
+            ensure_host_tools(HOST_TOOLS)
+            node_images.ensure_images()
+    except (BuildError, node_images.ImageError) as e:
         print(e, file=sys.stderr)
         return 1
     print(

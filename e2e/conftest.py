@@ -25,8 +25,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from e2e import build
+from e2e import build, node_images
 from e2e.cluster import Cluster
+from e2e.cluster.node import Node
 from e2e.kube import Kube, NotYet, gone, wait_for
 
 E2E_DIR = Path(__file__).parent
@@ -66,6 +67,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
     try:
         build.ensure_binaries(out=_Out())
+        build.ensure_host_tools(build.HOST_TOOLS, out=_Out())
+        node_images.ensure_images(out=_Out())
     except Exception as e:  # reported by every e2e test through the cluster fixture
         session.config.stash[BUILD_ERROR] = e
 
@@ -100,6 +103,37 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster | None]:
             c.down()
             atexit.unregister(c.down)
             signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.fixture(scope="session")
+def node_cluster(cluster: Cluster | None, kubeconfig: Path) -> Cluster:
+    """The session's cluster with a real node: containerd, kubelet (Node `drasil-node`)
+    and the drasil kubelet plugin beside it (simulated h100-80gb:8). The node starts
+    the first time a test asks for it and runs until the session's cluster stops.
+
+    With DRASIL_E2E_KUBECONFIG, the cluster must be one of this harness's runs started
+    with `python -m e2e.cluster up --with-node` (the tests restart its kubelet and
+    kill its plugin); any other cluster skips the node tests, saying why."""
+    if cluster is None:
+        run = Cluster(kubeconfig.parent)
+        node = run.node if (kubeconfig.parent / "cluster.json").is_file() else None
+        if node is None or not all(alive for _, _, alive, _, _ in node.status()):
+            pytest.skip(
+                f"{KUBECONFIG_ENV}={kubeconfig} is not a running `python -m e2e.cluster up "
+                "--with-node` cluster; the node e2e tests need its kubelet and plugin"
+            )
+        return run
+    if cluster.node is None or cluster.state().get("node", {}).get("state") != "up":
+        cluster.start_node()
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def node(node_cluster: Cluster) -> Node:
+    """The real node of `node_cluster` (`.name`, `.plugin`, `.restart_kubelet()`, ...)."""
+    n = node_cluster.node
+    assert n is not None
+    return n
 
 
 def pytest_terminal_summary(

@@ -22,6 +22,7 @@ from drasil.api.kubelet.dra.v1 import dra_pb2, dra_pb2_grpc
 from drasil.api.kubelet.dra.v1beta1 import dra_pb2 as dra_v1beta1_pb2
 from drasil.api.kubelet.dra.v1beta1 import dra_pb2_grpc as dra_v1beta1_grpc
 from drasil.api.kubelet.pluginregistration import registration_pb2, registration_pb2_grpc
+from e2e.cluster import procs
 
 DRIVER = "gpu.drasil.dev"
 
@@ -37,6 +38,15 @@ class PluginProcess:
     driver: str = DRIVER
     env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
+    # For a plugin beside a real kubelet (e2e.cluster.node): `root` is then kubelet's
+    # --root-dir, whose plugins_registry/ and plugins/ the plugin uses as they are.
+    cdi_dir: Path | None = None  # default <root>/cdi
+    log_file: Path | None = None  # default <root>/plugin.log
+    # "<pid> <start time>" (e2e.cluster.procs) so that another process (`python -m
+    # e2e.cluster down`, a test attached to a running node) can stop or kill it.
+    pid_file: Path | None = None
+    detach: bool = False  # own session: outlives the process that started it
+    die_with_parent: bool = False  # SIGKILLed by the kernel when the starter dies
 
     @property
     def registrar_dir(self) -> Path:
@@ -48,7 +58,7 @@ class PluginProcess:
 
     @property
     def cdi_root(self) -> Path:
-        return self.root / "cdi"
+        return self.cdi_dir if self.cdi_dir is not None else self.root / "cdi"
 
     @property
     def state_dir(self) -> Path:
@@ -64,7 +74,7 @@ class PluginProcess:
 
     @property
     def log_path(self) -> Path:
-        return self.root / "plugin.log"
+        return self.log_file if self.log_file is not None else self.root / "plugin.log"
 
     def command(self) -> list[str]:
         return [
@@ -90,10 +100,35 @@ class PluginProcess:
         if crash_at:
             env["DRASIL_CRASH_AT"] = crash_at
         self.root.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=log, env=env)
+        self.proc = subprocess.Popen(
+            self.command(),
+            stdout=log,
+            stderr=log,
+            env=env,
+            start_new_session=self.detach,
+            preexec_fn=procs.kill_on_parent_death if self.die_with_parent else None,  # noqa: PLW1509
+        )
         log.close()
+        if self.pid_file is not None:
+            started = procs.start_time(self.proc.pid)
+            procs.write_pid_file(
+                self.pid_file, procs.Proc(self.pid_file.stem, self.proc.pid, started or -1)
+            )
         self.wait_ready(timeout)
+
+    def attached(self) -> procs.Proc | None:
+        """The running plugin of `pid_file`, also when another process started it."""
+        if self.pid_file is None:
+            return None
+        proc = procs.read_pid_file(self.pid_file)
+        return proc if proc is not None and proc.alive() else None
+
+    def running(self) -> bool:
+        if self.proc is not None:
+            return self.proc.poll() is None
+        return self.attached() is not None
 
     def wait_ready(self, timeout: float) -> None:
         """Until both sockets answer a real gRPC call (GetInfo, then a channel)."""
@@ -101,6 +136,7 @@ class PluginProcess:
         last = "no attempt"
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
+                self._forget_pid_file()
                 raise RuntimeError(f"plugin exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
                 KubeletClient(self).get_info()
@@ -118,13 +154,19 @@ class PluginProcess:
 
     def wait_exit(self, timeout: float = 30.0) -> int:
         assert self.proc is not None
-        return self.proc.wait(timeout=timeout)
+        code = self.proc.wait(timeout=timeout)
+        self._forget_pid_file()
+        return code
 
     def kill(self) -> None:
         """kill -9: what a crash, an OOM kill or a node power cut looks like."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=10)
+        elif self.proc is None and (other := self.attached()) is not None:
+            other.signal(signal.SIGKILL)
+            _wait_gone(other, 10)
+        self._forget_pid_file()
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -133,6 +175,19 @@ class PluginProcess:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.kill()
+        elif self.proc is None and (other := self.attached()) is not None:
+            procs.stop(other, grace=10)
+        self._forget_pid_file()
+
+    def _forget_pid_file(self) -> None:
+        if self.pid_file is not None and self.attached() is None:
+            self.pid_file.unlink(missing_ok=True)
+
+
+def _wait_gone(proc: procs.Proc, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while proc.alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 @dataclass(frozen=True)

@@ -82,3 +82,26 @@ RUNTIME_CONFIG = {
     "resource.k8s.io/v1beta1": True,
     "resource.k8s.io/v1beta2": True,
 }
+
+# -- the node: containerd, runc, CNI plugins, local images ---------------------------
+# All from the Go module proxy as well, so a fresh machine needs nothing but Go (and a
+# C compiler for runc's cgo part). Check the zip is served before bumping, e.g.
+# curl -sI https://proxy.golang.org/github.com/containerd/containerd/v2/@v/<v>.zip
+
+# containerd 2.x (containerd, ctr, containerd-shim-runc-v2): CDI is on by default.
+CONTAINERD = "v2.4.2"
+# runc (cgroup v1 deprecated since 1.4 but supported; 1.5.2 has the workaround for the
+# Linux >= 6.17 device-rules bug). Built with cgo (nsenter), without seccomp/libpathrs.
+RUNC = "v1.5.2"
+RUNC_COMMIT = "29dd3dc2b13b4123162e5fe132504bb4b15569f1"
+# CNI reference plugins: what the node's bridge network config needs.
+CNI_PLUGINS = "v1.9.1"
+CNI_PLUGIN_NAMES = ("bridge", "host-local", "loopback")
+
+# Local images, built as OCI archives without a registry (e2e.node_images). The registry
+# host does not resolve; the tags never say `latest`, so kubelet never tries to pull.
+PAUSE_IMAGE = "drasil.local/e2e/pause:1.0"
+# busybox from Debian's busybox-static package (whatever version the mirror serves;
+# the archive name records it), plus a sleep-forever entrypoint for test Pods.
+BUSYBOX_DEBIAN_PACKAGE = "busybox-static"
+TEST_IMAGE = "drasil.local/e2e/busybox:1.0"

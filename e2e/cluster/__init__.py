@@ -8,12 +8,16 @@ from e2e.cluster.control_plane import (
     ComponentStatus,
     running_cluster,
 )
+from e2e.cluster.node import NODE_NAME, Node, NodeError
 
 __all__ = [
     "COMPONENTS",
+    "NODE_NAME",
     "Cluster",
     "ClusterError",
     "ClusterStatus",
     "ComponentStatus",
+    "Node",
+    "NodeError",
     "running_cluster",
 ]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from e2e.build import BuildError
 from e2e.cluster.control_plane import Cluster, ClusterError
+from e2e.cluster.node import DEFAULT_PROFILE, describe
 
 
 def _pick(run_dir: Path | None) -> Cluster:
@@ -22,10 +23,10 @@ def _pick(run_dir: Path | None) -> Cluster:
     return cluster
 
 
-def _up(_: argparse.Namespace) -> int:
+def _up(args: argparse.Namespace) -> int:
     cluster = Cluster(out=sys.stderr)
     print(f"e2e.cluster: run dir {cluster.run_dir}", file=sys.stderr)
-    seconds = cluster.up()
+    seconds = cluster.up(with_node=args.with_node, node_profile=args.profile)
     print(
         f"e2e.cluster: up in {seconds:.1f}s; API server {cluster.server}\n"
         f"e2e.cluster: logs in {cluster.logs_dir}\n"
@@ -33,6 +34,8 @@ def _up(_: argparse.Namespace) -> int:
         f"# then kubectl, or pytest e2e against it",
         file=sys.stderr,
     )
+    if cluster.node is not None:
+        print(f"e2e.cluster: {describe(cluster.node)}", file=sys.stderr)
     print(f"KUBECONFIG={shlex.quote(str(cluster.kubeconfig))}")
     return 0
 
@@ -62,10 +65,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m e2e.cluster",
         description="A local Kubernetes control plane with DRA (etcd, kube-apiserver, "
-        "kube-controller-manager, kube-scheduler) on 127.0.0.1.",
+        "kube-controller-manager, kube-scheduler) on 127.0.0.1, and optionally a real "
+        "node (containerd, kubelet, the drasil kubelet plugin).",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("up", help="start a new cluster in a new run directory").set_defaults(func=_up)
+    up = sub.add_parser("up", help="start a new cluster in a new run directory")
+    up.add_argument(
+        "--with-node",
+        action="store_true",
+        help="also a real node: containerd, kubelet and the drasil kubelet plugin",
+    )
+    up.add_argument(
+        "--profile",
+        default=DEFAULT_PROFILE,
+        help=f"simulated GPUs of the node's plugin (default {DEFAULT_PROFILE})",
+    )
+    up.set_defaults(func=_up)
     for name, func, text in (
         ("down", _down, "stop everything a run started"),
         ("status", _status, "show what runs and whether it is healthy (exit 1 if not)"),

@@ -26,13 +26,15 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from e2e import build, paths, versions
+from e2e import build, node_images, paths, versions
 from e2e.cluster import pki, procs
+from e2e.cluster.node import DEFAULT_PROFILE, NODE_NAME, Node, NodeError
+from e2e.cluster.node import mounts_under as node_mounts
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 SERVICE_CIDR = "10.0.0.0/24"
@@ -149,12 +151,22 @@ def _prune_stopped_runs() -> None:
     # Python that started them was killed); not one another `up` is starting right now.
     settled = time.time() - 600
     stopped = [
-        d
+        (d, s)
         for created, d, s in _runs()
         if s.get("state") in ("down", "failed") or (created < settled and not _live(d))
     ]
-    for d in stopped[:-KEEP_STOPPED_RUNS]:
-        shutil.rmtree(d, ignore_errors=True)
+    for created, d, state in _runs():
+        node = state.get("node") or {}
+        # A node whose processes all died without `down` (the Python that started it was
+        # SIGKILLed, so they died with it): its Pods' processes (the shims' children),
+        # mounts, cgroups and bridge are still there. "up" means its processes ran.
+        dead = node.get("state") == "up" or (node.get("state") == "starting" and created < settled)
+        if dead and not _live(d):
+            with contextlib.suppress(Exception):
+                Node(Cluster(d)).down(grace=2.0)
+    for d, _ in stopped[:-KEEP_STOPPED_RUNS]:
+        if not node_mounts(d):  # rmtree must never walk into a mount
+            shutil.rmtree(d, ignore_errors=True)
     # Run dirs of an `up` that failed before it wrote any state (e.g. the build failed).
     hour_ago = time.time() - 3600
     for d in paths.runs_dir().iterdir():
@@ -178,7 +190,20 @@ def _new_run_dir() -> Path:
     raise ClusterError(f"cannot create a run directory under {root}")
 
 
-def _strays(bin_dir: Path, run_dir: Path) -> list[int]:
+def stop_strays(
+    bin_dir: Path, run_dir: Path, *, grace: float, names: Collection[str] | None = None
+) -> list[str]:
+    """Stop what `_strays` finds (only binaries called `names`, if given); returns
+    those still running."""
+    leftovers = []
+    for pid in _strays(bin_dir, run_dir, names):
+        start = procs.start_time(pid)
+        if start is not None and not procs.stop(procs.Proc(f"pid {pid}", pid, start), grace=grace):
+            leftovers.append(f"pid {pid}")
+    return leftovers
+
+
+def _strays(bin_dir: Path, run_dir: Path, names: Collection[str] | None = None) -> list[int]:
     """Pids running one of our binaries with our run dir in their arguments: a process
     of this run that has no pid file (`down` must not leave it behind)."""
     found = []
@@ -190,7 +215,9 @@ def _strays(bin_dir: Path, run_dir: Path) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        if exe.startswith(f"{bin_dir}/") and str(run_dir) in cmdline:
+        if not exe.startswith(f"{bin_dir}/") or str(run_dir) not in cmdline:
+            continue
+        if names is None or Path(exe.removesuffix(" (deleted)")).name in names:
             found.append(int(entry.name))
     return found
 
@@ -213,6 +240,7 @@ class Cluster:
         self.die_with_parent = die_with_parent
         self._out = out
         self._procs: dict[str, procs.Proc] = {}
+        self._node: Node | None = None
 
     # -- where things are -------------------------------------------------------------
 
@@ -469,6 +497,10 @@ class Cluster:
                 "--requestheader-extra-headers-prefix=X-Remote-Extra-",
                 f"--proxy-client-cert-file={p / 'front-proxy-client.crt'}",
                 f"--proxy-client-key-file={p / 'front-proxy-client.key'}",
+                # A real kubelet (the node) serves on 127.0.0.1 with a cert from our
+                # CA; its Hostname address does not resolve.
+                f"--kubelet-certificate-authority={p / 'ca.crt'}",
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
                 "--authorization-mode=Node,RBAC",
                 "--enable-admission-plugins=NodeRestriction",
                 "--allow-privileged=true",
@@ -512,8 +544,47 @@ class Cluster:
             return [str(bins[name]), *common, f"--secure-port={ports.scheduler}"]
         raise ValueError(name)
 
-    def up(self, *, timeout: float = 120.0) -> float:
+    # -- the node -----------------------------------------------------------------------
+
+    @property
+    def node(self) -> Node | None:
+        """The real node (containerd, kubelet, plugin) of this run, if one was started."""
+        if self._node is None and self.state().get("node"):
+            self._node = Node(self)
+        return self._node
+
+    def start_node(
+        self, *, name: str = NODE_NAME, profile: str = DEFAULT_PROFILE, timeout: float = 180.0
+    ) -> Node:
+        """Start containerd, kubelet and the drasil plugin beside this control plane and
+        wait until the Node is Ready and its devices are published. On failure the node
+        is stopped again and ClusterError says what failed."""
+        if self.state().get("state") != "up":
+            raise ClusterError(f"{self.run_dir}: the control plane is not up")
+        if (self.state().get("node") or {}).get("state") in ("starting", "up"):
+            raise ClusterError(f"{self.run_dir} already has a node")
+        node = self._node = Node(self)
+        try:
+            seconds = node.start(name=name, profile=profile, timeout=timeout)
+        except BaseException as e:
+            problems = node.down()
+            self._save_state(node={**(self.state().get("node") or {}), "state": "failed"})
+            if isinstance(e, NodeError):
+                extra = f"\n(and after stopping it: {', '.join(problems)})" if problems else ""
+                raise ClusterError(f"node {name}: {e}{extra}") from e
+            raise
+        self._say(f"node {name} up in {seconds:.1f}s")
+        return node
+
+    def up(
+        self,
+        *,
+        timeout: float = 120.0,
+        with_node: bool = False,
+        node_profile: str = DEFAULT_PROFILE,
+    ) -> float:
         """Build what is missing, start everything, wait until healthy; seconds taken.
+        With `with_node`, also a real node (`start_node`).
 
         On failure everything started is stopped again and ClusterError says which
         component failed, with the tail of its log.
@@ -521,9 +592,13 @@ class Cluster:
         if self.state().get("state") in ("starting", "up"):
             raise ClusterError(f"{self.run_dir} is already {self.state()['state']}")
         started = time.monotonic()
+        progress = self._out if self._out is not None else sys.stderr
         bins = build.ensure_binaries(
-            [*COMPONENTS, "kubectl"], out=self._out if self._out is not None else sys.stderr
+            [*COMPONENTS, "kubectl", *(build.NODE_BINARY_NAMES if with_node else ())],
+            out=progress,
         )
+        if with_node:
+            node_images.ensure_images(out=progress)
         built = time.monotonic() - started
         ports = Ports(*free_ports(5))
         for d in (self.pki_dir, self.logs_dir, self.pids_dir, self.kubeconfigs_dir):
@@ -570,6 +645,16 @@ class Cluster:
             raise
         seconds = time.monotonic() - started
         self._save_state(state="up", up_seconds=round(seconds, 2), build_seconds=round(built, 2))
+        if with_node:
+            try:
+                self.start_node(profile=node_profile)
+            except BaseException:
+                with contextlib.suppress(ClusterError):
+                    self.down()
+                self._save_state(state="failed")
+                raise
+            seconds = time.monotonic() - started
+            self._save_state(up_seconds=round(seconds, 2))
         return seconds
 
     def _default_sa_exists(self) -> tuple[bool, str]:
@@ -591,16 +676,16 @@ class Cluster:
         """Stop every process of this run (reverse start order, SIGTERM then SIGKILL),
         check that none is left, remove pid files and etcd data. Idempotent."""
         leftovers = []
+        node = self.node
+        if node is not None:
+            # First, while the API server still answers: kubelet, plugin, Pods,
+            # containerd, mounts, cgroups.
+            leftovers += node.down(grace=grace)
         for proc in reversed(self._known_procs()):
             if not procs.stop(proc, grace=grace):
                 leftovers.append(f"{proc.name} (pid {proc.pid})")
         # Anything else still naming our run dir was started by us too.
-        for pid in _strays(self.bin("etcd").parent, self.run_dir):
-            start = procs.start_time(pid)
-            if start is not None and not procs.stop(
-                procs.Proc(f"pid {pid}", pid, start), grace=grace
-            ):
-                leftovers.append(f"pid {pid}")
+        leftovers += stop_strays(self.bin("etcd").parent, self.run_dir, grace=grace)
         if leftovers:
             raise ClusterError(f"still running after down: {', '.join(leftovers)}")
         self._procs.clear()
@@ -621,6 +706,10 @@ class Cluster:
             components.append(
                 ComponentStatus(name, proc.pid if proc else None, alive, healthy, detail)
             )
+        node = self.node
+        if node is not None and (state.get("node") or {}).get("state") != "down":
+            for name, pid, alive, healthy, detail in node.status():
+                components.append(ComponentStatus(name, pid, alive, healthy, detail))
         return ClusterStatus(
             run_dir=self.run_dir,
             state=str(state.get("state", "unknown")),

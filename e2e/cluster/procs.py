@@ -80,7 +80,7 @@ def read_pid_file(path: Path) -> Proc | None:
         return None
 
 
-def _die_with_parent() -> None:
+def kill_on_parent_death() -> None:
     # Runs in the child between fork and exec: if the Python process that started the
     # cluster is killed (even with SIGKILL), the kernel kills the component too.
     libc = ctypes.CDLL(None, use_errno=True)
@@ -102,7 +102,7 @@ def spawn(
     with open(log, "ab") as out:
         out.write(f"# {' '.join(argv)}\n".encode())
         out.flush()
-        preexec: Callable[[], None] | None = _die_with_parent if die_with_parent else None
+        preexec: Callable[[], None] | None = kill_on_parent_death if die_with_parent else None
         child = subprocess.Popen(
             list(argv),
             stdin=subprocess.DEVNULL,

@@ -1,0 +1,73 @@
+{{/* Names: every object is named after the release (<release>-drasil, or the release
+name alone when it already says drasil), so two releases never collide. */}}
+{{- define "drasil.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "drasil.pluginName" -}}
+{{- printf "%s-kubelet-plugin" (include "drasil.fullname" .) -}}
+{{- end -}}
+
+{{- define "drasil.controllerName" -}}
+{{- printf "%s-controller" (include "drasil.fullname" .) -}}
+{{- end -}}
+
+{{- define "drasil.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* Selector labels of one component (kubelet-plugin or controller). */}}
+{{- define "drasil.selectorLabels" -}}
+app.kubernetes.io/name: {{ .root.Chart.Name }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "drasil.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+
+{{- define "drasil.pluginServiceAccount" -}}
+{{- include "drasil.pluginName" . -}}
+{{- end -}}
+
+{{- define "drasil.controllerServiceAccount" -}}
+{{- include "drasil.controllerName" . -}}
+{{- end -}}
+
+{{/* The user name the API server gives a service account's tokens. */}}
+{{- define "drasil.pluginUser" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "drasil.pluginServiceAccount" .) -}}
+{{- end -}}
+
+{{- define "drasil.controllerUser" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "drasil.controllerServiceAccount" .) -}}
+{{- end -}}
+
+{{/* The kubelet plugin talks to the API server only in DRA mode. */}}
+{{- define "drasil.pluginNeedsApi" -}}
+{{- if eq .Values.mode "dra" -}}true{{- end -}}
+{{- end -}}
+
+{{/* The nvml backend needs the devices; the simulated one needs nothing of the host's. */}}
+{{- define "drasil.pluginPrivileged" -}}
+{{- if and (eq .Values.backend "nvml") .Values.nvml.privileged -}}true{{- end -}}
+{{- end -}}
+
+{{/* Overrides of the in-cluster API server address (apiServer.host/port). */}}
+{{- define "drasil.apiServerEnv" -}}
+{{- if .Values.apiServer.host }}
+- name: KUBERNETES_SERVICE_HOST
+  value: {{ .Values.apiServer.host | quote }}
+- name: KUBERNETES_SERVICE_PORT
+  value: {{ .Values.apiServer.port | quote }}
+{{- end }}
+{{- end -}}

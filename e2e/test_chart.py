@@ -1,0 +1,690 @@
+"""The Helm chart (charts/drasil): lint, template, schema, and a server-side dry-run of
+everything it renders against the real API server.
+
+Rendered with the default values and with each values file in charts/drasil/ci/
+(non-default-values.yaml changes every value the chart lets change; device-plugin-values.yaml
+is the no-DRA mode with the nvml backend). The DaemonSet's command line is parsed by the
+kubelet plugin's own option parser, so a flag the plugin does not know fails here, not on
+a node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import os
+import subprocess
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+from drasil.kubeletplugin.options import parse_options
+from e2e import build, versions
+from e2e.kube import Kube
+
+REPO = Path(__file__).resolve().parent.parent
+CHART = REPO / "charts" / "drasil"
+# One file, whatever its name (issue 5 regenerates it from the API types).
+(CRD,) = sorted((CHART / "crds").glob("*.yaml"))
+VALUES_FILES: dict[str, Path | None] = {
+    "default": None,
+    **{p.stem: p for p in sorted((CHART / "ci").glob("*.yaml"))},
+}
+RELEASE = "drasil"
+# Kinds the local cluster does not serve; rendered objects of these kinds are checked
+# structurally instead of by the API server (no Prometheus operator runs here).
+NOT_SERVED_HERE = {"monitoring.coreos.com/v1/ServiceMonitor"}
+
+
+# ---- helpers (also used by e2e/test_policy.py) -----------------------------------------
+
+
+@functools.cache
+def helm_binary() -> Path:
+    return build.ensure_binaries(["helm"])["helm"]
+
+
+@functools.cache
+def _helm_home() -> Path:
+    # helm keeps repositories, plugins and caches under these; a test must not read or
+    # change the developer's own.
+    home = Path(os.environ.get("TMPDIR", "/tmp")) / f"drasil-e2e-helm-{os.getuid()}"
+    home.mkdir(parents=True, exist_ok=True)
+    return home
+
+
+def helm(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run the pinned helm. It never sees KUBECONFIG: nothing here talks to a cluster."""
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG" and not k.startswith("HELM_")}
+    home = _helm_home()
+    env |= {
+        "HELM_CACHE_HOME": str(home / "cache"),
+        "HELM_CONFIG_HOME": str(home / "config"),
+        "HELM_DATA_HOME": str(home / "data"),
+        "KUBECONFIG": str(home / "no-cluster.kubeconfig"),
+    }
+    result = subprocess.run(
+        [str(helm_binary()), *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"helm {' '.join(args)} failed ({result.returncode}):\n{result.stderr}{result.stdout}"
+        )
+    return result
+
+
+def values_args(values_file: Path | None, sets: Iterable[str] = ()) -> list[str]:
+    args = ["-f", str(values_file)] if values_file is not None else []
+    for s in sets:
+        args += ["--set", s]
+    return args
+
+
+def render(
+    *,
+    namespace: str,
+    values_file: Path | None = None,
+    sets: Iterable[str] = (),
+    release: str = RELEASE,
+    include_crds: bool = False,
+) -> list[dict[str, Any]]:
+    """`helm template` as a list of objects."""
+    kube_version = versions.KUBERNETES.lstrip("v")
+    args = [
+        "template",
+        release,
+        str(CHART),
+        f"--namespace={namespace}",
+        f"--kube-version={kube_version}",
+        *values_args(values_file, sets),
+    ]
+    if include_crds:
+        args.append("--include-crds")
+    out = helm(*args).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def kubectl_run(
+    kubeconfig: Path, *args: str, stdin: str | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    binary = build.ensure_binaries(["kubectl"])["kubectl"]
+    result = subprocess.run(
+        [str(binary), f"--kubeconfig={kubeconfig}", *args],
+        input=stdin,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"kubectl {' '.join(args)} failed ({result.returncode}):\n"
+            f"{result.stderr}{result.stdout}"
+        )
+    return result
+
+
+def dump(objs: Iterable[dict[str, Any]]) -> str:
+    return yaml.safe_dump_all(list(objs), sort_keys=False)
+
+
+def gvk(obj: dict[str, Any]) -> str:
+    return f"{obj['apiVersion']}/{obj['kind']}"
+
+
+def by_kind(objs: Iterable[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def one(objs: Iterable[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = by_kind(objs, kind)
+    assert len(found) == 1, f"expected one {kind}, rendered {len(found)}"
+    return found[0]
+
+
+def load_values(values_file: Path | None) -> dict[str, Any]:
+    """The chart's defaults overlaid with a values file, as helm merges them."""
+
+    def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+        out = dict(base)
+        for key, value in over.items():
+            if isinstance(value, dict) and isinstance(out.get(key), dict):
+                out[key] = merge(out[key], value)
+            else:
+                out[key] = value
+        return out
+
+    values: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())
+    if values_file is not None:
+        values = merge(values, yaml.safe_load(values_file.read_text()) or {})
+    return values
+
+
+VALUES_PARAMS = [pytest.param(path, id=name) for name, path in VALUES_FILES.items()]
+
+
+# ---- lint and template -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values_file", VALUES_PARAMS)
+def test_helm_lint_strict(values_file: Path | None) -> None:
+    result = helm("lint", "--strict", str(CHART), *values_args(values_file))
+    assert "0 chart(s) failed" in result.stdout, result.stdout
+    assert "[ERROR]" not in result.stdout, result.stdout
+    assert "[WARNING]" not in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("values_file", VALUES_PARAMS)
+def test_template_renders_both_daemons_as_documented(values_file: Path | None) -> None:
+    values = load_values(values_file)
+    objs = render(namespace="drasil-system", values_file=values_file)
+    kinds = sorted(gvk(o) for o in objs)
+    dra = values["mode"] == "dra"
+    controller = values["controller"]["enabled"]
+    expected = ["apps/v1/DaemonSet", "v1/Service", "v1/ServiceAccount"]
+    if dra:
+        expected += ["rbac.authorization.k8s.io/v1/ClusterRole"]
+        expected += ["rbac.authorization.k8s.io/v1/ClusterRoleBinding"]
+    if controller:
+        expected += [
+            "apps/v1/Deployment",
+            "rbac.authorization.k8s.io/v1/ClusterRole",
+            "rbac.authorization.k8s.io/v1/ClusterRoleBinding",
+            "v1/Service",
+            "v1/ServiceAccount",
+        ]
+        if values["controller"]["leaderElect"]:
+            expected += ["rbac.authorization.k8s.io/v1/Role"]
+            expected += ["rbac.authorization.k8s.io/v1/RoleBinding"]
+    if values["deviceClasses"]["create"]:
+        expected += ["resource.k8s.io/v1/DeviceClass"] * 2
+    if values["validatingAdmissionPolicy"]["enabled"]:
+        policies = int(dra) + int(controller)
+        expected += ["admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"] * policies
+        expected += ["admissionregistration.k8s.io/v1/ValidatingAdmissionPolicyBinding"] * policies
+    if values["serviceMonitor"]["enabled"]:
+        expected += ["monitoring.coreos.com/v1/ServiceMonitor"]
+    assert kinds == sorted(expected)
+    for obj in objs:
+        if obj["kind"] not in ("ClusterRole", "ClusterRoleBinding", "DeviceClass") and not obj[
+            "kind"
+        ].startswith("ValidatingAdmissionPolicy"):
+            assert obj["metadata"]["namespace"] == "drasil-system", obj["metadata"]
+
+
+def _plain_env(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+
+
+def _api_server_env(values: dict[str, Any]) -> dict[str, str]:
+    """apiServer.host/port become the variables in-cluster clients read."""
+    api = values["apiServer"]
+    if not api["host"]:
+        return {}
+    return {"KUBERNETES_SERVICE_HOST": api["host"], "KUBERNETES_SERVICE_PORT": str(api["port"])}
+
+
+def _plugin_container(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    ds = one(objs, "DaemonSet")
+    (container,) = ds["spec"]["template"]["spec"]["containers"]
+    return dict(container)
+
+
+@pytest.mark.parametrize("values_file", VALUES_PARAMS)
+def test_daemonset_rolls_one_node_at_a_time_with_host_dirs_and_probes(
+    values_file: Path | None,
+) -> None:
+    values = load_values(values_file)
+    plugin = values["kubeletPlugin"]
+    objs = render(namespace="drasil-system", values_file=values_file)
+    ds = one(objs, "DaemonSet")
+    spec = ds["spec"]["template"]["spec"]
+    per_pod = plugin["podUidInSocketNames"]
+    surge = per_pod and not plugin["hostNetwork"]  # no two Pods on one host port
+    assert ds["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}
+        if surge
+        else {"maxSurge": 0, "maxUnavailable": 1},
+    }
+    assert spec["priorityClassName"] == plugin["priorityClassName"]
+    assert spec["nodeSelector"]["kubernetes.io/os"] == "linux"
+    assert spec["automountServiceAccountToken"] is (values["mode"] == "dra")
+    container = _plugin_container(objs)
+    assert container["command"] == ["drasil-kubelet-plugin"]
+    env = {
+        e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+        for e in container["env"]
+    }
+    assert env["NODE_NAME"] == "spec.nodeName"
+    assert env.get("POD_UID") == ("metadata.uid" if per_pod else None)
+    plain = _plain_env(container)
+    api_env = _api_server_env(values) if values["mode"] == "dra" else {}
+    assert {k: v for k, v in plain.items() if k.startswith("KUBERNETES_")} == api_env
+    assert spec.get("hostNetwork", False) is plugin["hostNetwork"]
+
+    # Host dirs are mounted at their own path: kubelet dials the registered socket paths.
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    host = {
+        name: (volumes[name]["hostPath"]["path"], mounts[name]["mountPath"])
+        for name in volumes
+        if "hostPath" in volumes[name] and name != "driver-root"
+    }
+    state_dir = f"{plugin['pluginsDir'].rstrip('/')}/{values['driverName']}"
+    expected = {"state-dir": state_dir, "cdi-root": plugin["cdiRoot"]}
+    if values["mode"] == "dra":
+        expected["registrar-dir"] = plugin["registrarDir"]
+    else:
+        expected["device-plugins-dir"] = plugin["devicePluginsDir"]
+    assert host == {name: (path, path) for name, path in expected.items()}
+
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"metrics": plugin["metricsPort"], "health": plugin["healthPort"]}
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        get = container[probe]["httpGet"]
+        assert get["port"] == "health", probe
+        assert get["path"] in ("/healthz", "/readyz"), probe
+
+    security = container["securityContext"]
+    if values["backend"] == "nvml" and values["nvml"]["privileged"]:
+        assert security["privileged"] is True
+    else:
+        assert security["privileged"] is False
+        assert security["allowPrivilegeEscalation"] is False
+        assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["runAsUser"] == 0  # root-owned kubelet dirs; see docs/helm.md
+    assert security["readOnlyRootFilesystem"] is True
+
+
+@pytest.mark.parametrize("values_file", VALUES_PARAMS)
+def test_daemonset_command_line_is_accepted_by_the_plugin(values_file: Path | None) -> None:
+    """The flags the chart passes are the plugin's own (kubeletplugin/options.py), and
+    they say what the values say."""
+    values = load_values(values_file)
+    plugin = values["kubeletPlugin"]
+    container = _plugin_container(render(namespace="ns", values_file=values_file))
+    downward = {"spec.nodeName": "node-1", "metadata.uid": "uid-1"}
+    env = {
+        e["name"]: downward[e["valueFrom"]["fieldRef"]["fieldPath"]]
+        for e in container["env"]
+        if "valueFrom" in e
+    }
+    opts = parse_options(container["args"], env=env)
+    assert opts.node_name == "node-1"
+    assert opts.pod_uid == ("uid-1" if plugin["podUidInSocketNames"] else None)
+    assert opts.driver_name == values["driverName"]
+    assert opts.mode == values["mode"]
+    assert opts.backend == values["backend"]
+    if values["backend"] == "simulated":
+        assert opts.simulated_profile == values["simulatedProfile"]
+    assert str(opts.plugins_dir) == plugin["pluginsDir"]
+    assert str(opts.cdi_root) == plugin["cdiRoot"]
+    assert opts.log_format == values["logFormat"]
+    assert opts.verbosity == values["verbosity"]
+    assert opts.metrics_addr == f":{plugin['metricsPort']}"
+    assert opts.health_addr == f":{plugin['healthPort']}"
+    if values["mode"] == "dra":
+        assert str(opts.registrar_dir) == plugin["registrarDir"]
+    else:
+        assert str(opts.device_plugins_dir) == plugin["devicePluginsDir"]
+        assert opts.resource_name == plugin["devicePlugin"]["resourceName"]
+        assert opts.time_slicing_replicas == plugin["devicePlugin"]["timeSlicingReplicas"]
+        assert opts.mig_strategy == plugin["devicePlugin"]["migStrategy"]
+
+
+@pytest.mark.parametrize("values_file", VALUES_PARAMS)
+def test_controller_runs_non_root_read_only_with_leader_election(
+    values_file: Path | None,
+) -> None:
+    values = load_values(values_file)
+    objs = render(namespace="drasil-system", values_file=values_file)
+    if not values["controller"]["enabled"]:
+        assert not by_kind(objs, "Deployment")
+        return
+    deployment = one(objs, "Deployment")
+    assert deployment["spec"]["replicas"] == values["controller"]["replicas"]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    (container,) = pod["containers"]
+    assert container["command"] == ["drasil-controller"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    # The flags are the controller's own (controller/options.py) and say what the values say.
+    from drasil.controller.options import parse_options as controller_options
+
+    env = {"POD_NAMESPACE": "drasil-system", "POD_NAME": "controller-0"}
+    opts = controller_options(container["args"], env=env)
+    ctl = values["controller"]
+    assert opts.driver_name == values["driverName"]
+    assert opts.explain_after == ctl["explainAfterSeconds"]
+    assert opts.metrics_addr == f":{ctl['metricsPort']}"
+    assert opts.health_addr == f":{ctl['healthPort']}"
+    assert opts.log_format == values["logFormat"]
+    assert opts.verbosity == values["verbosity"]
+    assert opts.leader.enabled is ctl["leaderElect"]
+    if ctl["leaderElect"]:
+        # The Role grants get/update on exactly this Lease.
+        role = one(objs, "Role")
+        (named,) = [r for r in role["rules"] if r.get("resourceNames")]
+        assert named["resourceNames"] == [opts.leader.name]
+        assert opts.leader.namespace == "drasil-system"
+        assert opts.leader.identity == "controller-0"
+    env_from = {
+        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+        for e in container["env"]
+        if "valueFrom" in e
+    }
+    assert env_from == {"POD_NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name"}
+    assert _plain_env(container) == _api_server_env(values)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"metrics": ctl["metricsPort"], "health": ctl["healthPort"]}
+    assert pod.get("hostNetwork", False) is ctl["hostNetwork"]
+    if ctl["hostNetwork"]:
+        assert deployment["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0
+    # The plugin and the controller must not share a ServiceAccount.
+    plugin_sa = one(objs, "DaemonSet")["spec"]["template"]["spec"]["serviceAccountName"]
+    assert pod["serviceAccountName"] != plugin_sa
+
+
+def test_device_classes_select_our_driver_and_type() -> None:
+    objs = render(namespace="ns", sets=["driverName=gpu.example.com"])
+    classes = {o["metadata"]["name"]: o["spec"] for o in by_kind(objs, "DeviceClass")}
+    assert classes == {
+        "gpu.drasil.dev": {
+            "selectors": [
+                {
+                    "cel": {
+                        "expression": 'device.driver == "gpu.example.com" && '
+                        'device.attributes["gpu.example.com"].type == "gpu"'
+                    }
+                }
+            ],
+            "extendedResourceName": "drasil.dev/gpu",
+        },
+        "mig.drasil.dev": {
+            "selectors": [
+                {
+                    "cel": {
+                        "expression": 'device.driver == "gpu.example.com" && '
+                        'device.attributes["gpu.example.com"].type == "mig"'
+                    }
+                }
+            ]
+        },
+    }
+    without = render(namespace="ns", sets=["deviceClasses.extendedResourceName="])
+    assert all("extendedResourceName" not in o["spec"] for o in by_kind(without, "DeviceClass"))
+
+
+# ---- values.schema.json ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sets", "expected"),
+    [
+        pytest.param(
+            ["nosuchvalue=1"], ["additional properties 'nosuchvalue' not allowed"], id="unknown-top"
+        ),
+        pytest.param(
+            ["kubeletPlugin.registrarDIR=/x"],
+            ["/kubeletPlugin", "additional properties 'registrarDIR' not allowed"],
+            id="unknown-nested-typo",
+        ),
+        pytest.param(["backend=cuda"], ["/backend", "'nvml', 'simulated'"], id="bad-enum-backend"),
+        pytest.param(["mode=dp"], ["/mode", "'dra', 'device-plugin'"], id="bad-enum-mode"),
+        pytest.param(["logFormat=xml"], ["/logFormat", "'json', 'text'"], id="bad-enum-log"),
+        pytest.param(
+            ["driverName=GPU_Driver"],
+            ["/driverName", "does not match pattern"],
+            id="bad-driver-name",
+        ),
+        pytest.param(
+            ["kubeletPlugin.cdiRoot=var/run/cdi"], ["/kubeletPlugin/cdiRoot"], id="relative-path"
+        ),
+        pytest.param(
+            ["kubeletPlugin.metricsPort=70000"], ["/kubeletPlugin/metricsPort"], id="bad-port"
+        ),
+        pytest.param(
+            ["controller.replicas=2", "controller.leaderElect=false"],
+            ["/controller/leaderElect", "must be true"],
+            id="replicas-without-leader-election",
+        ),
+    ],
+)
+def test_values_schema_rejects_with_a_clear_message(sets: list[str], expected: list[str]) -> None:
+    result = helm("template", RELEASE, str(CHART), *values_args(None, sets), check=False)
+    assert result.returncode != 0, f"--set {sets} was accepted"
+    assert "values don't meet the specifications of the schema" in result.stderr, result.stderr
+    for text in expected:
+        assert text in result.stderr, result.stderr
+
+
+def test_socket_paths_too_long_for_unix_sockets_are_refused_at_install() -> None:
+    """With the Pod UID in the socket names, the default kubelet paths leave room for a
+    driver name of 17 characters; one more would make the plugin fail on every node."""
+    helm("template", RELEASE, str(CHART), "--set", "driverName=gpu.abcdefghi.com")
+    result = helm(
+        "template", RELEASE, str(CHART), "--set", "driverName=gpu.abcdefghij.com", check=False
+    )
+    assert result.returncode != 0
+    assert "over the 97 a unix socket allows" in result.stderr, result.stderr
+    assert "kubeletPlugin.podUidInSocketNames=false" in result.stderr
+    helm(
+        "template",
+        RELEASE,
+        str(CHART),
+        "--set",
+        "driverName=gpu.abcdefghij.com",
+        "--set",
+        "kubeletPlugin.podUidInSocketNames=false",
+    )
+
+
+def _readme_module() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "values_readme", CHART / "hack" / "values_readme.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_chart_readme_lists_every_value_with_its_default() -> None:
+    readme = _readme_module()
+    expected = readme.render()
+    assert (CHART / "README.md").read_text() == expected, (
+        "charts/drasil/README.md is stale: run .venv/bin/python charts/drasil/hack/values_readme.py"
+    )
+    # Every leaf of values.yaml has a row (render() also refuses schema/values drift).
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def leaves(node: Any, prefix: str = "") -> Iterator[str]:
+        for key, value in node.items():
+            path = f"{prefix}.{key}" if prefix else key
+            if (
+                isinstance(value, dict)
+                and value
+                and path.split(".")[-1]
+                not in (
+                    "resources",
+                    "nodeSelector",
+                    "affinity",
+                    "podAnnotations",
+                    "labels",
+                )
+            ):
+                yield from leaves(value, path)
+            else:
+                yield path
+
+    for path in leaves(values):
+        assert f"| `{path}` |" in expected, f"{path} has no row in README.md"
+
+
+# ---- server-side dry-run against the real API server ----------------------------------
+
+
+@contextlib.contextmanager
+def crd_installed(kube: Kube, kubeconfig: Path) -> Iterator[dict[str, Any]]:
+    """The chart's CRD applied for real (DevicePools need it served); removed afterwards
+    unless it was there before."""
+    crds = kube.resource("apiextensions.k8s.io/v1", "CustomResourceDefinition")
+    try:
+        crds.get(name="devicepools.drasil.dev")
+        existed = True
+    except ApiException as e:
+        if e.status != 404:
+            raise
+        existed = False
+    kubectl_run(kubeconfig, "apply", "--server-side", "-f", str(CRD))
+    kubectl_run(
+        kubeconfig,
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/devicepools.drasil.dev",
+    )
+    try:
+        yield yaml.safe_load(CRD.read_text())
+    finally:
+        if not existed:
+            kubectl_run(kubeconfig, "delete", "--ignore-not-found", "-f", str(CRD))
+
+
+@pytest.fixture
+def devicepool_crd(kube: Kube, kubeconfig: Path) -> Iterator[dict[str, Any]]:
+    with crd_installed(kube, kubeconfig) as crd:
+        yield crd
+
+
+def _served(kube: Kube, obj: dict[str, Any]) -> bool:
+    try:
+        kube.resource(obj["apiVersion"], obj["kind"])
+    except Exception:  # ResourceNotFoundError: the API server does not serve the kind
+        return False
+    return True
+
+
+@pytest.mark.parametrize("values_file", VALUES_PARAMS)
+def test_every_rendered_object_passes_a_server_side_dry_run(
+    values_file: Path | None,
+    kube: Kube,
+    kubeconfig: Path,
+    namespace: str,
+    devicepool_crd: dict[str, Any],
+) -> None:
+    objs = render(namespace=namespace, values_file=values_file, include_crds=True)
+    crds = by_kind(objs, "CustomResourceDefinition")
+    assert [c["metadata"]["name"] for c in crds] == ["devicepools.drasil.dev"]
+    assert crds[0]["spec"] == devicepool_crd["spec"]
+    rest = [o for o in objs if o["kind"] != "CustomResourceDefinition"]
+    unserved = [o for o in rest if not _served(kube, o)]
+    assert {gvk(o) for o in unserved} <= NOT_SERVED_HERE, [gvk(o) for o in unserved]
+    served = [o for o in rest if o not in unserved]
+    result = kubectl_run(
+        kubeconfig,
+        "apply",
+        "--dry-run=server",
+        "--validate=strict",
+        "--server-side",
+        "--field-manager=drasil-e2e",
+        "-f",
+        "-",
+        stdin=dump(served),
+    )
+    applied = [line for line in result.stdout.splitlines() if "(server dry run)" in line]
+    assert len(applied) == len(served), result.stdout
+    assert "Warning" not in result.stderr, result.stderr  # e.g. deprecated or unknown fields
+    for monitor in unserved:
+        _check_service_monitor(monitor, objs)
+
+
+def _check_service_monitor(monitor: dict[str, Any], objs: list[dict[str, Any]]) -> None:
+    """What the API server would not check here: the monitor selects both metrics
+    Services of the release by label and scrapes their named metrics port."""
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    services = [
+        s for s in by_kind(objs, "Service") if selector.items() <= s["metadata"]["labels"].items()
+    ]
+    assert len(services) == len(by_kind(objs, "Service")) >= 1
+    (endpoint,) = monitor["spec"]["endpoints"]
+    for service in services:
+        assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert monitor["spec"]["namespaceSelector"]["matchNames"] == [monitor["metadata"]["namespace"]]
+
+
+def test_devicepool_crd_is_generated_from_the_api_types() -> None:
+    from drasil.api.devicepool import crd_yaml
+
+    assert CRD.read_text() == crd_yaml(), (
+        f"{CRD.relative_to(REPO)} is stale: run .venv/bin/python -m drasil.api.devicepool crd "
+        f"> {CRD.relative_to(REPO)}"
+    )
+
+
+def test_devicepool_crd_accepts_the_documented_example(
+    kube: Kube, kubeconfig: Path, devicepool_crd: dict[str, Any]
+) -> None:
+    """The DevicePool example of docs and issue 5 passes the served CRD (dry-run)."""
+    pools = kube.resource("drasil.dev/v1alpha1", "DevicePool")
+    pool: dict[str, Any] = {
+        "apiVersion": "drasil.dev/v1alpha1",
+        "kind": "DevicePool",
+        "metadata": {"name": "rack-a"},
+        "spec": {
+            "driver": "gpu.drasil.dev",
+            "nodeSelector": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "rack", "operator": "In", "values": ["a"]}]}
+                ]
+            },
+            "devices": [
+                {
+                    "name": "remote-0",
+                    "attributes": {
+                        "type": {"string": "remote-gpu"},
+                        "productName": {"string": "NVIDIA L4"},
+                    },
+                    "capacity": {"memory": {"value": "24Gi"}},
+                }
+            ],
+        },
+    }
+    created = pools.create(body=pool, dry_run="All").to_dict()
+    assert created["spec"]["devices"] == pool["spec"]["devices"]  # nothing pruned
+
+
+def _notes(*sets: str) -> str:
+    result = helm(
+        "install",
+        RELEASE,
+        str(CHART),
+        "--dry-run=client",
+        "--namespace=drasil",
+        *values_args(None, sets),
+    )
+    return result.stdout.split("NOTES:", 1)[1]
+
+
+def test_notes_tell_how_to_see_the_driver_work() -> None:
+    notes = _notes("backend=simulated")
+    assert "kubectl get resourceslices --field-selector spec.driver=gpu.drasil.dev" in notes
+    assert "deviceClassName: gpu.drasil.dev" in notes
+    assert "{drasil.dev/gpu: 1}" in notes
+    assert "privileged" not in notes
+    assert "runs the plugin privileged" in _notes("backend=nvml")
+    assert "WARNING" in _notes("validatingAdmissionPolicy.enabled=false")

@@ -1,0 +1,375 @@
+"""The chart installed for real: `helm install` into the local cluster with its real node
+(containerd, kubelet), the kubelet plugin running as the chart's DaemonSet Pod from the
+locally built image (e2e.image, imported with `ctr`); a workload Pod gets a GPU;
+`helm upgrade` rolls the DaemonSet while the workload keeps running; `helm uninstall`
+removes everything it made.
+
+The node's own plugin (e2e.cluster.node, driver gpu.drasil.dev) keeps running for the
+other node tests; the chart installs a second driver beside it, gpu.install.drasil.dev,
+with its own DeviceClass made here (the node tests own gpu.drasil.dev). Settings the
+local cluster needs, all ordinary chart values:
+
+- `apiServer.host/port` and `kubeletPlugin.hostNetwork`: the API server listens on
+  127.0.0.1 only and there is no kube-proxy, so a Pod reaches it only from the host's
+  network namespace, at its own address;
+- `kubeletPlugin.podUidInSocketNames: false`: the node's kubelet root dir
+  (/var/lib/drasil-e2e/<run id>) leaves no room in a unix socket path for a Pod UID;
+- the node's registrar, plugins and CDI directories; `image.pullPolicy: Never`;
+- the controller with `hostNetwork` too, and one replica (two would share the node's
+  ports); leader election still runs, on the release's Lease.
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+from e2e import versions
+from e2e.cluster.node import Node
+from e2e.image import LocalImage, build_image, import_image
+from e2e.kube import Kube, NotYet, gone, wait_for
+from e2e.test_chart import CHART, helm
+
+DRIVER = "gpu.install.drasil.dev"
+CLASS = "install.drasil.dev"
+RESOURCE = "resource.k8s.io/v1"
+PROFILE = "l4:2"
+COMMAND = "env | sort; trap 'exit 0' TERM; sleep 3600 & wait"
+TIMEOUT = 180
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@pytest.fixture(scope="module")
+def local_image(node: Node) -> LocalImage:
+    image = build_image()
+    import_image(image, ctr=node.bin("ctr"), address=node.containerd_socket)
+    return image
+
+
+@pytest.fixture
+def device_class(kube: Kube) -> Iterator[str]:
+    selector = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "gpu"'
+    kube.delete(RESOURCE, "DeviceClass", CLASS)
+    kube.create(
+        {
+            "apiVersion": RESOURCE,
+            "kind": "DeviceClass",
+            "metadata": {"name": CLASS},
+            "spec": {"selectors": [{"cel": {"expression": selector}}]},
+        }
+    )
+    yield CLASS
+    kube.delete(RESOURCE, "DeviceClass", CLASS)
+
+
+@pytest.fixture
+def crd_restored(kube: Kube) -> Iterator[None]:
+    """helm installs the CRD from crds/ and never removes it: put things back."""
+    crds = kube.resource("apiextensions.k8s.io/v1", "CustomResourceDefinition")
+    try:
+        crds.get(name="devicepools.drasil.dev")
+        existed = True
+    except ApiException as e:
+        if e.status != 404:
+            raise
+        existed = False
+    yield
+    if not existed:
+        kube.delete("apiextensions.k8s.io/v1", "CustomResourceDefinition", "devicepools.drasil.dev")
+
+
+def _values(node: Node, image: LocalImage, kubeconfig: Path) -> tuple[dict[str, Any], int]:
+    server = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+    host, port = server.removeprefix("https://").rsplit(":", 1)
+    metrics_port, health_port, controller_metrics, controller_health = _free_ports(4)
+    values = {
+        "driverName": DRIVER,
+        "backend": "simulated",
+        "simulatedProfile": PROFILE,
+        "logFormat": "text",
+        "apiServer": {"host": host, "port": int(port)},
+        "image": {"repository": image.repository, "tag": image.tag, "pullPolicy": "Never"},
+        "kubeletPlugin": {
+            "registrarDir": str(node.registrar_dir),
+            "pluginsDir": str(node.plugins_dir),
+            "cdiRoot": str(node.cdi_dir),
+            "hostNetwork": True,
+            "podUidInSocketNames": False,
+            "metricsPort": metrics_port,
+            "healthPort": health_port,
+            "nodeSelector": {"kubernetes.io/hostname": node.name},
+        },
+        "controller": {
+            "enabled": True,
+            "replicas": 1,
+            "hostNetwork": True,
+            "metricsPort": controller_metrics,
+            "healthPort": controller_health,
+            "explainAfterSeconds": 2,
+            "nodeSelector": {"kubernetes.io/hostname": node.name},
+        },
+        "deviceClasses": {"create": False},
+    }
+    return values, health_port
+
+
+def _helm(kubeconfig: Path, *args: str) -> str:
+    return helm(f"--kubeconfig={kubeconfig}", *args, timeout=TIMEOUT + 60).stdout
+
+
+def _plugin_pods(kube: Kube, namespace: str, release: str) -> list[Any]:
+    selector = f"app.kubernetes.io/instance={release},app.kubernetes.io/component=kubelet-plugin"
+    return list(kube.core.list_namespaced_pod(namespace, label_selector=selector).items)
+
+
+def _ready(pod: Any) -> bool:
+    conditions = pod.status.conditions or []
+    return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+
+def _health(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+        return str(r.read().decode())
+
+
+def _published(kube: Kube, node: Node) -> Any:
+    items = (
+        kube.resource(RESOURCE, "ResourceSlice")
+        .get(field_selector=f"spec.driver={DRIVER},spec.nodeName={node.name}")
+        .items
+    )
+    devices = [d["name"] for s in items for d in s.spec.devices or []]
+    return len(devices) == 2 or NotYet({"devices": devices})
+
+
+def _workload(kube: Kube, namespace: str, node: Node) -> str:
+    name = f"w-{secrets.token_hex(3)}"
+    kube.create(
+        {
+            "apiVersion": RESOURCE,
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": CLASS}}]
+                    }
+                }
+            },
+        },
+        namespace,
+    )
+    kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": node.name},
+                "terminationGracePeriodSeconds": 5,
+                "automountServiceAccountToken": False,
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": versions.TEST_IMAGE,
+                        "imagePullPolicy": "Never",
+                        "command": ["sh", "-c", COMMAND],
+                        "resources": {"claims": [{"name": "gpu"}]},
+                    }
+                ],
+            },
+        },
+        namespace,
+    )
+    return name
+
+
+def _running_with_gpu(kube: Kube, namespace: str, name: str) -> str:
+    def running() -> Any:
+        pod = kube.core.read_namespaced_pod(name, namespace)
+        if pod.status.phase != "Running":
+            return NotYet({"phase": pod.status.phase, "conditions": str(pod.status.conditions)})
+        log = kube.core.read_namespaced_pod_log(name, namespace)
+        return ("DRASIL_VISIBLE_DEVICES=" in log and log) or NotYet(log)
+
+    log: str = wait_for(running, timeout=TIMEOUT, what=f"Pod {name} to run with its GPU")
+    assert f"DRASIL_CLAIM_NAMESPACE={namespace}" in log
+    return next(line for line in log.splitlines() if line.startswith("DRASIL_VISIBLE_DEVICES="))
+
+
+def _delete_pod(kube: Kube, namespace: str, name: str) -> None:
+    kube.core.delete_namespaced_pod(name, namespace)
+    wait_for(
+        lambda: gone(kube, "v1", "Pod", name, namespace),
+        timeout=TIMEOUT,
+        what=f"Pod {name} to be deleted (its claim unprepared by the chart's plugin)",
+    )
+
+
+def _device_pool_published_and_removed(kube: Kube, namespace: str) -> None:
+    name = f"{namespace}-pool"
+    kube.create(
+        {
+            "apiVersion": "drasil.dev/v1alpha1",
+            "kind": "DevicePool",
+            "metadata": {"name": name},
+            "spec": {
+                "allNodes": True,
+                "devices": [
+                    {
+                        "name": "remote-0",
+                        "attributes": {"type": {"string": "remote-gpu"}},
+                        "capacity": {"memory": {"value": "24Gi"}},
+                    }
+                ],
+            },
+        }
+    )
+    slices = kube.resource(RESOURCE, "ResourceSlice")
+    selector = f"drasil.dev/devicepool={name}"
+    try:
+
+        def ready() -> Any:
+            pool = kube.get("drasil.dev/v1alpha1", "DevicePool", name)
+            conditions = (pool.get("status") or {}).get("conditions") or []
+            ok = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+            items = slices.get(label_selector=selector).items
+            return (ok and items) or NotYet({"conditions": conditions, "slices": len(items)})
+
+        (published,) = wait_for(ready, timeout=TIMEOUT, what=f"DevicePool {name} published")
+        assert published.spec.driver == DRIVER
+        assert published.spec.allNodes is True
+    finally:
+        kube.delete("drasil.dev/v1alpha1", "DevicePool", name)
+    wait_for(
+        lambda: not slices.get(label_selector=selector).items or NotYet("slices left"),
+        timeout=TIMEOUT,
+        what=f"the slices of DevicePool {name} to go with it",
+    )
+
+
+def test_install_upgrade_uninstall(
+    kube: Kube,
+    kubeconfig: Path,
+    namespace: str,
+    node: Node,
+    local_image: LocalImage,
+    device_class: str,
+    crd_restored: None,
+    tmp_path: Path,
+) -> None:
+    release = f"inst{secrets.token_hex(2)}"
+    values, health_port = _values(node, local_image, kubeconfig)
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    common = [f"--namespace={namespace}", f"--timeout={TIMEOUT}s", "--wait"]
+
+    # Install: the plugin Pod runs from the local image, registers, publishes.
+    _helm(kubeconfig, "install", release, str(CHART), "-f", str(values_file), *common)
+    (plugin,) = _plugin_pods(kube, namespace, release)
+    assert _ready(plugin)
+    wait_for(lambda: _published(kube, node), timeout=TIMEOUT, what=f"{DRIVER} slices")
+
+    def registered() -> Any:
+        body = _health(health_port)  # "ok (registered)" once kubelet has said so
+        return ("not yet" not in body and "registered" in body) or NotYet(body)
+
+    wait_for(registered, timeout=TIMEOUT, what="kubelet to register the chart's plugin")
+
+    # The controller leads (its Lease) and publishes a DevicePool through the policy
+    # that keeps it to non-node-local slices of its driver.
+    lease_name = f"{release}-drasil-controller"
+    lease = wait_for(
+        lambda: kube.get("coordination.k8s.io/v1", "Lease", lease_name, namespace),
+        timeout=TIMEOUT,
+        what=f"the controller to take the Lease {lease_name}",
+    )
+    assert lease["spec"]["holderIdentity"].startswith(f"{release}-drasil-controller-")
+    _device_pool_published_and_removed(kube, namespace)
+
+    # A workload gets a GPU through the chart's driver.
+    first = _workload(kube, namespace, node)
+    first_gpu = _running_with_gpu(kube, namespace, first)
+    first_uid = kube.core.read_namespaced_pod(first, namespace).metadata.uid
+
+    # Upgrade with a changed value: the DaemonSet rolls, the workload keeps running.
+    _helm(
+        kubeconfig,
+        "upgrade",
+        release,
+        str(CHART),
+        "-f",
+        str(values_file),
+        "--set",
+        "verbosity=2",
+        *common,
+    )
+
+    def rolled() -> Any:
+        pods = _plugin_pods(kube, namespace, release)
+        fresh = [p for p in pods if p.metadata.uid != plugin.metadata.uid]
+        done = len(pods) == 1 and fresh and _ready(fresh[0])
+        return done or NotYet([(p.metadata.name, p.status.phase) for p in pods])
+
+    wait_for(rolled, timeout=TIMEOUT, what="the DaemonSet to roll to the upgraded Pod")
+    (upgraded,) = _plugin_pods(kube, namespace, release)
+    assert "--v=2" in upgraded.spec.containers[0].args
+    still = kube.core.read_namespaced_pod(first, namespace)
+    assert still.metadata.uid == first_uid
+    assert still.status.phase == "Running"
+    assert still.status.container_statuses[0].restart_count == 0
+    second = _workload(kube, namespace, node)
+    second_gpu = _running_with_gpu(kube, namespace, second)
+    assert second_gpu != first_gpu  # two devices, one each
+
+    # Uninstall removes what helm made (workloads first: their claims need the plugin
+    # to be unprepared).
+    for name in (first, second):
+        _delete_pod(kube, namespace, name)
+    made = yaml.safe_load_all(
+        _helm(kubeconfig, "get", "manifest", release, f"--namespace={namespace}")
+    )
+    objects = [o for o in made if o]
+    kinds = {o["kind"] for o in objects}
+    assert kinds >= {"DaemonSet", "Deployment", "ClusterRole", "ValidatingAdmissionPolicy"}
+    _helm(
+        kubeconfig,
+        "uninstall",
+        release,
+        f"--namespace={namespace}",
+        "--wait",
+        f"--timeout={TIMEOUT}s",
+    )
+    for obj in objects:
+        meta = obj["metadata"]
+        wait_for(
+            lambda o=obj, m=meta: gone(
+                kube, o["apiVersion"], o["kind"], m["name"], m.get("namespace")
+            ),
+            timeout=60,
+            what=f"{obj['kind']} {meta['name']} to be removed by helm uninstall",
+        )
+    wait_for(
+        lambda: not _plugin_pods(kube, namespace, release) or NotYet("plugin Pods left"),
+        timeout=60,
+        what="the plugin Pods to go",
+    )
