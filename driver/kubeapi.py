@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from kubernetes import client, config
+from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
 log = logging.getLogger(__name__)
@@ -99,6 +99,20 @@ class KubeApi:
             field_selector=f"spec.driver={driver},spec.pool.name={pool}",
         )
         return list(cast(JsonObject, result).get("items", []))
+
+    def watch_slices(self, *, field_selector: str, timeout_seconds: int) -> Iterator[str]:
+        """Event types (ADDED, MODIFIED, DELETED) of the selected slices, until the
+        server ends the watch after about ``timeout_seconds``."""
+        stream = watch.Watch().stream(  # type: ignore[no-untyped-call]
+            self.custom.list_cluster_custom_object,
+            RESOURCE_GROUP,
+            RESOURCE_VERSION,
+            "resourceslices",
+            field_selector=field_selector,
+            timeout_seconds=timeout_seconds,
+        )
+        for event in stream:
+            yield str(event["type"])
 
     def create_slice(self, obj: Mapping[str, Any]) -> JsonObject:
         return self._write(

@@ -401,3 +401,11 @@ def test_deleted_registration_socket_comes_back(plugin: PluginProcess) -> None:
     assert info.name == DRIVER
     assert info.endpoint == str(plugin.dra_socket)
     assert list(info.supported_versions)[:2] == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+
+
+def test_deleted_slices_are_published_again(kube: Kube, node: str, plugin: PluginProcess) -> None:
+    # kubelet deletes its node's slices every time it starts; a human may too.
+    for obj in wait_published(kube, node):
+        kube.delete(RESOURCE, "ResourceSlice", obj["metadata"]["name"])
+    slices = wait_published(kube, node)
+    assert {s["spec"]["pool"]["name"] for s in slices} == {node}

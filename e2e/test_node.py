@@ -431,12 +431,6 @@ def test_kubelet_restart_keeps_pods_and_registers_the_plugin_again(
     restart_kubelet_with_a_pod(kube, ns, node)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="plugin bug: kubelet deletes the node's ResourceSlices when it starts and the "
-    "plugin republishes only on its 300 s resync (kubeletplugin/nodeslices.py), so for up "
-    "to 5 minutes after a kubelet restart no Pod can get a device",
-)
 def test_new_pod_gets_a_device_soon_after_kubelet_restart(
     kube: Kube, ns: str, node: Node, republish_after: None
 ) -> None:

@@ -1,9 +1,10 @@
 """The node's pool: its devices, tainted where unhealthy, kept published.
 
 Runs in its own thread: publishes at start, again whenever device health changes,
-and every ``resync`` seconds (a human may have deleted a slice). Failures (API
-server away) are retried with exponential backoff; on a clean stop the slices stay,
-because kubelet removes them when no plugin instance is connected for long enough.
+when someone deletes one of its slices (kubelet wipes a node's slices every time it
+starts), when kubelet registers the plugin, and every ``resync`` seconds. Failures
+(API server away) are retried with exponential backoff; on a clean stop the slices
+stay, because kubelet removes them when no plugin instance is connected long enough.
 """
 
 from __future__ import annotations
@@ -51,6 +52,11 @@ class NodeSlices:
         self.published = threading.Event()  # set after the first success
         self.last_error = ""
         self._owner: OwnerRef | None = None
+        self._poke = threading.Event()
+
+    def poke(self) -> None:
+        """Publish again now (e.g. kubelet registered us: it may have wiped our slices)."""
+        self._poke.set()
 
     def desired(self) -> list[JsonObject]:
         taint = unhealthy_taint_key(self.driver)
@@ -105,6 +111,24 @@ class NodeSlices:
         """Until health changes, the resync period passes, or we are stopped."""
         waited = 0.0
         while not stop.is_set() and waited < self.resync:
+            if self._poke.is_set():
+                self._poke.clear()
+                return
             if self.health.wait_for_change(seen, timeout=0.5) != seen:
                 return
             waited += 0.5
+
+    def watch_deletions(self, stop: threading.Event) -> None:
+        """Poke the publisher whenever one of our slices is deleted by someone else."""
+        selector = f"spec.nodeName={self.node_name},spec.driver={self.driver}"
+        while not stop.is_set():
+            try:
+                for event in self.api.watch_slices(field_selector=selector, timeout_seconds=30):
+                    if event == "DELETED":
+                        log.info("a ResourceSlice of this node was deleted; publishing again")
+                        self.poke()
+                    if stop.is_set():
+                        return
+            except Exception as err:  # API server away: the resync still covers us
+                log.debug("slice watch ended", extra={"error": str(err)})
+                stop.wait(BACKOFF_MAX / 6)

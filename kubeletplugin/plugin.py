@@ -94,6 +94,7 @@ class KubeletPlugin:
         )
         self._recover_checkpoint()
         self._start_health_sources()
+        self._make_node_slices()
         self._start_servers()
         self._start_loops()
         self._http = serve_http(
@@ -176,8 +177,11 @@ class KubeletPlugin:
                 HealthV1alpha1(streams), server
             )
 
+        # kubelet wipes its node's slices when it starts, then registers us again.
         self.registration = Registration(
-            driver_name=self.opts.driver_name, endpoint=str(self.dra_socket)
+            driver_name=self.opts.driver_name,
+            endpoint=str(self.dra_socket),
+            on_registered=self.node_slices.poke,
         )
 
         def add_reg(server: grpc.Server) -> None:
@@ -191,7 +195,7 @@ class KubeletPlugin:
         for server in self._servers:
             server.start()
 
-    def _start_loops(self) -> None:
+    def _make_node_slices(self) -> None:
         publisher = PoolPublisher(
             self.api,
             driver=self.opts.driver_name,
@@ -209,7 +213,10 @@ class KubeletPlugin:
             publisher=publisher,
             resync=self.intervals.slice_resync,
         )
+
+    def _start_loops(self) -> None:
         self._thread("slices", self.node_slices.run)
+        self._thread("slice-watch", self.node_slices.watch_deletions)
         self._thread(
             "reconcile",
             lambda stop: reconcile.run_periodically(

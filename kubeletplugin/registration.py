@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from drasil.api.kubelet import names
@@ -20,7 +21,15 @@ class Registration(pb_grpc.RegistrationServicer):
     GetInfo as long as our socket stays, so we log it and keep serving.
     """
 
-    def __init__(self, *, driver_name: str, endpoint: str, with_health: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        driver_name: str,
+        endpoint: str,
+        with_health: bool = True,
+        on_registered: Callable[[], None] | None = None,
+    ) -> None:
+        self._on_registered = on_registered
         self._info = pb.PluginInfo(
             type=names.DRA_PLUGIN_TYPE,
             name=driver_name,
@@ -42,6 +51,8 @@ class Registration(pb_grpc.RegistrationServicer):
             log.info("registered with kubelet", extra={"driver": self._info.name})
             self.last_error = ""
             self.registered.set()
+            if self._on_registered is not None:
+                self._on_registered()
         else:
             self.last_error = request.error
             self.registered.clear()
