@@ -219,6 +219,7 @@ def report(kube: Kube, cluster: Cluster, node: Node) -> str:
         f"  ls {node.cdi_dir}   # the CDI spec containerd read",
         f"  .venv/bin/drasil fault inject gpu-3 --plugins-dir {node.plugins_dir}",
         "  kubectl get resourceslices -o yaml | grep -B2 -A3 taints   # gpu-3 tainted",
+        f"  .venv/bin/drasil explain -n {NAMESPACE} <claim>   # what filters the devices",
         f"  less {cluster.logs_dir}/kubelet.log   # and containerd.log, drasil-plugin.log",
         "Stop it (every process, mount, cgroup and the bridge):",
         f"  .venv/bin/python -m e2e.cluster down --run-dir {run}",
