@@ -27,7 +27,7 @@ from e2e.cluster import Cluster, ClusterError
 from e2e.cluster.node import Node, NodeError
 from e2e.kube import Kube, NotYet, gone, wait_for
 from e2e.node_images import ImageError
-from e2e.pluginproc import DRIVER
+from e2e.pluginproc import DRIVER, GPU_CLASS
 
 NAMESPACE = "drasil-demo"
 POD = "gpu-demo"
@@ -65,23 +65,7 @@ def start_cluster() -> Cluster:
 
 def apply_objects(kube: Kube, node: Node) -> None:
     kube.delete(RESOURCE, "DeviceClass", DRIVER)
-    kube.create(
-        {
-            "apiVersion": RESOURCE,
-            "kind": "DeviceClass",
-            "metadata": {"name": DRIVER},
-            "spec": {
-                "selectors": [
-                    {
-                        "cel": {
-                            "expression": f'device.driver == "{DRIVER}" && '
-                            f'device.attributes["{DRIVER}"].type == "gpu"'
-                        }
-                    }
-                ]
-            },
-        }
-    )
+    kube.create(GPU_CLASS)
     try:
         kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
     except ApiException as e:

@@ -25,6 +25,22 @@ from drasil.api.kubelet.pluginregistration import registration_pb2, registration
 from e2e.cluster import procs
 
 DRIVER = "gpu.drasil.dev"
+# The chart's gpu.drasil.dev DeviceClass (charts/drasil/templates/deviceclasses.yaml).
+GPU_CLASS = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "DeviceClass",
+    "metadata": {"name": DRIVER},
+    "spec": {
+        "selectors": [
+            {
+                "cel": {
+                    "expression": f'device.driver == "{DRIVER}" && '
+                    f'device.attributes["{DRIVER}"].type == "gpu"'
+                }
+            }
+        ]
+    },
+}
 
 
 @dataclass

@@ -22,25 +22,10 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT7
 
 from e2e.kube import Kube, NotYet, wait_for
-from e2e.pluginproc import DRIVER, ClaimId, KubeletClient, PluginProcess
+from e2e.pluginproc import DRIVER, GPU_CLASS, ClaimId, KubeletClient, PluginProcess
 
 RESOURCE = "resource.k8s.io/v1"
 CDI_SCHEMA_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "cdi-schema"
-GPU_CLASS = {
-    "apiVersion": RESOURCE,
-    "kind": "DeviceClass",
-    "metadata": {"name": DRIVER},
-    "spec": {
-        "selectors": [
-            {
-                "cel": {
-                    "expression": f'device.driver == "{DRIVER}" && '
-                    f'device.attributes["{DRIVER}"].type == "gpu"'
-                }
-            }
-        ]
-    },
-}
 
 
 @pytest.fixture(scope="module")
