@@ -18,13 +18,19 @@ from pathlib import Path
 
 import grpc
 
+from drasil.api.kubelet.deviceplugin.v1beta1 import deviceplugin_pb2 as dp_pb2
+from drasil.api.kubelet.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as dp_grpc
 from drasil.api.kubelet.dra.v1 import dra_pb2, dra_pb2_grpc
 from drasil.api.kubelet.dra.v1beta1 import dra_pb2 as dra_v1beta1_pb2
 from drasil.api.kubelet.dra.v1beta1 import dra_pb2_grpc as dra_v1beta1_grpc
 from drasil.api.kubelet.pluginregistration import registration_pb2, registration_pb2_grpc
+from drasil.kubeletplugin.deviceplugin_resources import socket_name
 from e2e.cluster import procs
 
 DRIVER = "gpu.drasil.dev"
+# kubelet hard-codes this directory (and its kubelet.sock) whatever its --root-dir.
+DEVICE_PLUGINS_DIR = Path("/var/lib/kubelet/device-plugins")
+GPU_RESOURCE = "drasil.dev/gpu"
 # The chart's gpu.drasil.dev DeviceClass (charts/drasil/templates/deviceclasses.yaml).
 GPU_CLASS = {
     "apiVersion": "resource.k8s.io/v1",
@@ -63,6 +69,10 @@ class PluginProcess:
     pid_file: Path | None = None
     detach: bool = False  # own session: outlives the process that started it
     die_with_parent: bool = False  # SIGKILLed by the kernel when the starter dies
+    # "device-plugin": serve drasil.dev/gpu through kubelet's classic device-plugin
+    # API in `device_plugins_dir` instead of DRA (docs/device-plugin.md).
+    mode: str = "dra"
+    device_plugins_dir: Path = DEVICE_PLUGINS_DIR
 
     @property
     def registrar_dir(self) -> Path:
@@ -92,7 +102,17 @@ class PluginProcess:
     def log_path(self) -> Path:
         return self.log_file if self.log_file is not None else self.root / "plugin.log"
 
+    @property
+    def device_plugin_socket(self) -> Path:
+        """The socket kubelet dials in device-plugin mode (`drasil-gpu.sock`)."""
+        return self.device_plugins_dir / socket_name(GPU_RESOURCE)
+
     def command(self) -> list[str]:
+        mode = (
+            [f"--mode={self.mode}", f"--device-plugins-dir={self.device_plugins_dir}"]
+            if self.mode != "dra"
+            else []
+        )
         return [
             sys.executable,
             "-m",
@@ -108,6 +128,7 @@ class PluginProcess:
             "--metrics-addr=127.0.0.1:0",
             "--health-addr=",
             "--log-format=json",
+            *mode,
         ]
 
     def start(self, *, crash_at: str | None = None, timeout: float = 30.0) -> None:
@@ -147,7 +168,8 @@ class PluginProcess:
         return self.attached() is not None
 
     def wait_ready(self, timeout: float) -> None:
-        """Until both sockets answer a real gRPC call (GetInfo, then a channel)."""
+        """Until the plugin answers a real gRPC call: GetInfo on its registration
+        socket, or in device-plugin mode GetDevicePluginOptions on its socket."""
         deadline = time.monotonic() + timeout
         last = "no attempt"
         while time.monotonic() < deadline:
@@ -155,12 +177,20 @@ class PluginProcess:
                 self._forget_pid_file()
                 raise RuntimeError(f"plugin exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
-                KubeletClient(self).get_info()
+                if self.mode == "dra":
+                    KubeletClient(self).get_info()
+                else:
+                    self.device_plugin_options()
                 return
             except grpc.RpcError as err:
                 last = str(err)
             time.sleep(0.1)
         raise TimeoutError(f"plugin not ready after {timeout}s ({last}):\n{self.log_tail()}")
+
+    def device_plugin_options(self) -> dp_pb2.DevicePluginOptions:
+        with grpc.insecure_channel(f"unix://{self.device_plugin_socket}") as channel:
+            stub = dp_grpc.DevicePluginStub(channel)
+            return stub.GetDevicePluginOptions(dp_pb2.Empty(), timeout=5)
 
     def log_tail(self, lines: int = 40) -> str:
         try:

@@ -16,21 +16,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
-from e2e import versions
 from e2e.cluster.node import Node
 from e2e.kube import Kube, NotYet, gone, wait_for
 from e2e.pluginproc import DRIVER
+from e2e.pods import (
+    POD_TIMEOUT,
+    container_env,
+    delete_pod,
+    device_uuid,
+    events,
+    pod,
+    wait_running,
+)
 
 RESOURCE = "resource.k8s.io/v1"
 EXTENDED_CLASS = f"extended.{DRIVER}"
 EXTENDED_RESOURCE = "drasil.dev/gpu"
 GPU_SELECTOR = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "gpu"'
-# Prints the env, then waits; exits at once on SIGTERM (a shell as PID 1 ignores it,
-# which would make every deletion take the whole grace period).
-COMMAND = "env | sort; trap 'exit 0' TERM; sleep 3600 & wait"
-POD_TIMEOUT = 120
 
 
 @pytest.fixture(scope="module")
@@ -126,79 +129,6 @@ def template(kube: Kube, namespace: str, *, config: dict[str, Any] | None = None
     return name
 
 
-def pod(
-    kube: Kube,
-    namespace: str,
-    node: Node,
-    *,
-    template_name: str | None = None,
-    claim_name: str | None = None,
-    limits: dict[str, Any] | None = None,
-    name: str | None = None,
-) -> str:
-    """A Pod on the node running the test image; its container uses the claim."""
-    name = name or f"pod-{secrets.token_hex(3)}"
-    container: dict[str, Any] = {
-        "name": "c",
-        "image": versions.TEST_IMAGE,
-        "imagePullPolicy": "Never",
-        "command": ["sh", "-c", COMMAND],
-    }
-    spec: dict[str, Any] = {
-        "nodeSelector": {"kubernetes.io/hostname": node.name},
-        "restartPolicy": "Never",
-        "dnsPolicy": "Default",
-        "terminationGracePeriodSeconds": 5,
-        "containers": [container],
-    }
-    if template_name or claim_name:
-        source = (
-            {"resourceClaimTemplateName": template_name}
-            if template_name
-            else {"resourceClaimName": claim_name}
-        )
-        spec["resourceClaims"] = [{"name": "gpu", **source}]
-        container["resources"] = {"claims": [{"name": "gpu"}]}
-    if limits:
-        container["resources"] = {"limits": limits}
-    kube.create(
-        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}, namespace
-    )
-    return name
-
-
-def wait_running(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
-    def running() -> Any:
-        p = kube.get("v1", "Pod", name, namespace)
-        statuses = p.get("status", {}).get("containerStatuses") or []
-        if p["status"].get("phase") == "Running" and statuses and statuses[0].get("ready"):
-            return p
-        return NotYet({"status": p.get("status"), "events": events(kube, namespace, name)})
-
-    result: dict[str, Any] = wait_for(
-        running, timeout=POD_TIMEOUT, what=f"Pod {namespace}/{name} running"
-    )
-    return result
-
-
-def container_env(kube: Kube, namespace: str, name: str) -> dict[str, str]:
-    """The env the container printed at start (its log)."""
-
-    def printed() -> Any:
-        log = kube.core.read_namespaced_pod_log(name, namespace, container="c")
-        return log if "PATH=" in log else NotYet(log)
-
-    log: str = wait_for(printed, timeout=60, what=f"the env in the log of {namespace}/{name}")
-    return dict(line.split("=", 1) for line in log.splitlines() if "=" in line)
-
-
-def events(kube: Kube, namespace: str, name: str) -> list[str]:
-    items = kube.core.list_namespaced_event(
-        namespace, field_selector=f"involvedObject.name={name}"
-    ).items
-    return [f"{e.reason}: {e.message}" for e in items]
-
-
 def pod_claim(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
     """The ResourceClaim a Pod's claim (template or extended resource) resolved to."""
     p = kube.get("v1", "Pod", name, namespace)
@@ -219,34 +149,6 @@ def allocated_device(kube: Kube, claim: dict[str, Any]) -> str:
     (result,) = claim["status"]["allocation"]["devices"]["results"]
     assert result["driver"] == DRIVER
     return str(result["device"])
-
-
-def device_uuid(kube: Kube, node: Node, device: str) -> str:
-    """The device's uuid attribute as published in the node's ResourceSlice."""
-    slices = kube.resource(RESOURCE, "ResourceSlice").get(
-        field_selector=f"spec.nodeName={node.name}"
-    )
-    for s in slices.items:
-        for d in s.to_dict()["spec"].get("devices") or []:
-            if d["name"] == device:
-                return str(d["attributes"]["uuid"]["string"])
-    raise AssertionError(f"device {device} not published for {node.name}")
-
-
-def delete_pod(kube: Kube, namespace: str, name: str, *, wait: bool = True) -> None:
-    """A graceful delete, as a user does it: kubelet stops the container and then
-    unprepares the claims."""
-    try:
-        kube.core.delete_namespaced_pod(name, namespace)
-    except ApiException as e:
-        if e.status != 404:
-            raise
-    if wait:
-        wait_for(
-            lambda: gone(kube, "v1", "Pod", name, namespace),
-            timeout=POD_TIMEOUT,
-            what=f"Pod {namespace}/{name} deleted",
-        )
 
 
 def kubelet_log(node: Node) -> str:

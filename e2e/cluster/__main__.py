@@ -9,7 +9,7 @@ from pathlib import Path
 
 from e2e.build import BuildError
 from e2e.cluster.control_plane import Cluster, ClusterError
-from e2e.cluster.node import DEFAULT_PROFILE, describe
+from e2e.cluster.node import DEFAULT_PROFILE, NodeError, describe
 
 
 def _pick(run_dir: Path | None) -> Cluster:
@@ -24,9 +24,17 @@ def _pick(run_dir: Path | None) -> Cluster:
 
 
 def _up(args: argparse.Namespace) -> int:
+    if args.device_plugin and not args.with_node:
+        raise ClusterError("--device-plugin needs --with-node (it runs beside that kubelet)")
     cluster = Cluster(out=sys.stderr)
     print(f"e2e.cluster: run dir {cluster.run_dir}", file=sys.stderr)
     seconds = cluster.up(with_node=args.with_node, node_profile=args.profile)
+    if args.device_plugin and cluster.node is not None:
+        try:
+            cluster.node.start_device_plugin()
+        except (NodeError, RuntimeError, TimeoutError) as e:
+            cluster.down()
+            raise ClusterError(f"device plugin: {e}") from e
     print(
         f"e2e.cluster: up in {seconds:.1f}s; API server {cluster.server}\n"
         f"e2e.cluster: logs in {cluster.logs_dir}\n"
@@ -79,6 +87,12 @@ def main(argv: list[str] | None = None) -> int:
         "--profile",
         default=DEFAULT_PROFILE,
         help=f"simulated GPUs of the node's plugin (default {DEFAULT_PROFILE})",
+    )
+    up.add_argument(
+        "--device-plugin",
+        action="store_true",
+        help="with --with-node: also run the plugin in device-plugin mode, so the node "
+        "advertises drasil.dev/gpu in its capacity (docs/device-plugin.md)",
     )
     up.set_defaults(func=_up)
     for name, func, text in (

@@ -11,7 +11,9 @@ machine, with everything in the cluster's run directory:
     cdi/                   the plugin's CDI root, one of containerd's cdi_spec_dirs
     pod-logs/              kubelet's podLogsDir (container logs, `kubectl logs`)
     node/                  containerd.toml, kubelet.yaml, CNI config and IPAM state
-    logs/{containerd,kubelet,drasil-plugin}.log
+    device-plugin/         with `start_device_plugin`: the plugin's plugins dir in
+                           device-plugin mode (its fault file)
+    logs/{containerd,kubelet,drasil-plugin,drasil-device-plugin}.log
 
 Outside it: kubelet's root dir, a cgroup `/drasil-e2e-<run id>` in every cgroup
 hierarchy (kubelet's cgroupRoot: the node's Pods live under it and `down` finds every
@@ -73,6 +75,7 @@ KUBELET_ROOT_BASE = Path("/var/lib/drasil-e2e")
 # Host paths kubelet uses whatever its --root-dir (kubelet 1.37 hard-codes them).
 CONTAINER_LOG_LINKS = "/var/log/containers"
 DEVICE_PLUGIN_SOCKET = "/var/lib/kubelet/device-plugins/kubelet.sock"
+DEVICE_CHECKPOINT = "kubelet_internal_checkpoint"  # kubelet's device manager, beside it
 NOT_READY_TAINTS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"})
 
 
@@ -189,6 +192,7 @@ class Node:
         self.run_dir = cluster.run_dir
         self._procs: dict[str, procs.Proc] = {}
         self._plugin: pluginproc.PluginProcess | None = None
+        self._device_plugin: pluginproc.PluginProcess | None = None
 
     # -- where things are ---------------------------------------------------------
 
@@ -273,6 +277,27 @@ class Node:
                 die_with_parent=self.cluster.die_with_parent,
             )
         return self._plugin
+
+    @property
+    def device_plugin(self) -> pluginproc.PluginProcess:
+        """drasil's plugin in device-plugin mode beside the DRA one, for the same
+        simulated GPUs: it serves `drasil.dev/gpu` in kubelet's device-plugins/ dir.
+        Started on demand (`start_device_plugin`); its own plugins dir keeps its fault
+        file apart from the DRA plugin's."""
+        if self._device_plugin is None:
+            self._device_plugin = pluginproc.PluginProcess(
+                root=self.run_dir / "device-plugin",
+                kubeconfig=self.cluster.kubeconfig,
+                node_name=self.name,
+                profile=self.config.profile,
+                cdi_dir=self.cdi_dir,
+                log_file=self.log("drasil-device-plugin"),
+                pid_file=self.cluster.pids_dir / "drasil-device-plugin.pid",
+                detach=True,
+                die_with_parent=self.cluster.die_with_parent,
+                mode="device-plugin",
+            )
+        return self._device_plugin
 
     def _proc(self, name: str) -> procs.Proc | None:
         return self._procs.get(name) or procs.read_pid_file(self.cluster.pids_dir / f"{name}.pid")
@@ -742,6 +767,80 @@ disabled_plugins = [
         self.plugin.start(timeout=timeout)
         self.wait_plugin_registered(after=before, timeout=timeout)
 
+    # -- device-plugin mode -----------------------------------------------------------
+
+    def device_plugin_registrations(self) -> int:
+        """How often the device plugin registered `drasil.dev/gpu` on kubelet.sock."""
+        try:
+            text = self.device_plugin.log_path.read_text(errors="replace")
+        except OSError:
+            return 0
+        return text.count(PLUGIN_REGISTERED)
+
+    def extended_resource(self, name: str) -> tuple[int, int]:
+        """(capacity, allocatable) of extended resource `name` in the Node's status."""
+        code, node = self._api(f"/api/v1/nodes/{self.name}")
+        if code != 200:
+            raise NodeError(f"GET node {self.name}: {code} {str(node)[:200]}")
+        status = node.get("status", {})
+        return (
+            int(status.get("capacity", {}).get(name, 0)),
+            int(status.get("allocatable", {}).get(name, 0)),
+        )
+
+    def wait_extended_resource(
+        self, name: str, *, capacity: int | None = None, allocatable: int, timeout: float = 60.0
+    ) -> None:
+        """Until the Node reports `allocatable` (and `capacity`, if given) of `name`."""
+
+        def check() -> tuple[bool, str]:
+            cap, alloc = self.extended_resource(name)
+            ok = alloc == allocatable and capacity in (None, cap)
+            return ok, f"capacity {cap}, allocatable {alloc}"
+
+        want = f"allocatable {allocatable}" + (f", capacity {capacity}" if capacity else "")
+        self._wait(f"Node {self.name} to report {name} {want}", check, timeout)
+
+    def check_device_plugin_socket(self) -> None:
+        """Our kubelet must own kubelet's hard-coded kubelet.sock: a second node run on
+        this machine (a demo, another test session) takes it over when it starts."""
+        kubelet = self._proc("kubelet")
+        owners = socket_owners(Path(DEVICE_PLUGIN_SOCKET))
+        if kubelet is None or kubelet.pid not in owners:
+            raise NodeError(
+                f"{DEVICE_PLUGIN_SOCKET} is served by pid(s) {sorted(owners) or 'none'}, not "
+                f"by this node's kubelet ({kubelet.pid if kubelet else 'not running'}): "
+                "another node run on this machine took it over (kubelet hard-codes the "
+                "path); stop that run first"
+            )
+
+    def start_device_plugin(self, *, timeout: float = 60.0) -> None:
+        """Start the device plugin and wait until kubelet registered it and the Node
+        reports every device as allocatable `drasil.dev/gpu`."""
+        self.check_device_plugin_socket()
+        self._say(f"starting the drasil device plugin ({pluginproc.GPU_RESOURCE})")
+        before = self.device_plugin_registrations()
+        self.device_plugin.start(timeout=timeout)
+        self._wait(
+            "the device plugin to register with kubelet",
+            lambda: (
+                self.device_plugin_registrations() > before,
+                f"{self.device_plugin_registrations()} registrations",
+            ),
+            timeout,
+        )
+        count = _profile_size(self.config.profile)
+        if count is not None:
+            self.wait_extended_resource(
+                pluginproc.GPU_RESOURCE, capacity=count, allocatable=count, timeout=timeout
+            )
+
+    def stop_device_plugin(self, *, timeout: float = 60.0) -> None:
+        """Stop it; kubelet then counts none of its devices as allocatable, so
+        kube-scheduler serves `drasil.dev/gpu` on this node through DRA again."""
+        self.device_plugin.stop()
+        self.wait_extended_resource(pluginproc.GPU_RESOURCE, allocatable=0, timeout=timeout)
+
     def status(self) -> list[tuple[str, int | None, bool, bool, str]]:
         """(component, pid, alive, healthy, detail) of containerd, kubelet, plugin."""
         result = []
@@ -763,6 +862,14 @@ disabled_plugins = [
                 healthy = self.plugin.reg_socket.exists() and self.plugin.dra_socket.exists()
                 detail = f"{self.registrations()} registrations with kubelet"
             result.append((name, proc.pid if proc else None, alive, healthy, detail))
+        if (dp := self.device_plugin.attached()) is not None:  # only when started
+            try:
+                cap, alloc = self.extended_resource(pluginproc.GPU_RESOURCE)
+                detail = f"{pluginproc.GPU_RESOURCE}: capacity {cap}, allocatable {alloc}"
+            except NodeError as e:
+                detail = str(e)
+            healthy = self.device_plugin.device_plugin_socket.is_socket()
+            result.append(("drasil-device-plugin", dp.pid, True, healthy, detail))
         return result
 
     # -- teardown -------------------------------------------------------------------
@@ -823,16 +930,19 @@ disabled_plugins = [
 
     def _clean_host_paths(self) -> None:
         """What kubelet writes to fixed host paths whatever its --root-dir: symlinks to
-        container logs in /var/log/containers, and the device-plugin registration
-        socket in /var/lib/kubelet/device-plugins (left alone while someone serves it)."""
+        container logs in /var/log/containers, and in /var/lib/kubelet/device-plugins
+        the registration socket and the device manager's checkpoint (left alone while
+        a kubelet serves the socket, and the checkpoint if it names others' resources)."""
         logs = Path(CONTAINER_LOG_LINKS)
         for link in logs.glob("*.log") if logs.is_dir() else ():
             with contextlib.suppress(OSError):
                 if link.is_symlink() and os.readlink(link).startswith(f"{self.pod_logs_dir}/"):
                     link.unlink()
         sock = Path(DEVICE_PLUGIN_SOCKET)
-        if sock.is_socket() and not _listening(sock):
+        if not _listening(sock):
             sock.unlink(missing_ok=True)
+            if _only_drasil_resources(sock.parent / DEVICE_CHECKPOINT):
+                (sock.parent / DEVICE_CHECKPOINT).unlink()
         for d in (logs, sock.parent, sock.parent.parent):
             with contextlib.suppress(OSError):
                 d.rmdir()  # only when empty: then nothing else uses it
@@ -855,9 +965,10 @@ disabled_plugins = [
         kubelet = self._proc("kubelet")
         if kubelet is not None and not procs.stop(kubelet, grace=grace):
             problems.append(f"kubelet (pid {kubelet.pid})")
-        self.plugin.stop()
-        if self.plugin.attached() is not None:
-            problems.append("drasil-plugin")
+        for plugin in (self.plugin, self.device_plugin):
+            plugin.stop()
+            if plugin.attached() is not None:
+                problems.append(plugin.log_path.stem)
         stuck = self._kill_pods(config)
         problems += [f"pod process {pid}" for pid in stuck]
         containerd = self._proc("containerd")
@@ -892,6 +1003,34 @@ disabled_plugins = [
         return problems
 
 
+def socket_owners(path: Path) -> set[int]:
+    """The pids that hold the listening unix socket bound at `path` (via /proc)."""
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+            fields = line.split()
+            if len(fields) >= 8 and fields[7] == str(path):
+                inodes.add(f"socket:[{fields[6]}]")
+    owners = set()
+    for fd_dir in Path("/proc").glob("[0-9]*/fd") if inodes else ():
+        with contextlib.suppress(OSError):
+            if any(os.readlink(fd) in inodes for fd in fd_dir.iterdir()):
+                owners.add(int(fd_dir.parent.name))
+    return owners
+
+
+def _only_drasil_resources(checkpoint: Path) -> bool:
+    """Whether kubelet's device-manager checkpoint names only drasil.dev/* resources,
+    so that it was written for our device plugin, not for a real kubelet's."""
+    try:
+        data = json.loads(checkpoint.read_text()).get("Data") or {}
+    except (OSError, ValueError):
+        return False
+    names = set(data.get("RegisteredDevices") or {})
+    names |= {e.get("ResourceName", "") for e in data.get("PodDeviceEntries") or []}
+    return all(n.startswith("drasil.dev/") for n in names)
+
+
 def _listening(path: Path) -> bool:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(1.0)
@@ -918,12 +1057,17 @@ def describe(node: Node) -> str:
     """Where things are, for the CLI and the demo."""
     cfg = node.config
     ctr = f"{node.bin('ctr')} --address {node.containerd_socket} -n k8s.io"
-    return "\n".join(
-        [
-            f"node {cfg.name}: kubelet root {node.kubelet_root}, cgroup /{cfg.cgroup_root}, "
-            f"Pod network {cfg.subnet} on bridge {cfg.bridge}",
-            f"  plugin sockets: {node.plugin.reg_socket}, {node.plugin.dra_socket}",
-            f"  CDI specs: {node.cdi_dir}; checkpoint: {node.plugin.state_dir / 'checkpoint.json'}",
-            f"  containers: {ctr} containers ls",
-        ]
-    )
+    lines = [
+        f"node {cfg.name}: kubelet root {node.kubelet_root}, cgroup /{cfg.cgroup_root}, "
+        f"Pod network {cfg.subnet} on bridge {cfg.bridge}",
+        f"  plugin sockets: {node.plugin.reg_socket}, {node.plugin.dra_socket}",
+        f"  CDI specs: {node.cdi_dir}; checkpoint: {node.plugin.state_dir / 'checkpoint.json'}",
+        f"  containers: {ctr} containers ls",
+    ]
+    if node.device_plugin.running():
+        dp = node.device_plugin
+        lines.append(
+            f"  device plugin: {dp.device_plugin_socket} ({pluginproc.GPU_RESOURCE}); "
+            f"faults: drasil fault inject gpu-3 --plugins-dir {dp.plugins_dir}"
+        )
+    return "\n".join(lines)
