@@ -472,12 +472,13 @@ def test_values_schema_rejects_with_a_clear_message(sets: list[str], expected: l
 
 
 def test_socket_paths_too_long_for_unix_sockets_are_refused_at_install() -> None:
-    """With the Pod UID in the socket names, the default kubelet paths leave room for a
-    driver name of 17 characters; one more would make the plugin fail on every node."""
-    helm("template", RELEASE, str(CHART), "--set", "driverName=gpu.abcdefghi.com")
-    result = helm(
-        "template", RELEASE, str(CHART), "--set", "driverName=gpu.abcdefghij.com", check=False
-    )
+    """With the Pod UID's first 13 characters in the socket names, the default kubelet
+    paths leave room for a driver name of 40 characters; one more would make the
+    plugin fail on every node."""
+    fits, too_long = f"gpu.{'a' * 32}.com", f"gpu.{'a' * 33}.com"
+    assert (len(fits), len(too_long)) == (40, 41)
+    helm("template", RELEASE, str(CHART), "--set", f"driverName={fits}")
+    result = helm("template", RELEASE, str(CHART), "--set", f"driverName={too_long}", check=False)
     assert result.returncode != 0
     assert "over the 97 a unix socket allows" in result.stderr, result.stderr
     assert "kubeletPlugin.podUidInSocketNames=false" in result.stderr
@@ -486,7 +487,7 @@ def test_socket_paths_too_long_for_unix_sockets_are_refused_at_install() -> None
         RELEASE,
         str(CHART),
         "--set",
-        "driverName=gpu.abcdefghij.com",
+        f"driverName={too_long}",
         "--set",
         "kubeletPlugin.podUidInSocketNames=false",
     )

@@ -687,8 +687,8 @@ def test_plugin_from_the_image_publishes_its_node_under_the_charts_rbac_and_poli
         # It wrote where the chart mounts host directories, and nowhere else it could.
         state_dir = binds[f"/var/lib/kubelet/plugins/{OUR_DRIVER}"]
         registrar = binds["/var/lib/kubelet/plugins_registry"]
-        assert (state_dir / f"dra-{pod_uid}.sock").is_socket()
-        assert (registrar / f"{OUR_DRIVER}-{pod_uid}-reg.sock").is_socket()
+        assert (state_dir / f"dra-{pod_uid[:13]}.sock").is_socket()
+        assert (registrar / f"{OUR_DRIVER}-{pod_uid[:13]}-reg.sock").is_socket()
         assert (state_dir / "checkpoint.lock").is_file()  # owner access, no capability
     finally:
         proc.terminate()

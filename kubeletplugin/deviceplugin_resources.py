@@ -29,6 +29,7 @@ from types import MappingProxyType
 from typing import Final
 
 from drasil.driver.devices import Device, DeviceType
+from drasil.kubeletplugin.sockets import pod_tag
 
 log = logging.getLogger(__name__)
 
@@ -104,13 +105,14 @@ def mig_resource_name(resource_name: str, profile: str) -> str:
 
 
 def socket_name(resource_name: str, *, pod_uid: str | None = None) -> str:
-    """``drasil-gpu.sock``; with a Pod UID ``drasil-gpu-<uid>.sock``.
+    """``drasil-gpu.sock``; with a Pod UID ``drasil-gpu-<uid prefix>.sock``.
 
     The Pod UID keeps two instances of a rolling update from deleting each other's
-    socket (each would re-create its own forever otherwise).
+    socket (each would re-create its own forever otherwise); its first characters
+    (``sockets.pod_tag``) are enough for that.
     """
     _, _, part = resource_name.partition("/")
-    suffix = f"-{pod_uid}" if pod_uid else ""
+    suffix = f"-{pod_tag(pod_uid)}" if pod_uid else ""
     return f"{SOCKET_PREFIX}{part}{suffix}.sock"
 
 

@@ -34,7 +34,7 @@ from drasil.kubeletplugin.nodeslices import NodeSlices
 from drasil.kubeletplugin.options import PluginOptions
 from drasil.kubeletplugin.prepare import Preparer
 from drasil.kubeletplugin.registration import Registration
-from drasil.kubeletplugin.sockets import UnixSocketServer
+from drasil.kubeletplugin.sockets import UnixSocketServer, pod_tag
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,8 @@ class Intervals:
 def socket_names(opts: PluginOptions) -> tuple[str, str]:
     """(dra socket, registration socket) file names; per-Pod during rolling updates."""
     if opts.pod_uid:
-        return f"dra-{opts.pod_uid}.sock", f"{opts.driver_name}-{opts.pod_uid}-reg.sock"
+        tag = pod_tag(opts.pod_uid)
+        return f"dra-{tag}.sock", f"{opts.driver_name}-{tag}-reg.sock"
     return "dra.sock", f"{opts.driver_name}-reg.sock"
 
 

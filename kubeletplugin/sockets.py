@@ -32,6 +32,21 @@ MAX_PATH = MAX_SOCKET_PATH - _HIDDEN_EXTRA
 
 AddServicers = Callable[[grpc.Server], None]
 
+# Per-Pod socket names carry this much of the Pod's UID; see pod_tag.
+POD_TAG_CHARS = 13
+
+
+def pod_tag(pod_uid: str) -> str:
+    """The part of a Pod UID that goes into per-Pod socket names: its first 13
+    characters (``3f2a9c1b-7d4e``, 48 random bits of a UUID).
+
+    Enough to tell apart the two Pods of a rolling update on one node, still a prefix
+    of the UID an operator sees in ``kubectl get pod -o yaml``, and short enough to
+    leave room for driver names of up to 40 characters under kubelet's default
+    ``/var/lib/kubelet/plugins_registry`` (the whole UID left room for 17).
+    """
+    return pod_uid[:POD_TAG_CHARS]
+
 
 class SocketPathTooLong(ValueError):
     """A unix socket path the kernel would refuse."""

@@ -153,6 +153,8 @@ def test_socket_names() -> None:
     assert socket_name("drasil.dev/mig-1g.5gb") == "drasil-mig-1g.5gb.sock"
     # Two instances during a rolling update must not take each other's socket.
     assert socket_name("drasil.dev/gpu", pod_uid="p-1") == "drasil-gpu-p-1.sock"
+    uid = "3f2a9c1b-7d4e-4f6a-9b1c-2d3e4f5a6b7c"
+    assert socket_name("drasil.dev/gpu", pod_uid=uid) == "drasil-gpu-3f2a9c1b-7d4e.sock"
 
 
 # ---- flags ----------------------------------------------------------------------------------

@@ -116,3 +116,22 @@ def test_bad_http_address_is_an_options_error(flag: str, addr: str) -> None:
 def test_bad_verbosity_env_is_an_options_error() -> None:
     with pytest.raises(OptionsError, match="V"):
         parse_options([], {"NODE_NAME": "n", "V": "debug"})
+
+
+def test_per_pod_socket_names_carry_a_uid_prefix_that_fits_long_driver_names() -> None:
+    from drasil.kubeletplugin.plugin import socket_names
+    from drasil.kubeletplugin.sockets import MAX_PATH
+
+    uid = "3f2a9c1b-7d4e-4f6a-9b1c-2d3e4f5a6b7c"
+    driver = f"gpu.{'a' * 32}.com"  # 40 characters
+    opts = parse_options(["--driver-name", driver], {"NODE_NAME": "n", "POD_UID": uid})
+    dra, registration = socket_names(opts)
+    assert dra == "dra-3f2a9c1b-7d4e.sock"
+    assert registration == f"{driver}-3f2a9c1b-7d4e-reg.sock"
+    # Under kubelet's default directories both paths fit a unix socket.
+    assert len(f"/var/lib/kubelet/plugins_registry/{registration}") <= MAX_PATH
+    assert len(f"/var/lib/kubelet/plugins/{driver}/{dra}") <= MAX_PATH
+    assert socket_names(parse_options([], {"NODE_NAME": "n"})) == (
+        "dra.sock",
+        "gpu.drasil.dev-reg.sock",
+    )
