@@ -265,17 +265,7 @@ class Node:
         """The drasil kubelet plugin beside this kubelet (started, stopped and killed
         through its pid file from any process)."""
         if self._plugin is None:
-            self._plugin = pluginproc.PluginProcess(
-                root=self.kubelet_root,
-                kubeconfig=self.cluster.kubeconfig,
-                node_name=self.name,
-                profile=self.config.profile,
-                cdi_dir=self.cdi_dir,
-                log_file=self.log("drasil-plugin"),
-                pid_file=self.cluster.pids_dir / "drasil-plugin.pid",
-                detach=True,
-                die_with_parent=self.cluster.die_with_parent,
-            )
+            self._plugin = self._plugin_process("drasil-plugin", root=self.kubelet_root)
         return self._plugin
 
     @property
@@ -285,19 +275,26 @@ class Node:
         Started on demand (`start_device_plugin`); its own plugins dir keeps its fault
         file apart from the DRA plugin's."""
         if self._device_plugin is None:
-            self._device_plugin = pluginproc.PluginProcess(
-                root=self.run_dir / "device-plugin",
-                kubeconfig=self.cluster.kubeconfig,
-                node_name=self.name,
-                profile=self.config.profile,
-                cdi_dir=self.cdi_dir,
-                log_file=self.log("drasil-device-plugin"),
-                pid_file=self.cluster.pids_dir / "drasil-device-plugin.pid",
-                detach=True,
-                die_with_parent=self.cluster.die_with_parent,
-                mode="device-plugin",
+            self._device_plugin = self._plugin_process(
+                "drasil-device-plugin", root=self.run_dir / "device-plugin", mode="device-plugin"
             )
         return self._device_plugin
+
+    def _plugin_process(
+        self, component: str, *, root: Path, mode: str = "dra"
+    ) -> pluginproc.PluginProcess:
+        return pluginproc.PluginProcess(
+            root=root,
+            kubeconfig=self.cluster.kubeconfig,
+            node_name=self.name,
+            profile=self.config.profile,
+            cdi_dir=self.cdi_dir,
+            log_file=self.log(component),
+            pid_file=self.cluster.pids_dir / f"{component}.pid",
+            detach=True,
+            die_with_parent=self.cluster.die_with_parent,
+            mode=mode,
+        )
 
     def _proc(self, name: str) -> procs.Proc | None:
         return self._procs.get(name) or procs.read_pid_file(self.cluster.pids_dir / f"{name}.pid")
