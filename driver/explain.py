@@ -57,6 +57,9 @@ class PoolDevice:
     name: str
     spec: JsonObject
     cel: CelDevice
+    # The one node the device is reachable from (a node-local slice, or the device's
+    # own nodeName with perDeviceNodeSelection); None for allNodes and nodeSelector.
+    node: str | None = None
 
     @property
     def key(self) -> DeviceKey:
@@ -113,13 +116,17 @@ def _pool_devices(
     for obj in slices:
         specs = _spec(obj).get("devices") or []
         converted = cache.devices(obj) if cache is not None else None
+        slice_node = _spec(obj).get("nodeName") or None
         for index, spec in enumerate(specs):
             cel = (
                 converted[index]
                 if converted is not None
                 else CelDevice.from_json(spec, driver=str(_spec(obj)["driver"]))
             )
-            yield PoolDevice(pool=pool, name=str(spec.get("name", "")), spec=spec, cel=cel)
+            node = slice_node or spec.get("nodeName") or None
+            yield PoolDevice(
+                pool=pool, name=str(spec.get("name", "")), spec=spec, cel=cel, node=node
+            )
 
 
 # --- who holds what ----------------------------------------------------------------
@@ -580,6 +587,8 @@ def _with_joint_problems(
 ) -> ClaimExplanation:
     chosen = _chosen(explanation)
     problems = [p for p in (_distinct_devices_problem(chosen),) if p]
+    if not problems and (problem := _single_node_problem(chosen)):
+        problems.append(problem)
     constraints = (_spec(claim).get("devices") or {}).get("constraints") or []
     for constraint in constraints:
         problem = _constraint_problem(constraint, chosen, driver=driver)
@@ -637,6 +646,45 @@ def _distinct_devices_problem(chosen: Mapping[str, RequestExplanation]) -> str |
     return (
         f"requests {names} need {len(slots)} distinct devices together; "
         f"the devices they may use cover only {placed}"
+    )
+
+
+def _node_slots(members: Iterable[RequestExplanation], node: str) -> list[list[DeviceKey]]:
+    """Like ``_slots``, for the devices reachable from ``node``; a request with none
+    there gets an empty slot, so that it cannot be placed."""
+    slots: list[list[DeviceKey]] = []
+    for e in members:
+        here = [d for d in e.free if d.node in (None, node)]
+        if here and any(d.spec.get("allowMultipleAllocations") for d in here):
+            continue  # one shared device may serve the whole request
+        count = e.needed if e.needed is not None else len(here)
+        slots.extend([[d.key for d in here]] * max(count, 1))
+    return slots
+
+
+def _single_node_problem(chosen: Mapping[str, RequestExplanation]) -> str | None:
+    """The scheduler allocates a claim for the one node its Pod goes to: every device
+    must be reachable from there. Free devices spread over several nodes are not
+    enough when no single node has all that the requests need."""
+    members = list(chosen.values())
+    nodes = sorted({d.node for e in members for d in e.free if d.node is not None})
+    if not nodes:
+        return None  # nothing is bound to one node
+    best: tuple[int, int, str] = (-1, 0, "")  # (placed, needed, node)
+    for node in nodes:
+        slots = _node_slots(members, node)
+        if len(slots) > MAX_MATCHING_SLOTS:
+            return None
+        placed = _matching_size(slots)
+        if placed >= len(slots):
+            return None
+        best = max(best, (placed, len(slots), node), key=lambda b: (b[0] - b[1], b[0]))
+    placed, needed, node = best
+    spread = f"free devices on {len(nodes)} nodes" if len(nodes) > 1 else "free devices"
+    return (
+        "a claim's devices must all be reachable from the one node its Pod runs on, and "
+        f"no node has enough: {spread}; node {node} comes closest with {placed} of the "
+        f"{needed} needed"
     )
 
 

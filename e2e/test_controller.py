@@ -589,6 +589,66 @@ def test_unmatched_selector_is_explained_within_30s(
     assert_untouched(kube, namespace)
 
 
+def node_slice(node: dict[str, Any], devices: list[dict[str, Any]]) -> dict[str, Any]:
+    """A node-local ResourceSlice of this module's driver, owned by (and deleted with)
+    the Node, as a node's plugin publishes it."""
+    name = node["metadata"]["name"]
+    return {
+        "apiVersion": RESOURCE,
+        "kind": "ResourceSlice",
+        "metadata": {
+            "name": f"{name}-{DRIVER}",
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node["metadata"]["uid"]}
+            ],
+        },
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": name,
+            "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }
+
+
+def test_gpus_spread_over_nodes_are_explained(
+    kube: Kube,
+    kubeconfig: Path,
+    namespace: str,
+    controller: ControllerProcess,
+    make_node: Callable[..., dict[str, Any]],
+) -> None:
+    """Three free GPUs in the cluster, one per node, and a claim for two: kube-scheduler
+    says only "cannot allocate all claims"; the Event says that no node has two."""
+    for i in range(3):
+        node = make_node(f"e2e-spread-{TOKEN}-{i}")
+        kube.create(node_slice(node, [gpu("gpu-0")]))
+    template = claim_template("pair")
+    template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] = 2
+    kube.create(template, namespace)
+    kube.create(pod("pair-trainer", template="pair"), namespace)
+    claim = wait_for(
+        lambda: pod_claim(kube, namespace, "pair-trainer"), timeout=30, what="the claim"
+    )
+
+    event = wait_event(kube, namespace, claim["metadata"]["uid"], "Unsatisfiable", timeout=40)
+
+    assert event.message == (
+        "a claim's devices must all be reachable from the one node its Pod runs on, and no "
+        f"node has enough: free devices on 3 nodes; node e2e-spread-{TOKEN}-0 comes closest "
+        "with 1 of the 2 needed"
+    )
+    cli = subprocess.run(
+        [sys.executable, "-m", "drasil.driver.cli", "explain", f"--kubeconfig={kubeconfig}",
+         f"--driver-name={DRIVER}", "-n", namespace, claim["metadata"]["name"]],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert cli.returncode == 0, cli.stderr
+    assert "3  free (2 needed)" in cli.stdout
+    assert event.message in cli.stdout
+    assert_untouched(kube, namespace)
+
+
 # --- two replicas ----------------------------------------------------------------------
 
 

@@ -426,3 +426,58 @@ def test_request_classes_include_subrequests() -> None:
         }
     }
     assert request_classes(spec) == {"x", "y"}
+
+
+def test_free_devices_spread_over_nodes_do_not_make_one_claim() -> None:
+    slices = [
+        resource_slice("node-a", [device("gpu-0"), device("gpu-1")]),
+        resource_slice("node-b", [device("gpu-0")]),
+    ]
+    busy = claim("train", [exactly()], results=held("node-a", "gpu-0"))
+
+    result = explain(claim("job", [exactly(count=2)]), slices, [busy])
+
+    assert result.requests[0].problem is None  # two free devices in the cluster
+    assert result.unsatisfiable
+    assert result.problems == (
+        "a claim's devices must all be reachable from the one node its Pod runs on, and no "
+        "node has enough: free devices on 2 nodes; node node-a comes closest with 1 of the 2 "
+        "needed",
+    )
+    assert result.problems[0] in render_table(result)
+
+
+def test_one_node_with_enough_free_devices_satisfies_the_claim() -> None:
+    slices = [
+        resource_slice("node-a", [device("gpu-0")]),
+        resource_slice("node-b", [device("gpu-0"), device("gpu-1")]),
+    ]
+
+    result = explain(claim("job", [exactly(count=2)]), slices)
+
+    assert not result.unsatisfiable
+    assert result.problems == ()
+
+
+def test_two_requests_must_be_served_on_the_same_node() -> None:
+    slices = [
+        resource_slice("node-a", [device("gpu-0")]),
+        resource_slice("node-b", [device("gpu-0", "NVIDIA H200")]),
+    ]
+
+    result = explain(claim("job", [exactly("any"), exactly("h200", H200)]), slices)
+
+    assert [e.problem for e in result.requests] == [None, None]
+    assert len(result.problems) == 1
+    assert "node node-a comes closest with 1 of the 2 needed" in result.problems[0]
+
+
+def test_devices_of_all_nodes_count_on_every_node() -> None:
+    shared = resource_slice("fabric", [device("gpu-9")])
+    del shared["spec"]["nodeName"]
+    shared["spec"]["allNodes"] = True
+    slices = [resource_slice("node-a", [device("gpu-0")]), shared]
+
+    result = explain(claim("job", [exactly(count=2)]), slices)
+
+    assert not result.unsatisfiable
