@@ -8,6 +8,12 @@ every cold prepare, as it does for real Pods.
 
 Measured: p50/p99 of a one-device claim's prepare, unprepare and the pair (sequential),
 then claims/s with 1, 8 and 32 claims in flight, and the plugin's RSS.
+
+The calls come from `drasil-kubelet-client` (bench/kubeletclient, Go, built and cached
+by e2e.build): grpc-go over one connection, as kubelet makes them, so the figures are
+the plugin's as kubelet sees them. The same runs with this process's Python gRPC client
+follow under "python_client": on a small machine that client's own CPU time is a
+good part of what it measures.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import platform
 import secrets
 import shutil
 import statistics
+import subprocess
 import tempfile
 import threading
 import time
@@ -26,6 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from e2e import build
 from e2e.cluster import Cluster
 from e2e.kube import Kube
 from e2e.pluginproc import DRIVER, ClaimId, KubeletClient, PluginProcess
@@ -140,6 +148,29 @@ def throughput(kubelet: KubeletClient, claims: list[ClaimId], inflight: int) -> 
     return sum(done) / (time.perf_counter() - start)
 
 
+def kubelet_client(plugin: PluginProcess, claims: list[ClaimId]) -> dict[str, Any]:
+    """The same runs from the Go client, in one process: its JSON."""
+    binary = build.ensure_binaries(["drasil-kubelet-client"])["drasil-kubelet-client"]
+    done = subprocess.run(
+        [
+            str(binary),
+            f"-socket={plugin.dra_socket}",
+            "-claims=" + ",".join(f"{c.namespace}/{c.name}/{c.uid}" for c in claims),
+            f"-rounds={LATENCY_ROUNDS}",
+            f"-seconds={THROUGHPUT_SECONDS}",
+            "-inflight=1,8,32",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"drasil-kubelet-client failed: {done.stderr.strip()}")
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -159,10 +190,13 @@ def run() -> dict[str, Any]:
             plugin.start()
             try:
                 claims = make_claims(kube, 32)
+                result: dict[str, Any] = kubelet_client(plugin, claims)
                 kubelet = KubeletClient(plugin)
-                result: dict[str, Any] = {"latency": latency(kubelet, claims[0])}
-                result["throughput_claims_per_s"] = {
-                    str(n): throughput(kubelet, claims, n) for n in (1, 8, 32)
+                result["python_client"] = {
+                    "latency": latency(kubelet, claims[0]),
+                    "throughput_claims_per_s": {
+                        str(n): throughput(kubelet, claims, n) for n in (1, 8, 32)
+                    },
                 }
                 assert plugin.proc is not None
                 result["plugin_rss_mib"] = rss_mib(plugin.proc.pid)

@@ -214,6 +214,12 @@ def _pause_module() -> GoModule:
     return GoModule("pause", {"go.mod": gomod, "main.go": PAUSE_MAIN})
 
 
+def _bench_client_module() -> GoModule:
+    """bench/kubeletclient: calls a plugin's dra.sock with grpc-go, as kubelet does."""
+    source = Path(__file__).resolve().parent.parent / "bench" / "kubeletclient"
+    return GoModule("kubeletclient", {n: (source / n).read_text() for n in ("go.mod", "main.go")})
+
+
 def node_binaries() -> tuple[Binary, ...]:
     """What a node runs besides kubelet: containerd, its shim, runc, CNI plugins, and the
     pause binary of the sandbox image."""
@@ -308,6 +314,7 @@ def binaries() -> tuple[Binary, ...]:
             ),
         ),
         *node_binaries(),
+        Binary("drasil-kubelet-client", _bench_client_module(), ".", ("-s", "-w"), cgo=False),
     )
 
 
