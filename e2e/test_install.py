@@ -2,7 +2,8 @@
 (containerd, kubelet), the kubelet plugin running as the chart's DaemonSet Pod from the
 locally built image (e2e.image, imported with `ctr`); a workload Pod gets a GPU;
 `helm upgrade` rolls the DaemonSet while the workload keeps running; `helm uninstall`
-removes everything it made.
+removes everything it made. Then the same in device-plugin mode (its own resource name,
+drasil.dev/install-gpu): the Node advertises the GPUs, a Pod with limits gets one.
 
 The node's own plugin (e2e.cluster.node, driver gpu.drasil.dev) keeps running for the
 other node tests; the chart installs a second driver beside it, gpu.install.drasil.dev,
@@ -373,3 +374,77 @@ def test_install_upgrade_uninstall(
         timeout=60,
         what="the plugin Pods to go",
     )
+
+
+# --- device-plugin mode --------------------------------------------------------------
+
+INSTALL_RESOURCE = "drasil.dev/install-gpu"  # apart from test_deviceplugin's drasil.dev/gpu
+
+
+def test_install_in_device_plugin_mode_advertises_gpus_to_kubelet(
+    kube: Kube,
+    kubeconfig: Path,
+    namespace: str,
+    node: Node,
+    local_image: LocalImage,
+    tmp_path: Path,
+) -> None:
+    """A cluster without DRA, as an operator installs it: `mode: device-plugin`, no
+    controller, no DeviceClasses; the DaemonSet's Pod serves kubelet's device-plugin
+    API from the image, the Node advertises the GPUs, a Pod with limits gets one."""
+    node.check_device_plugin_socket()
+    release = f"dp{secrets.token_hex(2)}"
+    values, health_port = _values(node, local_image, kubeconfig)
+    values.update(mode="device-plugin", controller={"enabled": False})
+    values["validatingAdmissionPolicy"] = {"enabled": False}
+    values["kubeletPlugin"]["devicePlugin"] = {"resourceName": INSTALL_RESOURCE}
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    common = [f"--namespace={namespace}", f"--timeout={TIMEOUT}s", "--wait"]
+
+    _helm(kubeconfig, "install", release, str(CHART), "-f", str(values_file), *common)
+    try:
+        (plugin,) = _plugin_pods(kube, namespace, release)
+        assert "--mode=device-plugin" in plugin.spec.containers[0].args
+        node.wait_extended_resource(INSTALL_RESOURCE, capacity=2, allocatable=2, timeout=TIMEOUT)
+        assert "ok (registered)" in _health(health_port)
+
+        name = f"w-{secrets.token_hex(3)}"
+        kube.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name},
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": node.name},
+                    "terminationGracePeriodSeconds": 5,
+                    "automountServiceAccountToken": False,
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": versions.TEST_IMAGE,
+                            "imagePullPolicy": "Never",
+                            "command": ["sh", "-c", COMMAND],
+                            "resources": {"limits": {INSTALL_RESOURCE: 1}},
+                        }
+                    ],
+                },
+            },
+            namespace,
+        )
+
+        def running() -> Any:
+            pod = kube.core.read_namespaced_pod(name, namespace)
+            if pod.status.phase != "Running":
+                return NotYet({"phase": pod.status.phase})
+            log = kube.core.read_namespaced_pod_log(name, namespace)
+            return ("NVIDIA_VISIBLE_DEVICES=GPU-" in log and log) or NotYet(log)
+
+        log = wait_for(running, timeout=TIMEOUT, what=f"Pod {name} to run with a GPU")
+        (visible,) = [line for line in log.splitlines() if line.startswith("NVIDIA_VISIBLE")]
+        assert "," not in visible  # one GPU
+        _delete_pod(kube, namespace, name)
+    finally:
+        _helm(kubeconfig, "uninstall", release, f"--namespace={namespace}", "--wait")
+    # The plugin is gone: kubelet counts none of its devices as allocatable.
+    node.wait_extended_resource(INSTALL_RESOURCE, allocatable=0, timeout=TIMEOUT)
