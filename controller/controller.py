@@ -315,6 +315,11 @@ class Controller:
         if claim is None or (claim.get("status") or {}).get("allocation"):
             return None
         snapshot = self.view.explain_snapshot()
+        # Read fresh, like the claim: the Pods' node constraints and the Nodes decide
+        # which free devices can serve the claim at all.
+        waiting = [p for p in self.view.pods_using("ResourceClaim", key) if p.waiting]
+        pods = [obj for p in waiting if (obj := self.api.get_pod(p.namespace, p.name))]
+        nodes = self.api.list_nodes()
         started = time.perf_counter()
         explanation = explain_claim(
             claim,
@@ -323,6 +328,8 @@ class Controller:
             classes=snapshot.classes,
             driver=self.driver,
             cache=self.cel_cache,
+            nodes=nodes,
+            pods=pods,
         )
         self.metrics.explain_duration.observe(time.perf_counter() - started)
         if not explanation.unsatisfiable:

@@ -37,13 +37,14 @@ from typing import Any, cast
 from drasil.api.quantity import QuantityError, parse_quantity
 from drasil.driver.cel import CelCompileError, CelDevice, CelDeviceCache, compile_selector
 from drasil.driver.kubeapi import RESOURCE_GROUP, RESOURCE_VERSION, KubeApi
+from drasil.driver.nodefit import BLOCKING_EFFECTS, misfit, node_name, taint_text, tolerated
 
 JsonObject = Mapping[str, Any]
 DeviceKey = tuple[str, str]  # (pool, device) within one driver
-BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 MAX_SELECTOR_TEXT = 160
 MAX_HOLDERS_NAMED = 3
 MAX_MATCHING_SLOTS = 512  # beyond this the joint check would cost more than it tells
+MAX_NODES_NAMED = 3
 
 
 # --- the devices the scheduler considers -------------------------------------------
@@ -374,27 +375,10 @@ def _funnel(
     return devices, stages, None
 
 
-def _tolerated(taint: JsonObject, tolerations: Sequence[JsonObject]) -> bool:
-    for toleration in tolerations:
-        effect = toleration.get("effect")
-        if effect and effect != taint.get("effect"):
-            continue
-        key = toleration.get("key")
-        if toleration.get("operator") == "Exists":
-            if not key or key == taint.get("key"):
-                return True
-        elif key == taint.get("key") and (toleration.get("value") or "") == (
-            taint.get("value") or ""
-        ):
-            return True
-    return False
-
-
 def _blocking_taint(device: PoolDevice, tolerations: Sequence[JsonObject]) -> str | None:
     for taint in device.spec.get("taints") or []:
-        if taint.get("effect") in BLOCKING_EFFECTS and not _tolerated(taint, tolerations):
-            value = f"={taint['value']}" if taint.get("value") else ""
-            return f"{taint.get('key')}{value}:{taint.get('effect')}"
+        if taint.get("effect") in BLOCKING_EFFECTS and not tolerated(taint, tolerations):
+            return taint_text(taint)
     return None
 
 
@@ -520,6 +504,27 @@ class ClaimExplanation:
         )
 
 
+@dataclass(frozen=True)
+class NodeScope:
+    """The nodes every Pod of the claim may go to, and why each other node is out."""
+
+    fits: tuple[str, ...]
+    misfits: Mapping[str, str]
+
+
+def node_scope(nodes: Iterable[JsonObject], pods: Sequence[JsonObject]) -> NodeScope:
+    """Which of ``nodes`` all of ``pods`` fit (``drasil.driver.nodefit``)."""
+    fits: list[str] = []
+    misfits: dict[str, str] = {}
+    for node in nodes:
+        reasons = [r for pod in pods if (r := misfit(pod, node))]
+        if reasons:
+            misfits[node_name(node)] = reasons[0]
+        else:
+            fits.append(node_name(node))
+    return NodeScope(fits=tuple(sorted(fits)), misfits=misfits)
+
+
 def _requests(claim: JsonObject) -> Iterator[tuple[str, JsonObject]]:
     for request in (_spec(claim).get("devices") or {}).get("requests") or []:
         name = str(request.get("name", ""))
@@ -537,10 +542,14 @@ def explain_claim(
     classes: Iterable[JsonObject],
     driver: str,
     cache: CelDeviceCache | None = None,
+    nodes: Iterable[JsonObject] | None = None,
+    pods: Sequence[JsonObject] = (),
 ) -> ClaimExplanation:
     """Explain ``claim`` against the cluster's state (see the module docstring).
 
-    Requests whose DeviceClass belongs to another driver are left out (noted).
+    Requests whose DeviceClass belongs to another driver are left out (noted). With
+    ``nodes`` (and the ``pods`` waiting for the claim), only the nodes those Pods may
+    go to count for the one-node check.
     """
     by_name = {str(_meta(c).get("name", "")): c for c in classes}
     inventory = build_inventory(slices, driver=driver, cache=cache)
@@ -567,7 +576,8 @@ def explain_claim(
     )
     if result.unsatisfiable or not explained:
         return result
-    return _with_joint_problems(result, claim, driver=driver)
+    scope = node_scope(nodes, pods) if nodes is not None else None
+    return _with_joint_problems(result, claim, driver=driver, scope=scope)
 
 
 # --- joint checks: distinct devices and constraints --------------------------------
@@ -583,11 +593,11 @@ def _chosen(explanation: ClaimExplanation) -> dict[str, RequestExplanation]:
 
 
 def _with_joint_problems(
-    explanation: ClaimExplanation, claim: JsonObject, *, driver: str
+    explanation: ClaimExplanation, claim: JsonObject, *, driver: str, scope: NodeScope | None
 ) -> ClaimExplanation:
     chosen = _chosen(explanation)
     problems = [p for p in (_distinct_devices_problem(chosen),) if p]
-    if not problems and (problem := _single_node_problem(chosen)):
+    if not problems and (problem := _single_node_problem(chosen, scope)):
         problems.append(problem)
     constraints = (_spec(claim).get("devices") or {}).get("constraints") or []
     for constraint in constraints:
@@ -662,16 +672,21 @@ def _node_slots(members: Iterable[RequestExplanation], node: str) -> list[list[D
     return slots
 
 
-def _single_node_problem(chosen: Mapping[str, RequestExplanation]) -> str | None:
+def _single_node_problem(
+    chosen: Mapping[str, RequestExplanation], scope: NodeScope | None
+) -> str | None:
     """The scheduler allocates a claim for the one node its Pod goes to: every device
-    must be reachable from there. Free devices spread over several nodes are not
-    enough when no single node has all that the requests need."""
+    must be reachable from there. Free devices spread over several nodes, or on nodes
+    the Pod may not use (``scope``), are not enough."""
     members = list(chosen.values())
-    nodes = sorted({d.node for e in members for d in e.free if d.node is not None})
-    if not nodes:
-        return None  # nothing is bound to one node
+    bound = sorted({d.node for e in members for d in e.free if d.node is not None})
+    candidates = _candidate_nodes(members, bound, scope)
+    if candidates is None:
+        return None  # nothing is bound to one node, and any node will do
+    if not candidates:
+        return _ruled_out(bound, scope)
     best: tuple[int, int, str] = (-1, 0, "")  # (placed, needed, node)
-    for node in nodes:
+    for node in candidates:
         slots = _node_slots(members, node)
         if len(slots) > MAX_MATCHING_SLOTS:
             return None
@@ -680,12 +695,45 @@ def _single_node_problem(chosen: Mapping[str, RequestExplanation]) -> str | None
             return None
         best = max(best, (placed, len(slots), node), key=lambda b: (b[0] - b[1], b[0]))
     placed, needed, node = best
-    spread = f"free devices on {len(nodes)} nodes" if len(nodes) > 1 else "free devices"
-    return (
+    spread = f"free devices on {len(bound)} nodes" if len(bound) > 1 else "free devices"
+    text = (
         "a claim's devices must all be reachable from the one node its Pod runs on, and "
         f"no node has enough: {spread}; node {node} comes closest with {placed} of the "
         f"{needed} needed"
     )
+    out = [n for n in bound if scope is not None and n not in scope.fits]
+    return f"{text}; the Pod may not use {_node_list(out, scope)}" if out else text
+
+
+def _candidate_nodes(
+    members: Sequence[RequestExplanation], bound: Sequence[str], scope: NodeScope | None
+) -> list[str] | None:
+    """The nodes worth checking; None when no device is bound to one node and nothing
+    is known about the nodes (every node then looks alike)."""
+    if scope is None:
+        return list(bound) or None
+    candidates = [n for n in bound if n in scope.fits]
+    if any(d.node is None for e in members for d in e.free):
+        # Devices of allNodes/nodeSelector pools: one fitting node without node-bound
+        # devices stands for all such nodes.
+        spare = next((n for n in scope.fits if n not in bound), None)
+        candidates += [spare] if spare is not None else []
+    return candidates
+
+
+def _ruled_out(bound: Sequence[str], scope: NodeScope | None) -> str:
+    if bound:
+        return "the Pod's node constraints rule out every node with free devices: " + _node_list(
+            bound, scope
+        )
+    return "no node fits the Pod: " + _node_list(sorted(scope.misfits) if scope else [], scope)
+
+
+def _node_list(names: Sequence[str], scope: NodeScope | None) -> str:
+    misfits = scope.misfits if scope is not None else {}
+    shown = [f"{n} ({misfits.get(n, 'no such Node')})" for n in names[:MAX_NODES_NAMED]]
+    more = len(names) - len(shown)
+    return ", ".join(shown) + (f" and {more} more" if more else "") if shown else "no nodes"
 
 
 def attribute_value(device: PoolDevice, name: str, *, driver: str) -> object | None:
@@ -787,6 +835,8 @@ class ExplainInputs:
     slices: Sequence[JsonObject]
     claims: Sequence[JsonObject]
     classes: Sequence[JsonObject]
+    nodes: Sequence[JsonObject] | None = None  # None: not allowed to list them
+    pods: Sequence[JsonObject] = ()  # the Pods waiting for the claim
 
 
 class ClaimNotFound(LookupError):
@@ -810,7 +860,18 @@ def fetch_inputs(api: KubeApi, *, namespace: str, name: str, driver: str) -> Exp
         slices=_list(api, "resourceslices", field_selector=f"spec.driver={driver}"),
         claims=_list(api, "resourceclaims"),
         classes=_list(api, "deviceclasses"),
+        nodes=api.list_nodes(),
+        pods=[p for p in api.list_pods(namespace) or [] if waits_for(p, name)],
     )
+
+
+def waits_for(pod: JsonObject, claim_name: str) -> bool:
+    """Whether ``pod`` is not yet scheduled and uses the claim ``claim_name``."""
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    if spec.get("nodeName"):
+        return False
+    entries = [*(spec.get("resourceClaims") or []), *(status.get("resourceClaimStatuses") or [])]
+    return any(e.get("resourceClaimName") == claim_name for e in entries)
 
 
 def explain_from_api(api: KubeApi, *, namespace: str, name: str, driver: str) -> ClaimExplanation:
@@ -822,4 +883,6 @@ def explain_from_api(api: KubeApi, *, namespace: str, name: str, driver: str) ->
         claims=inputs.claims,
         classes=inputs.classes,
         driver=driver,
+        nodes=inputs.nodes,
+        pods=inputs.pods,
     )

@@ -153,7 +153,31 @@ class KubeApi:
                 raise ConflictError(f"{err.status} {err.reason}") from err
             raise
 
-    # ---- Nodes and Events -------------------------------------------------------
+    # ---- Nodes, Pods and Events -------------------------------------------------
+
+    def list_nodes(self) -> list[JsonObject] | None:
+        """Every Node (from the API server's watch cache), or None when this identity
+        may not list them."""
+        try:
+            data = self._get_json("/api/v1/nodes", query=[("resourceVersion", "0")])
+        except ApiException as err:
+            if err.status == 403:
+                return None
+            raise
+        return list((data or {}).get("items") or [])
+
+    def get_pod(self, namespace: str, name: str) -> JsonObject | None:
+        return self._get_json(f"/api/v1/namespaces/{namespace}/pods/{name}", query=[])
+
+    def list_pods(self, namespace: str) -> list[JsonObject] | None:
+        """The namespace's Pods, or None when this identity may not list them."""
+        try:
+            data = self._get_json(f"/api/v1/namespaces/{namespace}/pods", query=[])
+        except ApiException as err:
+            if err.status == 403:
+                return None
+            raise
+        return list((data or {}).get("items") or [])
 
     def get_node_uid(self, name: str) -> str | None:
         try:

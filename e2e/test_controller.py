@@ -649,6 +649,38 @@ def test_gpus_spread_over_nodes_are_explained(
     assert_untouched(kube, namespace)
 
 
+def test_a_pods_node_selector_that_rules_out_the_free_gpus_is_explained(
+    kube: Kube,
+    kubeconfig: Path,
+    namespace: str,
+    controller: ControllerProcess,
+    make_node: Callable[..., dict[str, Any]],
+) -> None:
+    """The only free GPU is on a node the Pod's nodeSelector excludes."""
+    with_gpu = make_node(f"e2e-sel-{TOKEN}-gpu", labels={"team": "a"})
+    kube.create(node_slice(with_gpu, [gpu("gpu-0")]))
+    make_node(f"e2e-sel-{TOKEN}-cpu", labels={"team": "b"})
+    kube.create(claim_template("one"), namespace)
+    waiting = pod("team-b-trainer", template="one")
+    waiting["spec"]["nodeSelector"] = {"team": "b"}
+    kube.create(waiting, namespace)
+    claim = wait_for(
+        lambda: pod_claim(kube, namespace, "team-b-trainer"), timeout=30, what="the claim"
+    )
+
+    event = wait_event(kube, namespace, claim["metadata"]["uid"], "Unsatisfiable", timeout=40)
+
+    assert event.message == (
+        "the Pod's node constraints rule out every node with free devices: "
+        f"e2e-sel-{TOKEN}-gpu (nodeSelector team=b)"
+    )
+    explanation = explain_from_api(
+        KubeApi(kube.api), namespace=namespace, name=claim["metadata"]["name"], driver=DRIVER
+    )
+    assert explanation.message() == event.message
+    assert_untouched(kube, namespace)
+
+
 # --- two replicas ----------------------------------------------------------------------
 
 

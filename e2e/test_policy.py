@@ -515,7 +515,9 @@ CONTROLLER_RIGHTS = [
     ("create", "", "events", "", True, True),
     ("patch", "", "events", "", True, False),
     ("get", "", "secrets", "", True, False),
-    ("get", "", "nodes", "", False, False),
+    ("list", "", "nodes", "", False, True),
+    ("watch", "", "nodes", "", False, False),
+    ("patch", "", "nodes", "", False, False),
 ]
 
 

@@ -481,3 +481,92 @@ def test_devices_of_all_nodes_count_on_every_node() -> None:
     result = explain(claim("job", [exactly(count=2)]), slices)
 
     assert not result.unsatisfiable
+
+
+def cluster_node(name: str, labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": labels or {}}, "spec": spec}
+
+
+def waiting_pod(**spec: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "trainer", "namespace": "default"}, "spec": spec}
+
+
+def test_the_pods_node_selector_rules_out_the_node_with_free_devices() -> None:
+    slices = [resource_slice("node-a", [device("gpu-0")])]
+    nodes = [cluster_node("node-a", {"gpu": "h100"}), cluster_node("node-b", {"gpu": "h200"})]
+
+    result = explain_claim(
+        claim("job", [exactly()]),
+        slices=slices,
+        claims=[],
+        classes=[GPU_CLASS],
+        driver=DRIVER,
+        nodes=nodes,
+        pods=[waiting_pod(nodeSelector={"gpu": "h200"})],
+    )
+
+    assert result.problems == (
+        "the Pod's node constraints rule out every node with free devices: "
+        "node-a (nodeSelector gpu=h200)",
+    )
+
+
+def test_nodes_the_pod_may_not_use_are_named_beside_the_closest_one() -> None:
+    slices = [
+        resource_slice("node-a", [device("gpu-0")]),
+        resource_slice("node-b", [device("gpu-0"), device("gpu-1")]),
+    ]
+    taint = {"key": "maintenance", "effect": "NoSchedule"}
+    nodes = [cluster_node("node-a"), cluster_node("node-b", taints=[taint])]
+
+    result = explain_claim(
+        claim("job", [exactly(count=2)]),
+        slices=slices,
+        claims=[],
+        classes=[GPU_CLASS],
+        driver=DRIVER,
+        nodes=nodes,
+        pods=[waiting_pod()],
+    )
+
+    assert result.problems == (
+        "a claim's devices must all be reachable from the one node its Pod runs on, and no "
+        "node has enough: free devices on 2 nodes; node node-a comes closest with 1 of the 2 "
+        "needed; the Pod may not use node-b (taint maintenance:NoSchedule)",
+    )
+
+
+def test_a_tolerating_pod_may_use_the_tainted_node() -> None:
+    slices = [resource_slice("node-b", [device("gpu-0"), device("gpu-1")])]
+    nodes = [cluster_node("node-b", taints=[{"key": "gpu", "effect": "NoSchedule"}])]
+    tolerations = [{"key": "gpu", "operator": "Exists"}]
+
+    result = explain_claim(
+        claim("job", [exactly(count=2)]),
+        slices=slices,
+        claims=[],
+        classes=[GPU_CLASS],
+        driver=DRIVER,
+        nodes=nodes,
+        pods=[waiting_pod(tolerations=tolerations)],
+    )
+
+    assert not result.unsatisfiable
+
+
+def test_devices_of_all_nodes_need_a_node_the_pod_fits() -> None:
+    shared = resource_slice("fabric", [device("gpu-9")])
+    del shared["spec"]["nodeName"]
+    shared["spec"]["allNodes"] = True
+
+    result = explain_claim(
+        claim("job", [exactly()]),
+        slices=[shared],
+        claims=[],
+        classes=[GPU_CLASS],
+        driver=DRIVER,
+        nodes=[cluster_node("node-a", unschedulable=True)],
+        pods=[waiting_pod()],
+    )
+
+    assert result.problems == ("no node fits the Pod: node-a (cordoned: spec.unschedulable)",)
