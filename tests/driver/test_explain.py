@@ -491,19 +491,26 @@ def waiting_pod(**spec: Any) -> dict[str, Any]:
     return {"metadata": {"name": "trainer", "namespace": "default"}, "spec": spec}
 
 
-def test_the_pods_node_selector_rules_out_the_node_with_free_devices() -> None:
-    slices = [resource_slice("node-a", [device("gpu-0")])]
-    nodes = [cluster_node("node-a", {"gpu": "h100"}), cluster_node("node-b", {"gpu": "h200"})]
-
-    result = explain_claim(
-        claim("job", [exactly()]),
+def explain_for(
+    target: dict[str, Any], slices: list[dict[str, Any]], nodes: list[dict[str, Any]], **pod: Any
+) -> ClaimExplanation:
+    """Explain ``target`` for one waiting Pod with ``pod`` as its spec, on ``nodes``."""
+    return explain_claim(
+        target,
         slices=slices,
         claims=[],
         classes=[GPU_CLASS],
         driver=DRIVER,
         nodes=nodes,
-        pods=[waiting_pod(nodeSelector={"gpu": "h200"})],
+        pods=[waiting_pod(**pod)],
     )
+
+
+def test_the_pods_node_selector_rules_out_the_node_with_free_devices() -> None:
+    slices = [resource_slice("node-a", [device("gpu-0")])]
+    nodes = [cluster_node("node-a", {"gpu": "h100"}), cluster_node("node-b", {"gpu": "h200"})]
+
+    result = explain_for(claim("job", [exactly()]), slices, nodes, nodeSelector={"gpu": "h200"})
 
     assert result.problems == (
         "the Pod's node constraints rule out every node with free devices: "
@@ -519,15 +526,7 @@ def test_nodes_the_pod_may_not_use_are_named_beside_the_closest_one() -> None:
     taint = {"key": "maintenance", "effect": "NoSchedule"}
     nodes = [cluster_node("node-a"), cluster_node("node-b", taints=[taint])]
 
-    result = explain_claim(
-        claim("job", [exactly(count=2)]),
-        slices=slices,
-        claims=[],
-        classes=[GPU_CLASS],
-        driver=DRIVER,
-        nodes=nodes,
-        pods=[waiting_pod()],
-    )
+    result = explain_for(claim("job", [exactly(count=2)]), slices, nodes)
 
     assert result.problems == (
         "a claim's devices must all be reachable from the one node its Pod runs on, and no "
@@ -541,15 +540,7 @@ def test_a_tolerating_pod_may_use_the_tainted_node() -> None:
     nodes = [cluster_node("node-b", taints=[{"key": "gpu", "effect": "NoSchedule"}])]
     tolerations = [{"key": "gpu", "operator": "Exists"}]
 
-    result = explain_claim(
-        claim("job", [exactly(count=2)]),
-        slices=slices,
-        claims=[],
-        classes=[GPU_CLASS],
-        driver=DRIVER,
-        nodes=nodes,
-        pods=[waiting_pod(tolerations=tolerations)],
-    )
+    result = explain_for(claim("job", [exactly(count=2)]), slices, nodes, tolerations=tolerations)
 
     assert not result.unsatisfiable
 
@@ -559,14 +550,8 @@ def test_devices_of_all_nodes_need_a_node_the_pod_fits() -> None:
     del shared["spec"]["nodeName"]
     shared["spec"]["allNodes"] = True
 
-    result = explain_claim(
-        claim("job", [exactly()]),
-        slices=[shared],
-        claims=[],
-        classes=[GPU_CLASS],
-        driver=DRIVER,
-        nodes=[cluster_node("node-a", unschedulable=True)],
-        pods=[waiting_pod()],
+    result = explain_for(
+        claim("job", [exactly()]), [shared], [cluster_node("node-a", unschedulable=True)]
     )
 
     assert result.problems == ("no node fits the Pod: node-a (cordoned: spec.unschedulable)",)
