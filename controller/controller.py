@@ -26,7 +26,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +55,7 @@ JsonObject = Mapping[str, Any]
 RETRY_DELAYS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 READY_RESULTS = frozenset({"published", "unchanged"})
 MIN_RECHECK = 30.0
+NODES_MAX_AGE = 10.0  # Node labels and taints change rarely; explanations are slow anyway
 CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
 
 
@@ -98,6 +99,11 @@ class Controller:
         self._lock = threading.Lock()
         self._pool_locks: dict[str, threading.Lock] = {}
         self._progress: dict[str, PoolProgress] = {}
+        # (read at, Nodes): one list serves every explanation for a few seconds, so many
+        # pending claims do not mean as many lists of every Node. Never longer than the
+        # explanation delay: a Node made before a Pod is then always in the list.
+        self._nodes: tuple[float, Sequence[JsonObject] | None] = (float("-inf"), None)
+        self._nodes_max_age = min(NODES_MAX_AGE, options.explain_after)
 
     # ---- DevicePools ----------------------------------------------------------------
 
@@ -309,6 +315,14 @@ class Controller:
                 log.exception("explaining a claim failed", extra={"claim": "/".join(waiting[uid])})
             self.pending.explained(uid, now=now)
 
+    def nodes(self, *, now: float) -> Sequence[JsonObject] | None:
+        """Every Node, a few seconds old at most (None: not allowed to list them)."""
+        read_at, nodes = self._nodes
+        if now - read_at >= self._nodes_max_age:
+            nodes = self.api.list_nodes()
+            self._nodes = (now, nodes)
+        return nodes
+
     def explain(self, key: Key) -> str | None:
         """Explain one pending claim and post the result; returns the message posted."""
         claim = self.api.get_claim(*key)
@@ -319,7 +333,7 @@ class Controller:
         # which free devices can serve the claim at all.
         waiting = [p for p in self.view.pods_using("ResourceClaim", key) if p.waiting]
         pods = [obj for p in waiting if (obj := self.api.get_pod(p.namespace, p.name))]
-        nodes = self.api.list_nodes()
+        nodes = self.nodes(now=time.monotonic())
         started = time.perf_counter()
         explanation = explain_claim(
             claim,
