@@ -730,10 +730,13 @@ def _ruled_out(bound: Sequence[str], scope: NodeScope | None) -> str:
 
 
 def _node_list(names: Sequence[str], scope: NodeScope | None) -> str:
+    """``node-a (why), node-b (why) and 4 more``."""
+    if not names:
+        return "no nodes"
     misfits = scope.misfits if scope is not None else {}
-    shown = [f"{n} ({misfits.get(n, 'no such Node')})" for n in names[:MAX_NODES_NAMED]]
-    more = len(names) - len(shown)
-    return ", ".join(shown) + (f" and {more} more" if more else "") if shown else "no nodes"
+    text = ", ".join(f"{n} ({misfits.get(n, 'no such Node')})" for n in names[:MAX_NODES_NAMED])
+    more = len(names) - MAX_NODES_NAMED
+    return f"{text} and {more} more" if more > 0 else text
 
 
 def attribute_value(device: PoolDevice, name: str, *, driver: str) -> object | None:

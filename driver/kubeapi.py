@@ -158,21 +158,19 @@ class KubeApi:
     def list_nodes(self) -> list[JsonObject] | None:
         """Every Node (from the API server's watch cache), or None when this identity
         may not list them."""
-        try:
-            data = self._get_json("/api/v1/nodes", query=[("resourceVersion", "0")])
-        except ApiException as err:
-            if err.status == 403:
-                return None
-            raise
-        return list((data or {}).get("items") or [])
+        return self._list_json("/api/v1/nodes", query=[("resourceVersion", "0")])
 
     def get_pod(self, namespace: str, name: str) -> JsonObject | None:
         return self._get_json(f"/api/v1/namespaces/{namespace}/pods/{name}", query=[])
 
     def list_pods(self, namespace: str) -> list[JsonObject] | None:
         """The namespace's Pods, or None when this identity may not list them."""
+        return self._list_json(f"/api/v1/namespaces/{namespace}/pods", query=[])
+
+    def _list_json(self, path: str, *, query: list[tuple[str, str]]) -> list[JsonObject] | None:
+        # Optional reads (explanations): a user's RBAC may not allow them.
         try:
-            data = self._get_json(f"/api/v1/namespaces/{namespace}/pods", query=[])
+            data = self._get_json(path, query=query)
         except ApiException as err:
             if err.status == 403:
                 return None

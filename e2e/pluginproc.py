@@ -31,6 +31,8 @@ DRIVER = "gpu.drasil.dev"
 # kubelet hard-codes this directory (and its kubelet.sock) whatever its --root-dir.
 DEVICE_PLUGINS_DIR = Path("/var/lib/kubelet/device-plugins")
 GPU_RESOURCE = "drasil.dev/gpu"
+# Logged by the plugin each time kubelet accepted it (both modes).
+PLUGIN_REGISTERED = "registered with kubelet"
 # The chart's gpu.drasil.dev DeviceClass (charts/drasil/templates/deviceclasses.yaml).
 GPU_CLASS = {
     "apiVersion": "resource.k8s.io/v1",
@@ -191,6 +193,14 @@ class PluginProcess:
         with grpc.insecure_channel(f"unix://{self.device_plugin_socket}") as channel:
             stub = dp_grpc.DevicePluginStub(channel)
             return stub.GetDevicePluginOptions(dp_pb2.Empty(), timeout=5)
+
+    def registrations(self) -> int:
+        """How often kubelet has registered this plugin, by its log."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return 0
+        return text.count(PLUGIN_REGISTERED)
 
     def log_tail(self, lines: int = 40) -> str:
         try:

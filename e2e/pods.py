@@ -11,12 +11,36 @@ from kubernetes.client.exceptions import ApiException
 from e2e import versions
 from e2e.cluster.node import Node
 from e2e.kube import Kube, NotYet, gone, wait_for
+from e2e.pluginproc import DRIVER
 
 RESOURCE = "resource.k8s.io/v1"
 # Prints the env, then waits; exits at once on SIGTERM (a shell as PID 1 ignores it,
 # which would make every deletion take the whole grace period).
 COMMAND = "env | sort; trap 'exit 0' TERM; sleep 3600 & wait"
 POD_TIMEOUT = 120
+
+
+def template(kube: Kube, namespace: str, *, config: dict[str, Any] | None = None) -> str:
+    """A ResourceClaimTemplate for one GPU of gpu.drasil.dev (with `config` as its opaque
+    GpuConfig parameters); its name."""
+    devices: dict[str, Any] = {
+        "requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]
+    }
+    if config is not None:
+        devices["config"] = [
+            {"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": config}}
+        ]
+    name = f"gpu-{secrets.token_hex(3)}"
+    kube.create(
+        {
+            "apiVersion": RESOURCE,
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name},
+            "spec": {"spec": {"devices": devices}},
+        },
+        namespace,
+    )
+    return name
 
 
 def pod(
@@ -92,16 +116,25 @@ def events(kube: Kube, namespace: str, name: str) -> list[str]:
     return [f"{e.reason}: {e.message}" for e in items]
 
 
+def device_uuids(kube: Kube, node: Node) -> dict[str, str]:
+    """Device name -> uuid attribute, as the node's plugin (driver gpu.drasil.dev)
+    published them."""
+    slices = kube.resource(RESOURCE, "ResourceSlice").get(
+        field_selector=f"spec.nodeName={node.name},spec.driver={DRIVER}"
+    )
+    return {
+        d["name"]: str(d["attributes"]["uuid"]["string"])
+        for s in slices.items
+        for d in s.to_dict()["spec"].get("devices") or []
+    }
+
+
 def device_uuid(kube: Kube, node: Node, device: str) -> str:
     """The device's uuid attribute as published in the node's ResourceSlice."""
-    slices = kube.resource(RESOURCE, "ResourceSlice").get(
-        field_selector=f"spec.nodeName={node.name}"
-    )
-    for s in slices.items:
-        for d in s.to_dict()["spec"].get("devices") or []:
-            if d["name"] == device:
-                return str(d["attributes"]["uuid"]["string"])
-    raise AssertionError(f"device {device} not published for {node.name}")
+    uuids = device_uuids(kube, node)
+    if device not in uuids:
+        raise AssertionError(f"device {device} not published for {node.name}")
+    return uuids[device]
 
 
 def delete_pod(kube: Kube, namespace: str, name: str, *, wait: bool = True) -> None:

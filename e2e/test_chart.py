@@ -539,18 +539,23 @@ def test_chart_readme_lists_every_value_with_its_default() -> None:
 # ---- server-side dry-run against the real API server ----------------------------------
 
 
+def crd_exists(kube: Kube) -> bool:
+    """Whether the DevicePool CRD is installed (a test puts back what it found)."""
+    crds = kube.resource("apiextensions.k8s.io/v1", "CustomResourceDefinition")
+    try:
+        crds.get(name="devicepools.drasil.dev")
+    except ApiException as e:
+        if e.status != 404:
+            raise
+        return False
+    return True
+
+
 @contextlib.contextmanager
 def crd_installed(kube: Kube, kubeconfig: Path) -> Iterator[dict[str, Any]]:
     """The chart's CRD applied for real (DevicePools need it served); removed afterwards
     unless it was there before."""
-    crds = kube.resource("apiextensions.k8s.io/v1", "CustomResourceDefinition")
-    try:
-        crds.get(name="devicepools.drasil.dev")
-        existed = True
-    except ApiException as e:
-        if e.status != 404:
-            raise
-        existed = False
+    existed = crd_exists(kube)
     kubectl_run(kubeconfig, "apply", "--server-side", "-f", str(CRD))
     kubectl_run(
         kubeconfig,

@@ -342,6 +342,23 @@ def pod_claim(kube: Kube, namespace: str, pod_name: str) -> Any:
     return kube.get(RESOURCE, "ResourceClaim", names[0], namespace)
 
 
+def explain_cli(kubeconfig: Path, namespace: str, claim: str) -> subprocess.CompletedProcess[str]:
+    """`drasil explain` as a user runs it, for this module's driver."""
+    return subprocess.run(
+        [sys.executable, "-m", "drasil.driver.cli", "explain", f"--kubeconfig={kubeconfig}",
+         f"--driver-name={DRIVER}", "-n", namespace, claim],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def unsatisfiable(kube: Kube, namespace: str, pod_name: str) -> tuple[Any, Any]:
+    """The claim of a waiting Pod and the controller's Unsatisfiable Event on it
+    (--explain-after is 10 s)."""
+    claim = wait_for(lambda: pod_claim(kube, namespace, pod_name), timeout=30, what="the claim")
+    event = wait_event(kube, namespace, claim["metadata"]["uid"], "Unsatisfiable", timeout=40)
+    return claim, event
+
+
 def assert_untouched(kube: Kube, namespace: str) -> None:
     """No annotation, finalizer or status field of kopf's or ours on the objects we watch."""
     objects = [
@@ -579,11 +596,7 @@ def test_unmatched_selector_is_explained_within_30s(
         api, namespace=namespace, name=claim["metadata"]["name"], driver=DRIVER
     )
     assert explanation.message() == expected
-    cli = subprocess.run(
-        [sys.executable, "-m", "drasil.driver.cli", "explain", f"--kubeconfig={kubeconfig}",
-         f"--driver-name={DRIVER}", "-n", namespace, claim["metadata"]["name"]],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    cli = explain_cli(kubeconfig, namespace, claim["metadata"]["name"])
     assert cli.returncode == 0, cli.stderr
     assert f"0 pass selector {H200}" in cli.stdout
     assert_untouched(kube, namespace)
@@ -627,22 +640,14 @@ def test_gpus_spread_over_nodes_are_explained(
     template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] = 2
     kube.create(template, namespace)
     kube.create(pod("pair-trainer", template="pair"), namespace)
-    claim = wait_for(
-        lambda: pod_claim(kube, namespace, "pair-trainer"), timeout=30, what="the claim"
-    )
-
-    event = wait_event(kube, namespace, claim["metadata"]["uid"], "Unsatisfiable", timeout=40)
+    claim, event = unsatisfiable(kube, namespace, "pair-trainer")
 
     assert event.message == (
         "a claim's devices must all be reachable from the one node its Pod runs on, and no "
         f"node has enough: free devices on 3 nodes; node e2e-spread-{TOKEN}-0 comes closest "
         "with 1 of the 2 needed"
     )
-    cli = subprocess.run(
-        [sys.executable, "-m", "drasil.driver.cli", "explain", f"--kubeconfig={kubeconfig}",
-         f"--driver-name={DRIVER}", "-n", namespace, claim["metadata"]["name"]],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    cli = explain_cli(kubeconfig, namespace, claim["metadata"]["name"])
     assert cli.returncode == 0, cli.stderr
     assert "3  free (2 needed)" in cli.stdout
     assert event.message in cli.stdout
@@ -664,11 +669,7 @@ def test_a_pods_node_selector_that_rules_out_the_free_gpus_is_explained(
     waiting = pod("team-b-trainer", template="one")
     waiting["spec"]["nodeSelector"] = {"team": "b"}
     kube.create(waiting, namespace)
-    claim = wait_for(
-        lambda: pod_claim(kube, namespace, "team-b-trainer"), timeout=30, what="the claim"
-    )
-
-    event = wait_event(kube, namespace, claim["metadata"]["uid"], "Unsatisfiable", timeout=40)
+    claim, event = unsatisfiable(kube, namespace, "team-b-trainer")
 
     assert event.message == (
         "the Pod's node constraints rule out every node with free devices: "

@@ -30,7 +30,7 @@ from e2e.pods import (
     POD_TIMEOUT,
     container_env,
     delete_pod,
-    device_uuid,
+    device_uuids,
     events,
     pod,
     wait_running,
@@ -95,13 +95,16 @@ def fault(node: Node, action: str, device: str | None = None) -> str:
     return done.stdout
 
 
-def described(kubectl: Kubectl, node: Node, section: str) -> dict[str, str]:
-    """A section of `kubectl describe node` ("Capacity", "Allocatable") as a dict."""
+def described(kubectl: Kubectl, node: Node) -> dict[str, dict[str, str]]:
+    """The Capacity and Allocatable sections of `kubectl describe node`, as dicts."""
     text = kubectl("describe", "node", node.name).stdout
-    match = re.search(rf"^{section}:\n((?:[ \t]+\S.*\n)+)", text, re.MULTILINE)
-    assert match, f"no {section} section in `kubectl describe node`:\n{text}"
-    lines = (line.strip().split(":", 1) for line in match.group(1).splitlines())
-    return {key.strip(): value.strip() for key, value in lines}
+    sections = {}
+    for section in ("Capacity", "Allocatable"):
+        match = re.search(rf"^{section}:\n((?:[ \t]+\S.*\n)+)", text, re.MULTILINE)
+        assert match, f"no {section} section in `kubectl describe node`:\n{text}"
+        lines = (line.strip().split(":", 1) for line in match.group(1).splitlines())
+        sections[section] = {key.strip(): value.strip() for key, value in lines}
+    return sections
 
 
 def visible_uuids(env: dict[str, str]) -> list[str]:
@@ -109,7 +112,7 @@ def visible_uuids(env: dict[str, str]) -> list[str]:
 
 
 def published_uuids(kube: Kube, node: Node) -> set[str]:
-    return {device_uuid(kube, node, f"gpu-{i}") for i in range(GPUS)}
+    return set(device_uuids(kube, node).values())
 
 
 def no_claims(kube: Kube, namespace: str) -> list[str]:
@@ -123,8 +126,9 @@ def no_claims(kube: Kube, namespace: str) -> list[str]:
 def test_node_advertises_every_gpu_in_capacity_and_allocatable(
     node: Node, kubectl: Kubectl, device_plugin: PluginProcess
 ) -> None:
-    assert described(kubectl, node, "Capacity")[GPU_RESOURCE] == str(GPUS)
-    assert described(kubectl, node, "Allocatable")[GPU_RESOURCE] == str(GPUS)
+    sections = described(kubectl, node)
+    assert sections["Capacity"][GPU_RESOURCE] == str(GPUS)
+    assert sections["Allocatable"][GPU_RESOURCE] == str(GPUS)
     kubelet_log = node.log("kubelet").read_text(errors="replace")
     assert re.search(
         r'"Got registration request from device plugin with resource".*'
@@ -163,8 +167,9 @@ def test_fault_lowers_allocatable_until_the_device_recovers(
 ) -> None:
     fault(node, "inject", "gpu-3")
     node.wait_extended_resource(GPU_RESOURCE, capacity=GPUS, allocatable=GPUS - 1)
-    assert described(kubectl, node, "Allocatable")[GPU_RESOURCE] == str(GPUS - 1)
-    assert described(kubectl, node, "Capacity")[GPU_RESOURCE] == str(GPUS)
+    sections = described(kubectl, node)
+    assert sections["Allocatable"][GPU_RESOURCE] == str(GPUS - 1)
+    assert sections["Capacity"][GPU_RESOURCE] == str(GPUS)
 
     # A Pod that needs every GPU waits, and says why.
     name = pod(kube, ns, node, limits={GPU_RESOURCE: GPUS})
@@ -190,15 +195,9 @@ def test_kubelet_restart_registers_again_and_keeps_device_health(
     fault(node, "inject", "gpu-5")
     node.wait_extended_resource(GPU_RESOURCE, allocatable=GPUS - 1)
 
-    before = node.device_plugin_registrations()
+    before = node.device_plugin.registrations()
     node.restart_kubelet()  # kubelet deletes every socket in device-plugins/ at start
-    wait_for(
-        lambda: (
-            node.device_plugin_registrations() > before or NotYet(node.device_plugin.log_tail())
-        ),
-        timeout=60,
-        what="the device plugin to register with the restarted kubelet",
-    )
+    node.wait_registered(node.device_plugin, after=before)
     assert node.device_plugin.device_plugin_socket.is_socket()
     # The broken GPU is still reported unhealthy to the new kubelet.
     node.wait_extended_resource(GPU_RESOURCE, capacity=GPUS, allocatable=GPUS - 1)

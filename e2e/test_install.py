@@ -23,7 +23,6 @@ local cluster needs, all ordinary chart values:
 from __future__ import annotations
 
 import secrets
-import socket
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,13 +30,14 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes.client.exceptions import ApiException
 
 from e2e import versions
+from e2e.cluster.control_plane import free_ports
 from e2e.cluster.node import Node
 from e2e.image import LocalImage, build_image, import_image
 from e2e.kube import Kube, NotYet, gone, wait_for
-from e2e.test_chart import CHART, helm
+from e2e.pods import container_env, pod, wait_running
+from e2e.test_chart import CHART, crd_exists, helm
 
 DRIVER = "gpu.install.drasil.dev"
 CLASS = "install.drasil.dev"
@@ -45,17 +45,6 @@ RESOURCE = "resource.k8s.io/v1"
 PROFILE = "l4:2"
 COMMAND = "env | sort; trap 'exit 0' TERM; sleep 3600 & wait"
 TIMEOUT = 180
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @pytest.fixture(scope="module")
@@ -84,14 +73,7 @@ def device_class(kube: Kube) -> Iterator[str]:
 @pytest.fixture
 def crd_restored(kube: Kube) -> Iterator[None]:
     """helm installs the CRD from crds/ and never removes it: put things back."""
-    crds = kube.resource("apiextensions.k8s.io/v1", "CustomResourceDefinition")
-    try:
-        crds.get(name="devicepools.drasil.dev")
-        existed = True
-    except ApiException as e:
-        if e.status != 404:
-            raise
-        existed = False
+    existed = crd_exists(kube)
     yield
     if not existed:
         kube.delete("apiextensions.k8s.io/v1", "CustomResourceDefinition", "devicepools.drasil.dev")
@@ -100,7 +82,7 @@ def crd_restored(kube: Kube) -> Iterator[None]:
 def _values(node: Node, image: LocalImage, kubeconfig: Path) -> tuple[dict[str, Any], int]:
     server = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
     host, port = server.removeprefix("https://").rsplit(":", 1)
-    metrics_port, health_port, controller_metrics, controller_health = _free_ports(4)
+    metrics_port, health_port, controller_metrics, controller_health = free_ports(4)
     values = {
         "driverName": DRIVER,
         "backend": "simulated",
@@ -409,39 +391,10 @@ def test_install_in_device_plugin_mode_advertises_gpus_to_kubelet(
         node.wait_extended_resource(INSTALL_RESOURCE, capacity=2, allocatable=2, timeout=TIMEOUT)
         assert "ok (registered)" in _health(health_port)
 
-        name = f"w-{secrets.token_hex(3)}"
-        kube.create(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": name},
-                "spec": {
-                    "nodeSelector": {"kubernetes.io/hostname": node.name},
-                    "terminationGracePeriodSeconds": 5,
-                    "automountServiceAccountToken": False,
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": versions.TEST_IMAGE,
-                            "imagePullPolicy": "Never",
-                            "command": ["sh", "-c", COMMAND],
-                            "resources": {"limits": {INSTALL_RESOURCE: 1}},
-                        }
-                    ],
-                },
-            },
-            namespace,
-        )
-
-        def running() -> Any:
-            pod = kube.core.read_namespaced_pod(name, namespace)
-            if pod.status.phase != "Running":
-                return NotYet({"phase": pod.status.phase})
-            log = kube.core.read_namespaced_pod_log(name, namespace)
-            return ("NVIDIA_VISIBLE_DEVICES=GPU-" in log and log) or NotYet(log)
-
-        log = wait_for(running, timeout=TIMEOUT, what=f"Pod {name} to run with a GPU")
-        (visible,) = [line for line in log.splitlines() if line.startswith("NVIDIA_VISIBLE")]
+        name = pod(kube, namespace, node, limits={INSTALL_RESOURCE: 1})
+        wait_running(kube, namespace, name)
+        visible = container_env(kube, namespace, name)["NVIDIA_VISIBLE_DEVICES"]
+        assert visible.startswith("GPU-")
         assert "," not in visible  # one GPU
         _delete_pod(kube, namespace, name)
     finally:

@@ -23,6 +23,7 @@ from referencing.jsonschema import DRAFT7
 
 from e2e.kube import Kube, NotYet, wait_for
 from e2e.pluginproc import DRIVER, GPU_CLASS, ClaimId, KubeletClient, PluginProcess
+from e2e.pods import template
 
 RESOURCE = "resource.k8s.io/v1"
 CDI_SCHEMA_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "cdi-schema"
@@ -88,22 +89,7 @@ def allocated_pod_claim(
     kube: Kube, namespace: str, node: str, *, config: dict[str, Any] | None = None
 ) -> tuple[ClaimId, dict[str, Any]]:
     """A Pod with a claim from a template, pinned to ``node``; returns the allocated claim."""
-    requests: dict[str, Any] = {"name": "gpu", "exactly": {"deviceClassName": DRIVER}}
-    devices: dict[str, Any] = {"requests": [requests]}
-    if config is not None:
-        devices["config"] = [
-            {"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": config}}
-        ]
-    name = f"gpu-{secrets.token_hex(3)}"
-    kube.create(
-        {
-            "apiVersion": RESOURCE,
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name},
-            "spec": {"spec": {"devices": devices}},
-        },
-        namespace,
-    )
+    name = template(kube, namespace, config=config)
     kube.create(
         {
             "apiVersion": "v1",

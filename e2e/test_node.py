@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from e2e.pods import (
     device_uuid,
     events,
     pod,
+    template,
     wait_running,
 )
 
@@ -106,27 +106,6 @@ def prepared_in(node: Node, namespace: str) -> dict[str, Any]:
         if f"DRASIL_CLAIM_NAMESPACE={namespace}" in env:
             held[spec.name] = "CDI spec"
     return held
-
-
-def template(kube: Kube, namespace: str, *, config: dict[str, Any] | None = None) -> str:
-    devices: dict[str, Any] = {
-        "requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]
-    }
-    if config is not None:
-        devices["config"] = [
-            {"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": config}}
-        ]
-    name = f"gpu-{secrets.token_hex(3)}"
-    kube.create(
-        {
-            "apiVersion": RESOURCE,
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name},
-            "spec": {"spec": {"devices": devices}},
-        },
-        namespace,
-    )
-    return name
 
 
 def pod_claim(kube: Kube, namespace: str, name: str) -> dict[str, Any]:

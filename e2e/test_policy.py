@@ -16,7 +16,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import urllib.error
 import urllib.parse
@@ -31,6 +30,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from e2e.cluster.control_plane import free_ports
 from e2e.image import build_image, image_env, sandbox_command, unpack
 from e2e.kube import Kube, NotYet, wait_for
 from e2e.test_chart import crd_installed, dump, kubectl_run, render
@@ -550,17 +550,6 @@ def test_rbac_grants_each_daemon_only_what_it_needs(kube: Kube, install: Install
 # ---- the real plugin, from the image, as the chart runs it ------------------------------
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _http_get(url: str) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(url, timeout=5) as response:
@@ -587,7 +576,7 @@ def test_plugin_from_the_image_publishes_its_node_under_the_charts_rbac_and_poli
     node_a, _ = nodes
     image = build_image()
     rootfs = unpack(image, tmp_path / "rootfs")
-    metrics_port, health_port = _free_ports(2)
+    metrics_port, health_port = free_ports(2)
     objs = render(
         namespace=namespace,
         release=install.release,

@@ -64,7 +64,6 @@ DEFAULT_PROFILE = "h100-80gb:8"
 MAX_SOCKET_PATH = 97
 POD_SUBNET_BASE = ipaddress.IPv4Network("10.244.0.0/16")
 MNT_DETACH = 2
-PLUGIN_REGISTERED = "registered with kubelet"
 # Logged at -v=3 by kubelet's dra_plugin_manager.go (our --vmodule turns it on).
 KUBELET_STARTUP_WIPE = '"Deleted ResourceSlices" logger="DRA registration handler.startup"'
 # kubelet's --root-dir of each run is <this>/<run id>. Not under the run dir: the
@@ -647,17 +646,19 @@ disabled_plugins = [
 
     def registrations(self) -> int:
         """How often the plugin has been told by kubelet that it is registered."""
-        try:
-            text = self.plugin.log_path.read_text(errors="replace")
-        except OSError:
-            return 0
-        return text.count(PLUGIN_REGISTERED)
+        return self.plugin.registrations()
 
     def wait_plugin_registered(self, *, after: int, timeout: float = 60.0) -> None:
         """Until kubelet's plugin watcher registered the plugin more than `after` times."""
+        self.wait_registered(self.plugin, after=after, timeout=timeout)
+
+    def wait_registered(
+        self, plugin: pluginproc.PluginProcess, *, after: int, timeout: float = 60.0
+    ) -> None:
+        """Until kubelet registered `plugin` (either mode) more than `after` times."""
         self._wait(
-            "kubelet to register the drasil plugin",
-            lambda: (self.registrations() > after, f"{self.registrations()} registrations"),
+            f"kubelet to register {plugin.log_path.stem}",
+            lambda: (plugin.registrations() > after, f"{plugin.registrations()} registrations"),
             timeout,
         )
 
@@ -766,14 +767,6 @@ disabled_plugins = [
 
     # -- device-plugin mode -----------------------------------------------------------
 
-    def device_plugin_registrations(self) -> int:
-        """How often the device plugin registered `drasil.dev/gpu` on kubelet.sock."""
-        try:
-            text = self.device_plugin.log_path.read_text(errors="replace")
-        except OSError:
-            return 0
-        return text.count(PLUGIN_REGISTERED)
-
     def extended_resource(self, name: str) -> tuple[int, int]:
         """(capacity, allocatable) of extended resource `name` in the Node's status."""
         code, node = self._api(f"/api/v1/nodes/{self.name}")
@@ -816,16 +809,9 @@ disabled_plugins = [
         reports every device as allocatable `drasil.dev/gpu`."""
         self.check_device_plugin_socket()
         self._say(f"starting the drasil device plugin ({pluginproc.GPU_RESOURCE})")
-        before = self.device_plugin_registrations()
+        before = self.device_plugin.registrations()
         self.device_plugin.start(timeout=timeout)
-        self._wait(
-            "the device plugin to register with kubelet",
-            lambda: (
-                self.device_plugin_registrations() > before,
-                f"{self.device_plugin_registrations()} registrations",
-            ),
-            timeout,
-        )
+        self.wait_registered(self.device_plugin, after=before, timeout=timeout)
         count = _profile_size(self.config.profile)
         if count is not None:
             self.wait_extended_resource(
