@@ -5,7 +5,7 @@ and published into ResourceSlices exactly as the node plugin does, cut to 1,000
 devices. One explain evaluates every selector of the claim (its class's and its own)
 against every device, so it can report how many devices pass each stage.
 
-Measured for ``drasil.driver.cel``: the first explain in a fresh process (including
+Measured for ``drasil.driver.cel.selectors``: the first explain in a fresh process (including
 celpy's parser construction), a cold explain (compile + convert every device +
 evaluate), a warm one (compiled selectors and converted devices cached, as in the
 controller), and each part alone. For comparison, plain ``celpy`` the naive way
@@ -31,15 +31,15 @@ from typing import Any
 import celpy
 from celpy import celtypes
 
-from drasil.driver.cel import (
+from drasil.driver.cel.selectors import (
     CelDeviceCache,
     clear_compile_cache,
     compile_selector,
 )
-from drasil.driver.celvalues import Quantity, Semver
-from drasil.driver.discovery import discover
-from drasil.driver.simulated import simulated_library
-from drasil.driver.slices import JsonObject, build_slices
+from drasil.driver.cel.values import Quantity, Semver
+from drasil.driver.discovery.nodedevices import discover
+from drasil.driver.discovery.simulated import simulated_library
+from drasil.driver.slices.build import JsonObject, build_slices
 
 DRIVER = "gpu.drasil.dev"
 DEVICES = 1000

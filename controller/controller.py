@@ -45,8 +45,8 @@ from drasil.controller.options import FIELD_MANAGER, ControllerOptions
 from drasil.controller.pending import PendingClaims
 from drasil.controller.poolsync import PoolSync
 from drasil.controller.state import ClusterView, Key, key_of
-from drasil.driver.cel import CelDeviceCache
-from drasil.driver.explain import explain_claim
+from drasil.driver.cel.selectors import CelDeviceCache
+from drasil.driver.explain.claims import explain_claim
 from drasil.driver.kubeapi import KubeApi
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,7 @@ from drasil.api.devicepool import (
 )
 from drasil.api.quantity import QuantityError, parse_quantity
 from drasil.driver.devices import AttributeValue, Device, DeviceType, Version
-from drasil.driver.slices import (
+from drasil.driver.slices.build import (
     JsonObject,
     OwnerRef,
     SliceValidationError,

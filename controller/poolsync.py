@@ -44,9 +44,9 @@ from drasil.controller.devicepools import (
 )
 from drasil.controller.metrics import ControllerMetrics
 from drasil.driver.kubeapi import RESOURCE_GROUP, RESOURCE_VERSION, KubeApi
-from drasil.driver.publish import PublishPlan, plan_publish
-from drasil.driver.publisher import PoolPublisher
-from drasil.driver.slices import JsonObject
+from drasil.driver.slices.build import JsonObject
+from drasil.driver.slices.plan import PublishPlan, plan_publish
+from drasil.driver.slices.publisher import PoolPublisher
 
 log = logging.getLogger(__name__)
 

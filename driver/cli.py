@@ -13,16 +13,16 @@ import yaml
 from kubernetes import config
 from kubernetes.config import ConfigException
 
-from drasil.driver.backends import BACKENDS, open_backend
-from drasil.driver.configfiles import validate_config_document
+from drasil.driver.claims.configcheck import validate_config_document
 from drasil.driver.devices import Device, Version
-from drasil.driver.discovery import DiscoveryResult, discover
-from drasil.driver.explain import ClaimNotFound, explain_from_api, render_table
-from drasil.driver.health import FAULT_FILE, read_faults, write_faults
+from drasil.driver.discovery.backends import BACKENDS, open_backend
+from drasil.driver.discovery.health import FAULT_FILE, read_faults, write_faults
+from drasil.driver.discovery.nodedevices import DiscoveryResult, discover
+from drasil.driver.discovery.nvml import NvmlError
+from drasil.driver.discovery.simulated import ProfileSpecError
+from drasil.driver.explain.claims import ClaimNotFound, explain_from_api, render_table
 from drasil.driver.kubeapi import KubeApi
-from drasil.driver.nvml import NvmlError
-from drasil.driver.simulated import ProfileSpecError
-from drasil.driver.slices import build_slices
+from drasil.driver.slices.build import build_slices
 
 DEFAULT_DRIVER = "gpu.drasil.dev"
 OUTPUTS = ("table", "json", "yaml")

@@ -24,7 +24,7 @@ from drasil.api.kubelet.dra.v1 import dra_pb2, dra_pb2_grpc
 from drasil.api.kubelet.dra.v1beta1 import dra_pb2 as dra_v1beta1_pb2
 from drasil.api.kubelet.dra.v1beta1 import dra_pb2_grpc as dra_v1beta1_grpc
 from drasil.api.kubelet.pluginregistration import registration_pb2, registration_pb2_grpc
-from drasil.kubeletplugin.deviceplugin_resources import socket_name
+from drasil.kubeletplugin.deviceplugin.resources import socket_name
 from e2e.cluster import procs
 
 DRIVER = "gpu.drasil.dev"

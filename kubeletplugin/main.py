@@ -12,15 +12,15 @@ from types import FrameType
 
 from kubernetes.config import ConfigException
 
-from drasil.driver.backends import open_backend
+from drasil.driver.discovery.backends import open_backend
+from drasil.driver.discovery.nvml import NvmlError, NvmlLibrary
+from drasil.driver.discovery.simulated import ProfileSpecError
 from drasil.driver.kubeapi import KubeApi, load_api_client
 from drasil.driver.logs import setup_logging
-from drasil.driver.nvml import NvmlError, NvmlLibrary
-from drasil.driver.simulated import ProfileSpecError
-from drasil.kubeletplugin.deviceplugin import DevicePluginServer
-from drasil.kubeletplugin.deviceplugin_resources import DevicePluginConfigError
+from drasil.kubeletplugin.deviceplugin.plugin import DevicePluginServer
+from drasil.kubeletplugin.deviceplugin.resources import DevicePluginConfigError
+from drasil.kubeletplugin.dra.plugin import KubeletPlugin
 from drasil.kubeletplugin.options import OptionsError, PluginOptions, parse_options
-from drasil.kubeletplugin.plugin import KubeletPlugin
 
 log = logging.getLogger("drasil.kubeletplugin")
 

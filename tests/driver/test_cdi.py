@@ -21,8 +21,8 @@ import pytest
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
-from drasil.driver import cdi
-from drasil.driver.cdi import (
+from drasil.driver.cdi import claimspecs as cdi
+from drasil.driver.cdi.claimspecs import (
     CdiSpecError,
     ClaimDevice,
     ClaimSpecRequest,
@@ -611,7 +611,7 @@ def test_failed_write_leaves_no_temp_file(tmp_path: Path, monkeypatch: pytest.Mo
 _CHILD = """
 import sys
 from pathlib import Path
-from drasil.driver import cdi
+from drasil.driver.cdi import claimspecs as cdi
 from drasil.driver.devices import Device, DeviceType
 
 root, uid, uuid = Path(sys.argv[1]), sys.argv[2], sys.argv[3]

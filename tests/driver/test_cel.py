@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from drasil.driver.cel import (
+from drasil.driver.cel.selectors import (
     CelCompileError,
     CelDevice,
     CelDeviceCache,
@@ -23,9 +23,9 @@ from drasil.driver.cel import (
     scheduler_error,
     slice_devices,
 )
-from drasil.driver.discovery import discover
-from drasil.driver.simulated import simulated_library
-from drasil.driver.slices import build_slices
+from drasil.driver.discovery.nodedevices import discover
+from drasil.driver.discovery.simulated import simulated_library
+from drasil.driver.slices.build import build_slices
 
 DRIVER = "gpu.drasil.dev"
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from drasil.driver.cli import main
-from drasil.driver.slices import validate_slice
+from drasil.driver.slices.build import validate_slice
 
 
 def run(*argv: str) -> tuple[int, str]:

@@ -13,8 +13,8 @@ from drasil.api.config import (
     SharingStrategy,
     TimeSlicingInterval,
 )
-from drasil.driver.configfiles import validate_config_document
-from drasil.driver.configs import (
+from drasil.driver.claims.configcheck import validate_config_document
+from drasil.driver.claims.deviceconfigs import (
     AllocatedDevice,
     Allocation,
     AllocationError,

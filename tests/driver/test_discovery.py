@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from drasil.driver.devices import DeviceType, Version
-from drasil.driver.discovery import (
+from drasil.driver.discovery.nodedevices import (
     PCI_BUS_ID_ATTRIBUTE,
     PCIE_ROOT_ATTRIBUTE,
     cuda_version_semver,
@@ -23,7 +23,7 @@ from drasil.driver.discovery import (
     mig_profile_name,
     normalize_pci_bus_id,
 )
-from drasil.driver.nvml import (
+from drasil.driver.discovery.nvml import (
     DeviceAttributes,
     NvmlNotFound,
     NvmlQueryError,
@@ -31,7 +31,7 @@ from drasil.driver.nvml import (
     PynvmlLibrary,
     sysfs_pcie_root,
 )
-from drasil.driver.simulated import FakeNvml, simulated_gpus, simulated_library
+from drasil.driver.discovery.simulated import FakeNvml, simulated_gpus, simulated_library
 
 GiB = 2**30
 MiB = 2**20

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from drasil.driver.explain import (
+from drasil.driver.explain.claims import (
     ClaimExplanation,
     build_inventory,
     explain_claim,

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from drasil.driver.devices import Device, DeviceType
-from drasil.driver.discovery import discover
-from drasil.driver.health import (
+from drasil.driver.discovery.health import (
     BENIGN_XIDS,
     FaultFileWatcher,
     HealthTracker,
@@ -20,8 +19,9 @@ from drasil.driver.health import (
     read_faults,
     write_faults,
 )
-from drasil.driver.nvml import EVENT_TYPE_XID_CRITICAL_ERROR, NO_INSTANCE, EventData
-from drasil.driver.simulated import FakeNvml, simulated_library
+from drasil.driver.discovery.nodedevices import discover
+from drasil.driver.discovery.nvml import EVENT_TYPE_XID_CRITICAL_ERROR, NO_INSTANCE, EventData
+from drasil.driver.discovery.simulated import FakeNvml, simulated_library
 
 NODE = "n1"
 DEADLINE = 20.0

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from drasil.driver.nodefit import misfit, term_matches, tolerated
+from drasil.driver.explain.nodefit import misfit, term_matches, tolerated
 
 
 def node(name: str, labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:

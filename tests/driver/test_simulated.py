@@ -7,8 +7,9 @@ import re
 
 import pytest
 
-from drasil.driver.discovery import mig_profile_name
-from drasil.driver.nvml import (
+from drasil.driver.discovery.gpucatalog import PROFILES, MiB
+from drasil.driver.discovery.nodedevices import mig_profile_name
+from drasil.driver.discovery.nvml import (
     EVENT_TYPE_XID_CRITICAL_ERROR,
     NO_INSTANCE,
     DeviceAttributes,
@@ -19,8 +20,7 @@ from drasil.driver.nvml import (
     NvmlUnavailable,
     PynvmlLibrary,
 )
-from drasil.driver.profiles.catalog import PROFILES, MiB
-from drasil.driver.simulated import (
+from drasil.driver.discovery.simulated import (
     FakeNvml,
     ProfileSpecError,
     parse_profile_spec,

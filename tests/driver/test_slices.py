@@ -12,10 +12,9 @@ from typing import Any
 import pytest
 
 from drasil.driver.devices import AttributeValue, Device, DeviceType, Version
-from drasil.driver.discovery import discover
-from drasil.driver.publish import PublishPlan, plan_publish
-from drasil.driver.simulated import simulated_library
-from drasil.driver.slices import (
+from drasil.driver.discovery.nodedevices import discover
+from drasil.driver.discovery.simulated import simulated_library
+from drasil.driver.slices.build import (
     CounterConsumption,
     CounterSet,
     JsonObject,
@@ -29,6 +28,7 @@ from drasil.driver.slices import (
     slice_name,
     validate_slice,
 )
+from drasil.driver.slices.plan import PublishPlan, plan_publish
 
 DRIVER = "gpu.drasil.dev"
 UNHEALTHY = Taint(key="gpu.drasil.dev/unhealthy", value="xid-79", effect=TaintEffect.NO_SCHEDULE)

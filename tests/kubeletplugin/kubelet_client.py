@@ -1,6 +1,6 @@
 """What the kubelet plugin tests share: short socket dirs, claims, a Preparer, gRPC.
 
-The ClaimReader here is the plugin's own Protocol (``drasil.kubeletplugin.prepare``)
+The ClaimReader here is the plugin's own Protocol (``drasil.kubeletplugin.dra.prepare``)
 answered from claim JSON the test writes, so the Preparer's logic can be driven
 without an API server. Tests that need the real API server live in ``e2e/``.
 
@@ -24,9 +24,9 @@ import grpc
 
 from drasil.driver.checkpoint import CheckpointStore
 from drasil.driver.devices import Device
-from drasil.driver.discovery import discover
-from drasil.driver.simulated import simulated_library
-from drasil.kubeletplugin.prepare import ClaimRef, Preparer
+from drasil.driver.discovery.nodedevices import discover
+from drasil.driver.discovery.simulated import simulated_library
+from drasil.kubeletplugin.dra.prepare import ClaimRef, Preparer
 from drasil.kubeletplugin.sockets import UnixSocketServer
 
 DRIVER = "gpu.drasil.dev"

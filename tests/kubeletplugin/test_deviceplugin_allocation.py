@@ -13,13 +13,13 @@ import pytest
 from kubelet_client import node_devices
 
 from drasil.driver.devices import Device
-from drasil.kubeletplugin.deviceplugin_allocation import (
+from drasil.kubeletplugin.deviceplugin.allocation import (
     UnknownDeviceIds,
     container_response,
     preferred,
     resolve,
 )
-from drasil.kubeletplugin.deviceplugin_resources import Resource, plan_resources
+from drasil.kubeletplugin.deviceplugin.resources import Resource, plan_resources
 
 DRIVER = "gpu.drasil.dev"
 

@@ -14,17 +14,17 @@ from referencing import Registry
 from referencing import Resource as SchemaResource
 from referencing.jsonschema import DRAFT7
 
-from drasil.driver.cdi import validate_spec
-from drasil.driver.devices import Device, DeviceType
-from drasil.driver.discovery import discover
-from drasil.driver.simulated import FakeNvml, simulated_gpus
-from drasil.kubeletplugin.deviceplugin_cdi import (
+from drasil.driver.cdi.claimspecs import validate_spec
+from drasil.driver.cdi.staticspec import (
     build_device_spec,
     device_cdi_id,
     device_spec_path,
     write_device_spec,
 )
-from drasil.kubeletplugin.deviceplugin_resources import (
+from drasil.driver.devices import Device, DeviceType
+from drasil.driver.discovery.nodedevices import discover
+from drasil.driver.discovery.simulated import FakeNvml, simulated_gpus
+from drasil.kubeletplugin.deviceplugin.resources import (
     DevicePluginConfigError,
     Resource,
     plan_resources,

@@ -25,10 +25,10 @@ from test_deviceplugin_kubelet import (
 )
 
 from drasil.api.kubelet.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
-from drasil.driver.simulated import simulated_library
-from drasil.kubeletplugin.deviceplugin import DevicePluginServer
-from drasil.kubeletplugin.deviceplugin_cdi import device_spec_path
-from drasil.kubeletplugin.deviceplugin_resources import DevicePluginConfigError
+from drasil.driver.cdi.staticspec import device_spec_path
+from drasil.driver.discovery.simulated import simulated_library
+from drasil.kubeletplugin.deviceplugin.plugin import DevicePluginServer
+from drasil.kubeletplugin.deviceplugin.resources import DevicePluginConfigError
 
 GPUS = [f"gpu-{i}" for i in range(8)]
 UUIDS = {name: d.uuid for name, d in node_devices(PROFILE, node=NODE).items()}

@@ -25,9 +25,9 @@ from drasil.api.kubelet.dra.v1 import dra_pb2 as v1
 from drasil.api.kubelet.dra.v1 import dra_pb2_grpc as v1_grpc
 from drasil.api.kubelet.dra.v1beta1 import dra_pb2 as v1beta1
 from drasil.api.kubelet.dra.v1beta1 import dra_pb2_grpc as v1beta1_grpc
-from drasil.kubeletplugin.draservice import ClaimWork, DRAPluginV1, DRAPluginV1beta1
+from drasil.kubeletplugin.dra.prepare import Preparer
+from drasil.kubeletplugin.dra.service import ClaimWork, DRAPluginV1, DRAPluginV1beta1
 from drasil.kubeletplugin.metrics import PluginMetrics
-from drasil.kubeletplugin.prepare import Preparer
 
 UID_GOOD = "0b7c3f2e-8d1a-4c55-9e0f-1a2b3c4d5e6f"
 UID_BAD = "1f2e3d4c-5b6a-4978-8695-a4b3c2d1e0f9"

@@ -119,7 +119,7 @@ def test_bad_verbosity_env_is_an_options_error() -> None:
 
 
 def test_per_pod_socket_names_carry_a_uid_prefix_that_fits_long_driver_names() -> None:
-    from drasil.kubeletplugin.plugin import socket_names
+    from drasil.kubeletplugin.dra.plugin import socket_names
     from drasil.kubeletplugin.sockets import MAX_PATH
 
     uid = "3f2a9c1b-7d4e-4f6a-9b1c-2d3e4f5a6b7c"

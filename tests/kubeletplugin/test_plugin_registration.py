@@ -9,7 +9,7 @@ from kubelet_client import DEADLINE, serving
 
 from drasil.api.kubelet.pluginregistration import registration_pb2 as pb
 from drasil.api.kubelet.pluginregistration import registration_pb2_grpc as pb_grpc
-from drasil.kubeletplugin.registration import Registration
+from drasil.kubeletplugin.dra.registration import Registration
 from drasil.kubeletplugin.sockets import UnixSocketServer
 
 ENDPOINT = "/var/lib/kubelet/plugins/gpu.drasil.dev/dra.sock"

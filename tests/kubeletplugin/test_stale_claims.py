@@ -16,8 +16,8 @@ from kubelet_client import (
 )
 
 from drasil.api.checkpoint import ClaimState, PreparedDevice
-from drasil.kubeletplugin.prepare import Preparer
-from drasil.kubeletplugin.reconcile import (
+from drasil.kubeletplugin.dra.prepare import Preparer
+from drasil.kubeletplugin.dra.reconcile import (
     TEMP_MAX_AGE,
     _leaked_specs,
     rebuild_from_specs,

@@ -14,7 +14,7 @@ from kubelet_client import DEADLINE, short_dir
 
 from drasil.api.kubelet.pluginregistration import registration_pb2 as pb
 from drasil.api.kubelet.pluginregistration import registration_pb2_grpc as pb_grpc
-from drasil.kubeletplugin.registration import Registration
+from drasil.kubeletplugin.dra.registration import Registration
 from drasil.kubeletplugin.sockets import (
     MAX_PATH,
     MAX_SOCKET_PATH,

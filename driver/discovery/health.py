@@ -25,14 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from drasil.driver.devices import Device, DeviceType
-from drasil.driver.files import write_atomic
-from drasil.driver.nvml import (
+from drasil.driver.discovery.nvml import (
     EVENT_TYPE_XID_CRITICAL_ERROR,
     NO_INSTANCE,
     EventData,
     NvmlError,
     NvmlLibrary,
 )
+from drasil.driver.files import write_atomic
 
 log = logging.getLogger(__name__)
 

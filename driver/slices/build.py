@@ -10,7 +10,7 @@ The output is a pure function of the input: devices are sorted by a natural key
 (``gpu-2`` before ``gpu-10``), attribute and capacity maps by name, and slice names
 are derived from pool, driver and position (``<pool>-<driver with dots as dashes>-<n>``,
 hashed down when longer than a DNS subdomain allows). An unchanged inventory
-therefore yields byte-identical slices, and ``drasil.driver.publish`` can match them
+therefore yields byte-identical slices, and ``drasil.driver.slices.plan`` can match them
 to existing ones by name.
 
 ``validate_slice`` checks a slice against what the API server would reject and
@@ -313,7 +313,7 @@ def build_slices(
     ``all_nodes`` must be given; ``taints`` and ``consumes`` are keyed by device name.
     A pool without devices and counters still gets one empty slice, so consumers can
     tell "no devices" from "not published". ``generation`` is written as given;
-    ``drasil.driver.publish.plan_publish`` replaces it with the pool's next one.
+    ``drasil.driver.slices.plan.plan_publish`` replaces it with the pool's next one.
     """
     selection = _node_selection(
         node_name=node_name, node_selector=node_selector, all_nodes=all_nodes

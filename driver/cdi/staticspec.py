@@ -9,7 +9,7 @@ since a runtime keeps only the last value when two CDI devices set one variable;
 Allocate returns them as env instead.
 
 The file is ``<cdi_root>/k8s.<driver>-device.json``, replaced atomically, validated by
-the same rules as the claim specs (``drasil.driver.cdi``).
+the same rules as the claim specs (``drasil.driver.cdi.claimspecs``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
-from drasil.driver.cdi import (
+from drasil.driver.cdi.claimspecs import (
     SPEC_FILE_MODE,
     CdiSpec,
     device_env_name,

@@ -14,11 +14,11 @@ import threading
 from collections.abc import Sequence
 
 from drasil.driver.devices import Device
-from drasil.driver.health import HealthTracker
+from drasil.driver.discovery.health import HealthTracker
 from drasil.driver.kubeapi import KubeApi
-from drasil.driver.publish import PublishPlan
-from drasil.driver.publisher import PoolPublisher
-from drasil.driver.slices import JsonObject, OwnerRef, Taint, TaintEffect, build_slices
+from drasil.driver.slices.build import JsonObject, OwnerRef, Taint, TaintEffect, build_slices
+from drasil.driver.slices.plan import PublishPlan
+from drasil.driver.slices.publisher import PoolPublisher
 
 log = logging.getLogger(__name__)
 

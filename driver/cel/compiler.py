@@ -25,8 +25,8 @@ from typing import Any
 from celpy.celparser import CELParseError, CELParser
 from celpy.evaluation import celbytes, celstr
 
-from drasil.driver import celfunctions as lib
-from drasil.driver.celvalues import (
+from drasil.driver.cel import functions as lib
+from drasil.driver.cel.values import (
     INT64_MAX,
     INT64_MIN,
     UINT64_MAX,

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from drasil.driver.devices import AttributeValue, Device, DeviceType, Version
-from drasil.driver.nvml import (
+from drasil.driver.discovery.nvml import (
     ARCHITECTURE_NAMES,
     BRAND_NAMES,
     DeviceAttributes,

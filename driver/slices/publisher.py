@@ -1,7 +1,7 @@
 """Publishing one pool's ResourceSlices: build, plan against the server, apply.
 
 Shared by the node plugin (its node's pool) and the controller (DevicePool pools).
-The plan is minimal (``drasil.driver.publish``); a conflict means someone else wrote
+The plan is minimal (``drasil.driver.slices.plan``); a conflict means someone else wrote
 in between, so we list again and re-plan rather than overwrite.
 """
 
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from functools import partial
 
 from drasil.driver.kubeapi import ConflictError, KubeApi
-from drasil.driver.publish import PublishPlan, plan_publish
-from drasil.driver.slices import JsonObject
+from drasil.driver.slices.build import JsonObject
+from drasil.driver.slices.plan import PublishPlan, plan_publish
 
 log = logging.getLogger(__name__)
 

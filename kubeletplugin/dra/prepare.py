@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from drasil.api.checkpoint import ClaimRecord, ClaimState, PreparedDevice
-from drasil.driver.cdi import (
+from drasil.driver.cdi.claimspecs import (
     CdiSpecError,
     ClaimDevice,
     ClaimSpecRequest,
@@ -38,16 +38,16 @@ from drasil.driver.cdi import (
     write_claim_spec,
 )
 from drasil.driver.checkpoint import CheckpointStore
-from drasil.driver.configs import (
+from drasil.driver.claims.deviceconfigs import (
     AllocatedDevice,
     AllocationError,
     ConfigResolutionError,
     parse_allocation,
     resolve_configs,
 )
+from drasil.driver.claims.sharing import sharing_env
 from drasil.driver.devices import Device
 from drasil.driver.files import FileLock, LockTimeoutError, crash_point
-from drasil.driver.sharing import sharing_env
 
 log = logging.getLogger(__name__)
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from drasil.driver.nvml import NvmlLibrary, PynvmlLibrary
-from drasil.driver.simulated import simulated_library
+from drasil.driver.discovery.nvml import NvmlLibrary, PynvmlLibrary
+from drasil.driver.discovery.simulated import simulated_library
 
 BACKENDS = ("nvml", "simulated")
 

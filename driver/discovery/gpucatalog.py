@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from drasil.driver.nvml import ARCH_ADA, ARCH_AMPERE, ARCH_HOPPER, BRAND_NVIDIA
+from drasil.driver.discovery.nvml import ARCH_ADA, ARCH_AMPERE, ARCH_HOPPER, BRAND_NVIDIA
 
 MiB = 2**20
 

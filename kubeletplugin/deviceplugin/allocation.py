@@ -17,10 +17,14 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Sequence
 
 from drasil.api.kubelet.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
-from drasil.driver.cdi import ENV_NVIDIA_VISIBLE_DEVICES, ENV_VISIBLE_DEVICES, device_env_name
+from drasil.driver.cdi.claimspecs import (
+    ENV_NVIDIA_VISIBLE_DEVICES,
+    ENV_VISIBLE_DEVICES,
+    device_env_name,
+)
+from drasil.driver.cdi.staticspec import device_cdi_id
 from drasil.driver.devices import Device
-from drasil.kubeletplugin.deviceplugin_cdi import device_cdi_id
-from drasil.kubeletplugin.deviceplugin_resources import Resource, Unit
+from drasil.kubeletplugin.deviceplugin.resources import Resource, Unit
 
 # Device nodes: the container reads and writes them; it never creates nodes ("m").
 DEVICE_PERMISSIONS = "rw"

@@ -12,7 +12,7 @@ import logging
 import threading
 
 from drasil.api.checkpoint import PreparedDevice
-from drasil.driver.cdi import (
+from drasil.driver.cdi.claimspecs import (
     ENV_CLAIM_NAME,
     ENV_CLAIM_NAMESPACE,
     ENV_CLAIM_UID,
@@ -22,7 +22,7 @@ from drasil.driver.cdi import (
     read_claim_spec,
     sweep_claim_spec_temps,
 )
-from drasil.kubeletplugin.prepare import ClaimReader, Preparer
+from drasil.kubeletplugin.dra.prepare import ClaimReader, Preparer
 
 log = logging.getLogger(__name__)
 

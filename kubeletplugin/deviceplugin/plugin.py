@@ -34,14 +34,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from drasil.api.kubelet import names
 from drasil.api.kubelet.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from drasil.api.kubelet.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
+from drasil.driver.cdi.staticspec import write_device_spec
 from drasil.driver.devices import Device
-from drasil.driver.discovery import discover
+from drasil.driver.discovery.health import FAULT_FILE, FaultFileWatcher, HealthTracker, XidWatcher
+from drasil.driver.discovery.nodedevices import discover
+from drasil.driver.discovery.nvml import NvmlLibrary
 from drasil.driver.endpoints import serve_http
-from drasil.driver.health import FAULT_FILE, FaultFileWatcher, HealthTracker, XidWatcher
-from drasil.driver.nvml import NvmlLibrary
-from drasil.kubeletplugin.deviceplugin_cdi import write_device_spec
-from drasil.kubeletplugin.deviceplugin_resources import Resource, plan_resources, socket_name
-from drasil.kubeletplugin.deviceplugin_service import OPTIONS, DevicePluginService
+from drasil.kubeletplugin.deviceplugin.resources import Resource, plan_resources, socket_name
+from drasil.kubeletplugin.deviceplugin.service import OPTIONS, DevicePluginService
 from drasil.kubeletplugin.options import PluginOptions
 from drasil.kubeletplugin.sockets import UnixSocketServer
 

@@ -35,9 +35,9 @@ from functools import partial
 from typing import Any, cast
 
 from drasil.api.quantity import QuantityError, parse_quantity
-from drasil.driver.cel import CelCompileError, CelDevice, CelDeviceCache, compile_selector
+from drasil.driver.cel.selectors import CelCompileError, CelDevice, CelDeviceCache, compile_selector
+from drasil.driver.explain.nodefit import BLOCKING_EFFECTS, misfit, node_name, taint_text, tolerated
 from drasil.driver.kubeapi import RESOURCE_GROUP, RESOURCE_VERSION, KubeApi
-from drasil.driver.nodefit import BLOCKING_EFFECTS, misfit, node_name, taint_text, tolerated
 
 JsonObject = Mapping[str, Any]
 DeviceKey = tuple[str, str]  # (pool, device) within one driver
@@ -513,7 +513,7 @@ class NodeScope:
 
 
 def node_scope(nodes: Iterable[JsonObject], pods: Sequence[JsonObject]) -> NodeScope:
-    """Which of ``nodes`` all of ``pods`` fit (``drasil.driver.nodefit``)."""
+    """Which of ``nodes`` all of ``pods`` fit (``drasil.driver.explain.nodefit``)."""
     fits: list[str] = []
     misfits: dict[str, str] = {}
     for node in nodes:

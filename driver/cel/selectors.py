@@ -24,8 +24,8 @@ from threading import Lock
 from types import MappingProxyType
 from typing import Any
 
-from drasil.driver.celcompiler import Activation, CelCompileError, Eval, compile_expression
-from drasil.driver.celvalues import CelError, Quantity, Semver, type_name
+from drasil.driver.cel.compiler import Activation, CelCompileError, Eval, compile_expression
+from drasil.driver.cel.values import CelError, Quantity, Semver, type_name
 
 DEVICE_FIELDS = frozenset({"driver", "attributes", "capacity", "allowMultipleAllocations"})
 """What ``device`` has; selecting anything else is a compile error, as upstream."""

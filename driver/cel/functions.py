@@ -26,7 +26,7 @@ from typing import Any
 
 import re2  # type: ignore[import-untyped]
 
-from drasil.driver.celvalues import (
+from drasil.driver.cel.values import (
     INT64_MIN,
     NONE,
     CelError,

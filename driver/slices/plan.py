@@ -34,7 +34,7 @@ from decimal import Decimal
 from typing import Any
 
 from drasil.api.quantity import QuantityError, parse_quantity
-from drasil.driver.slices import JsonObject
+from drasil.driver.slices.build import JsonObject
 
 
 @dataclass(frozen=True)

@@ -16,24 +16,24 @@ from drasil.api.kubelet.health.v1 import health_pb2_grpc as health_v1_grpc
 from drasil.api.kubelet.health.v1alpha1 import health_pb2_grpc as health_v1alpha1_grpc
 from drasil.api.kubelet.pluginregistration import registration_pb2 as reg_pb
 from drasil.api.kubelet.pluginregistration import registration_pb2_grpc as reg_grpc
-from drasil.driver.cdi import delete_claim_spec
+from drasil.driver.cdi.claimspecs import delete_claim_spec
 from drasil.driver.checkpoint import CHECKPOINT_FILE, CheckpointStore, LoadOutcome, LoadResult
 from drasil.driver.devices import Device
-from drasil.driver.discovery import discover
+from drasil.driver.discovery.health import FAULT_FILE, FaultFileWatcher, HealthTracker, XidWatcher
+from drasil.driver.discovery.nodedevices import discover
+from drasil.driver.discovery.nvml import NvmlLibrary
 from drasil.driver.endpoints import serve_http
 from drasil.driver.files import FileLock
-from drasil.driver.health import FAULT_FILE, FaultFileWatcher, HealthTracker, XidWatcher
 from drasil.driver.kubeapi import KubeApi
-from drasil.driver.nvml import NvmlLibrary
-from drasil.driver.publisher import PoolPublisher
-from drasil.kubeletplugin import reconcile
-from drasil.kubeletplugin.draservice import ClaimWork, DRAPluginV1, DRAPluginV1beta1
-from drasil.kubeletplugin.healthservice import HealthStreams, HealthV1, HealthV1alpha1
+from drasil.driver.slices.publisher import PoolPublisher
+from drasil.kubeletplugin.dra import reconcile
+from drasil.kubeletplugin.dra.healthservice import HealthStreams, HealthV1, HealthV1alpha1
+from drasil.kubeletplugin.dra.nodepool import NodeSlices
+from drasil.kubeletplugin.dra.prepare import Preparer
+from drasil.kubeletplugin.dra.registration import Registration
+from drasil.kubeletplugin.dra.service import ClaimWork, DRAPluginV1, DRAPluginV1beta1
 from drasil.kubeletplugin.metrics import PluginMetrics
-from drasil.kubeletplugin.nodeslices import NodeSlices
 from drasil.kubeletplugin.options import PluginOptions
-from drasil.kubeletplugin.prepare import Preparer
-from drasil.kubeletplugin.registration import Registration
 from drasil.kubeletplugin.sockets import UnixSocketServer, pod_tag
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 The fake implements ``NvmlLibrary``, so a simulated node goes through the same
 ``discover()`` as a real one; only the numbers come from
-``drasil.driver.profiles.catalog``. Profile specs are ``name:count`` entries, comma
+``drasil.driver.discovery.gpucatalog``. Profile specs are ``name:count`` entries, comma
 separated: ``h100-80gb:8``, ``a100-40gb-mig:2``, ``h100-80gb:4,l4:2`` (a bare name
 means one GPU). GPUs are numbered across entries in order.
 
@@ -24,7 +24,8 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from drasil.driver.nvml import (
+from drasil.driver.discovery.gpucatalog import PROFILES, GpuModel, MigInstance
+from drasil.driver.discovery.nvml import (
     EVENT_TYPE_XID_CRITICAL_ERROR,
     NO_INSTANCE,
     NVML_ERROR_GPU_IS_LOST,
@@ -41,7 +42,6 @@ from drasil.driver.nvml import (
     NvmlQueryError,
     NvmlUnavailable,
 )
-from drasil.driver.profiles.catalog import PROFILES, GpuModel, MigInstance
 
 MAX_SIMULATED_GPUS = 64
 DRIVER_VERSION = "580.95.05"
