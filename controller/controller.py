@@ -30,7 +30,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from drasil.controller.claimconfigs import config_problems
 from drasil.controller.devicepools import POOL_LABEL, now_rfc3339
 from drasil.controller.devicestatus import apply_entries, desired_entries, needs_apply
 from drasil.controller.events import (
@@ -46,6 +45,7 @@ from drasil.controller.pending import PendingClaims
 from drasil.controller.poolsync import PoolSync
 from drasil.controller.state import ClusterView, Key, key_of
 from drasil.driver.cel.selectors import CelDeviceCache
+from drasil.driver.claims.configcheck import config_problems
 from drasil.driver.explain.claims import explain_claim
 from drasil.driver.kubeapi import KubeApi
 

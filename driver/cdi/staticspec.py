@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
-from drasil.driver.cdi.claimspecs import (
+from drasil.driver.cdi.spec import (
     SPEC_FILE_MODE,
     CdiSpec,
     device_env_name,

@@ -1,24 +1,85 @@
-"""Checking config files before they reach the cluster (``drasil validate-config FILE``).
+"""Opaque configs checked before a node ever sees them.
 
-The API server stores ``opaque.parameters`` without looking inside, so a typo in a
-GpuConfig surfaces only when a Pod fails to start. This check runs the driver's own
-decoder over a file instead: an opaque config itself, or ResourceClaims,
-ResourceClaimTemplates and DeviceClasses holding opaque entries for the driver.
+The API server stores ``opaque.parameters`` without looking inside, so a bad GpuConfig
+would otherwise surface only when kubelet prepares the claim on a node, after
+scheduling, as a Pod stuck in ContainerCreating. Two callers decode with the same
+strict API the plugin uses, earlier:
+
+- the controller (``config_problems``) turns the problems of a ResourceClaim or
+  ResourceClaimTemplate into an Event on it minutes before the Pod would fail;
+- ``drasil validate-config FILE`` (``validate_config_document``) checks an opaque
+  config itself, or the ResourceClaims, ResourceClaimTemplates and DeviceClasses of a
+  file, before they reach the cluster.
+
+Every problem names its path, the value and what is allowed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
 from drasil.api.config import API_VERSION, KINDS, ConfigError, decode_config, load_documents
 
 # Where each kind keeps its list of config entries.
-_CONFIG_LISTS: Final[Mapping[str, tuple[str, ...]]] = {
+CONFIG_PATHS: Final[Mapping[str, tuple[str, ...]]] = {
     "ResourceClaim": ("spec", "devices", "config"),
     "ResourceClaimTemplate": ("spec", "spec", "devices", "config"),
     "DeviceClass": ("spec", "config"),
 }
+
+
+def _entries(obj: Mapping[str, Any], path: Sequence[str]) -> Sequence[Any]:
+    value: Any = obj
+    for key in path:
+        value = value.get(key) if isinstance(value, Mapping) else None
+    return value if isinstance(value, list) else ()
+
+
+def driver_parameters(
+    obj: Mapping[str, Any], path: Sequence[str], *, driver: str
+) -> Iterator[tuple[str, object]]:
+    """``(where, parameters)`` of each opaque entry for ``driver`` under ``path``."""
+    for index, entry in enumerate(_entries(obj, path)):
+        opaque = entry.get("opaque") if isinstance(entry, Mapping) else None
+        if isinstance(opaque, Mapping) and opaque.get("driver") == driver:
+            yield f"{'.'.join(path)}[{index}].opaque.parameters", opaque.get("parameters")
+
+
+def _issue_path(prefix: str, path: str) -> str:
+    if not path:
+        return prefix
+    return f"{prefix}{path}" if path.startswith("[") else f"{prefix}.{path}"
+
+
+def entry_problems(parameters: object, *, where: str) -> list[str]:
+    """What is wrong with one ``opaque.parameters`` value, each naming its path."""
+    if not isinstance(parameters, Mapping):
+        return [f"{where}: must be an object (a GpuConfig or MigDeviceConfig)"]
+    try:
+        decode_config(parameters)
+    except ConfigError as err:
+        return [f"{_issue_path(where, issue.path)}: {issue.message}" for issue in err.issues]
+    return []
+
+
+def config_problems(obj: Mapping[str, Any], *, driver: str) -> list[str]:
+    """Problems of every opaque config entry for ``driver`` in a claim or template.
+
+    Each reads like ``spec.devices.config[0].opaque.parameters.sharing.strategy:
+    unsupported value "Foo": allowed values are "Exclusive", "TimeSlicing", "MPS"``.
+    Other kinds and entries for other drivers have none.
+    """
+    path = CONFIG_PATHS.get(str(obj.get("kind", "")))
+    if path is None:
+        return []
+    problems: list[str] = []
+    for where, parameters in driver_parameters(obj, path, driver=driver):
+        problems.extend(entry_problems(parameters, where=where))
+    return problems
+
+
+# --- files (drasil validate-config) ----------------------------------------------------
 
 
 def _label(document: Mapping[str, Any], number: int) -> str:
@@ -39,21 +100,6 @@ def _decode_problems(parameters: object, *, where: str) -> list[str]:
     return []
 
 
-def _entries(document: Mapping[str, Any], path: Sequence[str]) -> Sequence[Any]:
-    value: Any = document
-    for key in path:
-        value = value.get(key) if isinstance(value, Mapping) else None
-    return value if isinstance(value, list) else ()
-
-
-def _opaque_parameters(entry: object, driver: str) -> tuple[bool, object]:
-    """Whether an entry is an opaque config for ``driver``, and its parameters."""
-    opaque = entry.get("opaque") if isinstance(entry, Mapping) else None
-    if not isinstance(opaque, Mapping) or opaque.get("driver") != driver:
-        return False, None
-    return True, opaque.get("parameters")
-
-
 def _check_document(document: object, *, number: int, driver: str) -> list[str] | None:
     """The problems of one document; None for a document that holds no configs (a Pod)."""
     if not isinstance(document, Mapping):
@@ -61,17 +107,14 @@ def _check_document(document: object, *, number: int, driver: str) -> list[str] 
     label, kind = _label(document, number), document.get("kind")
     if kind in KINDS or document.get("apiVersion") == API_VERSION:
         return _decode_problems(document, where=label)
-    path = _CONFIG_LISTS.get(kind) if isinstance(kind, str) else None
+    path = CONFIG_PATHS.get(kind) if isinstance(kind, str) else None
     if path is None:
         return None
     problems: list[str] = []
     found = False
-    for index, entry in enumerate(_entries(document, path)):
-        ours, parameters = _opaque_parameters(entry, driver)
-        if ours:
-            found = True
-            where = f"{label}: {'.'.join(path)}[{index}].opaque.parameters"
-            problems.extend(_decode_problems(parameters, where=where))
+    for where, parameters in driver_parameters(document, path, driver=driver):
+        found = True
+        problems.extend(_decode_problems(parameters, where=f"{label}: {where}"))
     if not found:
         problems.append(f"{label}: no opaque config for driver {driver} found in {'.'.join(path)}")
     return problems

@@ -17,11 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Sequence
 
 from drasil.api.kubelet.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
-from drasil.driver.cdi.claimspecs import (
-    ENV_NVIDIA_VISIBLE_DEVICES,
-    ENV_VISIBLE_DEVICES,
-    device_env_name,
-)
+from drasil.driver.cdi.spec import ENV_NVIDIA_VISIBLE_DEVICES, ENV_VISIBLE_DEVICES, device_env_name
 from drasil.driver.cdi.staticspec import device_cdi_id
 from drasil.driver.devices import Device
 from drasil.kubeletplugin.deviceplugin.resources import Resource, Unit

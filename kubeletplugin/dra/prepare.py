@@ -27,16 +27,15 @@ from typing import Any, Protocol
 
 from drasil.api.checkpoint import ClaimRecord, ClaimState, PreparedDevice
 from drasil.driver.cdi.claimspecs import (
-    CdiSpecError,
     ClaimDevice,
     ClaimSpecRequest,
-    ContainerEdits,
     cdi_device_id,
     delete_claim_spec,
     read_claim_spec,
     sweep_claim_spec_temps,
     write_claim_spec,
 )
+from drasil.driver.cdi.spec import CdiSpecError, ContainerEdits
 from drasil.driver.checkpoint import CheckpointStore
 from drasil.driver.claims.deviceconfigs import (
     AllocatedDevice,

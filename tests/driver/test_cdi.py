@@ -22,14 +22,9 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
 from drasil.driver.cdi import claimspecs as cdi
-from drasil.driver.cdi.claimspecs import (
-    CdiSpecError,
-    ClaimDevice,
-    ClaimSpecRequest,
-    ContainerEdits,
-    DeviceNode,
-    Mount,
-)
+from drasil.driver.cdi import spec as cdi_spec
+from drasil.driver.cdi.claimspecs import ClaimDevice, ClaimSpecRequest
+from drasil.driver.cdi.spec import CdiSpecError, ContainerEdits, DeviceNode, Mount
 from drasil.driver.devices import Device, DeviceType
 from drasil.driver.files import CRASH_ENV, CRASH_EXIT_CODE, write_atomic
 
@@ -70,7 +65,7 @@ def assert_valid_cdi(validator: jsonschema.Draft7Validator, spec: Mapping[str, A
             name, eq, _ = entry.partition("=")
             assert eq, f"env entry {entry!r} has no '='"
             assert name, f"env entry {entry!r} has an empty name"
-    cdi.validate_spec(spec)
+    cdi_spec.validate_spec(spec)
 
 
 def _every_edits(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -151,7 +146,7 @@ def test_schema_misses_bad_env_that_our_check_catches(
     spec = minimal_spec(devices=[{"name": "gpu0", "containerEdits": {"env": ["=oops", 3]}}])
     schema_validator.validate(spec)  # the broken "ref" lets this through
     with pytest.raises(CdiSpecError, match=r"devices\[0\]\.containerEdits\.env\[0\]"):
-        cdi.validate_spec(spec)
+        cdi_spec.validate_spec(spec)
 
 
 # --- building ----------------------------------------------------------------------------
@@ -380,7 +375,7 @@ def test_required_version(
     schema_validator: jsonschema.Draft7Validator, changes: dict[str, Any], version: str
 ) -> None:
     spec = minimal_spec(**changes)
-    assert cdi.required_cdi_version(spec) == version
+    assert cdi_spec.required_cdi_version(spec) == version
     spec["cdiVersion"] = version
     assert_valid_cdi(schema_validator, spec)
 
@@ -388,12 +383,12 @@ def test_required_version(
 def test_version_lower_than_the_content_needs_is_rejected() -> None:
     spec = minimal_spec(devices=[{"name": "0gpu", "containerEdits": {"env": ["A=1"]}}])
     with pytest.raises(CdiSpecError, match=r"cdiVersion: 0\.3\.0 is too old, .* 0\.5\.0"):
-        cdi.validate_spec(spec)
+        cdi_spec.validate_spec(spec)
 
 
 def test_unknown_version_is_rejected() -> None:
     with pytest.raises(CdiSpecError, match="cdiVersion"):
-        cdi.validate_spec(minimal_spec(cdiVersion="9.9.9"))
+        cdi_spec.validate_spec(minimal_spec(cdiVersion="9.9.9"))
 
 
 # --- name and env validation ---------------------------------------------------------------
@@ -420,10 +415,10 @@ def test_unknown_version_is_rejected() -> None:
 def test_kind_names(kind: str, ok: bool) -> None:
     spec = minimal_spec(kind=kind, cdiVersion="0.6.0")
     if ok:
-        cdi.validate_spec(spec)
+        cdi_spec.validate_spec(spec)
     else:
         with pytest.raises(CdiSpecError, match="kind"):
-            cdi.validate_spec(spec)
+            cdi_spec.validate_spec(spec)
 
 
 @pytest.mark.parametrize(
@@ -446,10 +441,10 @@ def test_device_names(name: str, ok: bool) -> None:
     spec = minimal_spec(devices=[{"name": name, "containerEdits": {"env": ["A=1"]}}])
     spec["cdiVersion"] = "0.5.0"
     if ok:
-        cdi.validate_spec(spec)
+        cdi_spec.validate_spec(spec)
     else:
         with pytest.raises(CdiSpecError, match=r"devices\[0\]\.name"):
-            cdi.validate_spec(spec)
+            cdi_spec.validate_spec(spec)
 
 
 @pytest.mark.parametrize(
@@ -469,19 +464,19 @@ def test_device_names(name: str, ok: bool) -> None:
 def test_env_entries(entry: object, ok: bool) -> None:
     spec = minimal_spec(devices=[{"name": "g", "containerEdits": {"env": [entry]}}])
     if ok:
-        cdi.validate_spec(spec)
+        cdi_spec.validate_spec(spec)
     else:
         with pytest.raises(CdiSpecError, match=r"devices\[0\]\.containerEdits\.env\[0\]"):
-            cdi.validate_spec(spec)
+            cdi_spec.validate_spec(spec)
 
 
 def test_duplicate_env_and_device_names() -> None:
     twice = minimal_spec(devices=[{"name": "g", "containerEdits": {"env": ["A=1", "A=2"]}}])
     with pytest.raises(CdiSpecError, match=r"env\[1\]: A is set twice"):
-        cdi.validate_spec(twice)
+        cdi_spec.validate_spec(twice)
     dev = {"name": "g", "containerEdits": {"env": ["A=1"]}}
     with pytest.raises(CdiSpecError, match=r"devices\[1\]\.name: duplicate"):
-        cdi.validate_spec(minimal_spec(devices=[dev, dev]))
+        cdi_spec.validate_spec(minimal_spec(devices=[dev, dev]))
 
 
 @pytest.mark.parametrize(
@@ -502,13 +497,13 @@ def test_unknown_fields_are_rejected(
 ) -> None:
     schema_validator.validate(spec)  # the schema allows extra keys; runtimes do not
     with pytest.raises(CdiSpecError, match=rf"{field}: unknown field"):
-        cdi.validate_spec(spec)
+        cdi_spec.validate_spec(spec)
 
 
 def test_device_without_edits_is_rejected() -> None:
     spec = minimal_spec(devices=[{"name": "g", "containerEdits": {"env": []}}])
     with pytest.raises(CdiSpecError, match=r"devices\[0\]\.containerEdits"):
-        cdi.validate_spec(spec)
+        cdi_spec.validate_spec(spec)
 
 
 @pytest.mark.parametrize(
@@ -522,7 +517,7 @@ def test_device_without_edits_is_rejected() -> None:
 def test_device_node_fields(node: dict[str, Any], field: str) -> None:
     spec = minimal_spec(devices=device_edits(deviceNodes=[node]), cdiVersion="0.5.0")
     with pytest.raises(CdiSpecError, match=rf"deviceNodes\[0\]\.{field}"):
-        cdi.validate_spec(spec)
+        cdi_spec.validate_spec(spec)
 
 
 # --- files ---------------------------------------------------------------------------------
@@ -542,7 +537,7 @@ def test_write_read_back(schema_validator: jsonschema.Draft7Validator, tmp_path:
     assert cdi.read_claim_spec(tmp_path, driver=DRIVER, claim_uid=UID) == build(
         schema_validator, req
     )
-    assert path.read_bytes() == cdi.encode_spec(build(schema_validator, req))
+    assert path.read_bytes() == cdi_spec.encode_spec(build(schema_validator, req))
 
 
 def test_repeated_write_is_byte_identical_and_skipped(
@@ -646,7 +641,7 @@ def test_crash_leaves_old_or_new_never_partial(
 ) -> None:
     path = write(schema_validator, request(), tmp_path)
     old = path.read_bytes()
-    new = cdi.encode_spec(build(schema_validator, request(ClaimDevice(gpu(uuid=GPU1_UUID)))))
+    new = cdi_spec.encode_spec(build(schema_validator, request(ClaimDevice(gpu(uuid=GPU1_UUID)))))
     code = _run_child(tmp_path, uuid=GPU1_UUID, action="write", crash_at=point)
     assert code == (0 if point == "no-such-point" else CRASH_EXIT_CODE)
     assert path.read_bytes() == (old if survivor == "old" else new)

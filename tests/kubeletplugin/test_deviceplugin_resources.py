@@ -14,7 +14,7 @@ from referencing import Registry
 from referencing import Resource as SchemaResource
 from referencing.jsonschema import DRAFT7
 
-from drasil.driver.cdi.claimspecs import validate_spec
+from drasil.driver.cdi.spec import validate_spec
 from drasil.driver.cdi.staticspec import (
     build_device_spec,
     device_cdi_id,

@@ -1,10 +1,10 @@
-"""Opaque configs of claims and templates, checked with the strict config API."""
+"""Opaque configs of claims and templates, checked with the strict config API (controller)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from drasil.controller.claimconfigs import config_problems
+from drasil.driver.claims.configcheck import config_problems
 
 DRIVER = "gpu.drasil.dev"
 API = "resource.drasil.dev/v1beta1"
