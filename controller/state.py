@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from drasil.controller.events import ObjectRef
-from drasil.driver.explain.claims import is_driver_class, request_classes
+from drasil.driver.explain.inventory import is_driver_class, request_classes
 
 JsonObject = Mapping[str, Any]
 Key = tuple[str, str]  # namespace, name

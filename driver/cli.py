@@ -20,7 +20,8 @@ from drasil.driver.discovery.health import FAULT_FILE, read_faults, write_faults
 from drasil.driver.discovery.nodedevices import DiscoveryResult, discover
 from drasil.driver.discovery.nvml import NvmlError
 from drasil.driver.discovery.simulated import ProfileSpecError
-from drasil.driver.explain.claims import ClaimNotFound, explain_from_api, render_table
+from drasil.driver.explain.claims import render_table
+from drasil.driver.explain.fromapi import ClaimNotFound, explain_from_api
 from drasil.driver.kubeapi import KubeApi
 from drasil.driver.slices.build import build_slices
 

@@ -31,7 +31,7 @@ from kubernetes.client.exceptions import ApiException
 
 from drasil.api.devicepool import API_VERSION as POOL_API
 from drasil.api.devicepool import CRD_NAME, crd_manifest
-from drasil.driver.explain.claims import explain_from_api
+from drasil.driver.explain.fromapi import explain_from_api
 from drasil.driver.kubeapi import KubeApi
 from e2e.kube import Kube, NotYet, gone, wait_for
 

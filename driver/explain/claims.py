@@ -21,443 +21,38 @@ checked: distinct devices for all requests together and ``matchAttribute`` /
 (``ClaimExplanation.message``) and as a table for ``drasil explain``
 (``render_table``).
 
-Nothing here talks to the API server except ``fetch_inputs``/``explain_from_api``,
-which read what ``explain_claim`` needs through ``KubeApi`` for the CLI.
+Nothing here talks to the API server: ``drasil.driver.explain.fromapi`` reads what
+``explain_claim`` needs for the CLI, the controller passes what it watches. The
+pieces: ``inventory`` (devices of complete pools, their holders), ``requests`` (one
+request's stages), ``nodefit`` (which nodes a Pod may go to), this module (the claim
+as a whole, joint checks, the table).
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from decimal import Decimal
+from dataclasses import dataclass
 from functools import partial
-from typing import Any, cast
+from typing import Any
 
-from drasil.api.quantity import QuantityError, parse_quantity
-from drasil.driver.cel.selectors import CelCompileError, CelDevice, CelDeviceCache, compile_selector
-from drasil.driver.explain.nodefit import BLOCKING_EFFECTS, misfit, node_name, taint_text, tolerated
-from drasil.driver.kubeapi import RESOURCE_GROUP, RESOURCE_VERSION, KubeApi
+from drasil.driver.cel.selectors import CelDeviceCache
+from drasil.driver.explain.inventory import (
+    DeviceKey,
+    PoolDevice,
+    build_inventory,
+    build_usage,
+    claim_ref,
+    is_driver_class,
+    object_meta,
+    object_spec,
+)
+from drasil.driver.explain.nodefit import misfit, node_name
+from drasil.driver.explain.requests import RequestExplanation, explain_request
 
 JsonObject = Mapping[str, Any]
-DeviceKey = tuple[str, str]  # (pool, device) within one driver
-MAX_SELECTOR_TEXT = 160
-MAX_HOLDERS_NAMED = 3
 MAX_MATCHING_SLOTS = 512  # beyond this the joint check would cost more than it tells
 MAX_NODES_NAMED = 3
-
-
-# --- the devices the scheduler considers -------------------------------------------
-
-
-@dataclass(frozen=True)
-class PoolDevice:
-    """One device of a complete pool, with its CEL form converted once."""
-
-    pool: str
-    name: str
-    spec: JsonObject
-    cel: CelDevice
-    # The one node the device is reachable from (a node-local slice, or the device's
-    # own nodeName with perDeviceNodeSelection); None for allNodes and nodeSelector.
-    node: str | None = None
-
-    @property
-    def key(self) -> DeviceKey:
-        return (self.pool, self.name)
-
-
-@dataclass(frozen=True)
-class Inventory:
-    """The driver's devices the allocator would look at, and pools it would skip."""
-
-    driver: str
-    devices: tuple[PoolDevice, ...]
-    incomplete_pools: tuple[str, ...] = ()
-
-
-def _meta(obj: JsonObject) -> JsonObject:
-    return cast(JsonObject, obj.get("metadata") or {})
-
-
-def _spec(obj: JsonObject) -> JsonObject:
-    return cast(JsonObject, obj.get("spec") or {})
-
-
-def _generation(obj: JsonObject) -> int:
-    return int((_spec(obj).get("pool") or {}).get("generation") or 0)
-
-
-def build_inventory(
-    slices: Iterable[JsonObject], *, driver: str, cache: CelDeviceCache | None = None
-) -> Inventory:
-    """Devices of ``driver`` from the newest generation of each complete pool."""
-    pools: dict[str, list[JsonObject]] = defaultdict(list)
-    for obj in slices:
-        spec = _spec(obj)
-        if spec.get("driver") == driver:
-            pools[str((spec.get("pool") or {}).get("name", ""))].append(obj)
-    devices: list[PoolDevice] = []
-    incomplete: list[str] = []
-    for pool, members in sorted(pools.items()):
-        newest = max(_generation(s) for s in members)
-        current = [s for s in members if _generation(s) == newest]
-        wanted = int((_spec(current[0]).get("pool") or {}).get("resourceSliceCount") or 1)
-        if len(current) < wanted:
-            # The scheduler waits for every slice of the newest generation.
-            incomplete.append(f"{pool} ({len(current)} of {wanted} slices)")
-            continue
-        devices.extend(_pool_devices(pool, current, cache))
-    return Inventory(driver=driver, devices=tuple(devices), incomplete_pools=tuple(incomplete))
-
-
-def _pool_devices(
-    pool: str, slices: Sequence[JsonObject], cache: CelDeviceCache | None
-) -> Iterator[PoolDevice]:
-    for obj in slices:
-        specs = _spec(obj).get("devices") or []
-        converted = cache.devices(obj) if cache is not None else None
-        slice_node = _spec(obj).get("nodeName") or None
-        for index, spec in enumerate(specs):
-            cel = (
-                converted[index]
-                if converted is not None
-                else CelDevice.from_json(spec, driver=str(_spec(obj)["driver"]))
-            )
-            node = slice_node or spec.get("nodeName") or None
-            yield PoolDevice(
-                pool=pool, name=str(spec.get("name", "")), spec=spec, cel=cel, node=node
-            )
-
-
-# --- who holds what ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Usage:
-    """Devices of the driver held by allocated claims (admin access holds nothing)."""
-
-    holders: Mapping[DeviceKey, tuple[str, ...]]
-    consumed: Mapping[DeviceKey, Mapping[str, Decimal]]
-
-
-def claim_ref(claim: JsonObject) -> str:
-    meta = _meta(claim)
-    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-
-
-def build_usage(claims: Iterable[JsonObject], *, driver: str, skip_uid: str = "") -> Usage:
-    """What the allocated ``claims`` hold; ``skip_uid`` is the claim being explained."""
-    holders: dict[DeviceKey, list[str]] = defaultdict(list)
-    consumed: dict[DeviceKey, dict[str, Decimal]] = defaultdict(dict)
-    for claim in claims:
-        if skip_uid and _meta(claim).get("uid") == skip_uid:
-            continue
-        for result in _results(claim):
-            if result.get("driver") != driver or result.get("adminAccess"):
-                continue
-            key = (str(result.get("pool", "")), str(result.get("device", "")))
-            if result.get("shareID"):
-                _add_consumed(consumed[key], result.get("consumedCapacity") or {})
-            holders[key].append(claim_ref(claim))
-    return Usage(
-        holders={k: tuple(sorted(set(v))) for k, v in holders.items()},
-        consumed=dict(consumed),
-    )
-
-
-def _results(claim: JsonObject) -> Sequence[JsonObject]:
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    return cast(Sequence[JsonObject], (allocation.get("devices") or {}).get("results") or [])
-
-
-def _add_consumed(total: dict[str, Decimal], consumed: Mapping[str, Any]) -> None:
-    for name, value in consumed.items():
-        amount = _quantity(value)
-        if amount is not None:
-            total[name] = total.get(name, Decimal(0)) + amount
-
-
-def _quantity(value: object) -> Decimal | None:
-    try:
-        return parse_quantity(str(value))
-    except QuantityError:
-        return None
-
-
-# --- DeviceClasses -----------------------------------------------------------------
-
-
-def is_driver_class(device_class: JsonObject, driver: str) -> bool:
-    """Whether a DeviceClass selects devices of ``driver``.
-
-    Classes name their driver in a selector (``device.driver == "gpu.drasil.dev"`` or
-    ``device.attributes["gpu.drasil.dev"]...``) or in an opaque config entry.
-    """
-    spec = _spec(device_class)
-    quoted = (f'"{driver}"', f"'{driver}'")
-    for selector in spec.get("selectors") or []:
-        expression = str((selector.get("cel") or {}).get("expression", ""))
-        if any(q in expression for q in quoted):
-            return True
-    return any(
-        ((entry.get("opaque") or {}).get("driver")) == driver for entry in spec.get("config") or []
-    )
-
-
-def request_classes(claim_spec: JsonObject) -> set[str]:
-    """The DeviceClass names a claim spec (``spec`` of a claim) uses."""
-    names: set[str] = set()
-    for request in (claim_spec.get("devices") or {}).get("requests") or []:
-        exactly = request.get("exactly")
-        if exactly and exactly.get("deviceClassName"):
-            names.add(str(exactly["deviceClassName"]))
-        for sub in request.get("firstAvailable") or []:
-            if sub.get("deviceClassName"):
-                names.add(str(sub["deviceClassName"]))
-    return names
-
-
-# --- one request -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One step of the funnel: ``count`` devices ``phrase`` (e.g. "pass class gpu")."""
-
-    count: int
-    phrase: str
-    note: str = ""
-
-    def text(self) -> str:
-        verb_fix = self.phrase
-        if self.count == 1 and verb_fix.startswith("pass "):
-            verb_fix = "passes " + verb_fix[len("pass ") :]
-        elif self.count == 1 and verb_fix.startswith("devices "):
-            verb_fix = "device " + verb_fix[len("devices ") :]
-        text = f"{self.count} {verb_fix}"
-        return f"{text} ({self.note})" if self.note else text
-
-
-@dataclass(frozen=True)
-class RequestExplanation:
-    """What happened to one request (or ``firstAvailable`` subrequest)."""
-
-    request: str
-    needed: int | None  # None: allocationMode All
-    stages: tuple[Stage, ...]
-    blocked: Mapping[str, int] = field(default_factory=dict)  # taint -> devices
-    held: Mapping[str, int] = field(default_factory=dict)  # holder claim -> devices
-    short_capacity: int = 0
-    free: tuple[PoolDevice, ...] = ()
-    problem: str | None = None  # None: can be satisfied on its own
-
-    @property
-    def parent(self) -> str:
-        return self.request.partition("/")[0]
-
-    def text(self) -> str:
-        return f'request "{self.request}": ' + "; ".join(self._parts())
-
-    def _parts(self) -> list[str]:
-        parts = [stage.text() for stage in self.stages]
-        if self.stages and self.stages[-1].count == 0:
-            return parts
-        parts += [f"{n} blocked by taint {taint}" for taint, n in self.blocked.items()]
-        if self.short_capacity:
-            parts.append(f"{self.short_capacity} without the requested capacity left")
-        if self.held:
-            parts.append(self._held_text())
-        if self.problem and (self.free or not (self.held or self.blocked)):
-            parts.append(self._shortfall())
-        return parts
-
-    def _held_text(self) -> str:
-        total = sum(self.held.values())
-        names = _names(self.held)
-        if total == self.stages[-1].count:
-            lead = {1: "it is", 2: "both"}.get(total, f"all {total}")
-            return f"{lead} allocated to {names}"
-        return f"{total} allocated to {names}"
-
-    def _shortfall(self) -> str:
-        if self.needed is None:
-            return f"{len(self.free)} free, all {self.stages[-1].count} needed (allocationMode All)"
-        return f"{len(self.free)} free, {self.needed} needed"
-
-
-def _names(held: Mapping[str, int]) -> str:
-    names = list(held)
-    shown = ", ".join(names[:MAX_HOLDERS_NAMED])
-    more = len(names) - MAX_HOLDERS_NAMED
-    return f"{shown} and {more} more" if more > 0 else shown
-
-
-def _short(expression: str) -> str:
-    text = " ".join(expression.split())
-    return text if len(text) <= MAX_SELECTOR_TEXT else text[: MAX_SELECTOR_TEXT - 1] + "…"
-
-
-@dataclass(frozen=True)
-class _Filtered:
-    devices: list[PoolDevice]
-    stage: Stage
-
-
-def _select(devices: Sequence[PoolDevice], expression: str, *, phrase: str) -> _Filtered:
-    """Devices passing one selector; a CEL error fails the device and is noted."""
-    try:
-        selector = compile_selector(expression)
-    except CelCompileError as err:
-        return _Filtered([], Stage(0, phrase, note=f"does not compile: {err.detail}"))
-    passed: list[PoolDevice] = []
-    errors: Counter[str] = Counter()
-    for device in devices:
-        result = selector.evaluate(device.cel)
-        if result.matched:
-            passed.append(device)
-        elif result.error:
-            errors[result.error] += 1
-    note = ""
-    if errors:
-        error, _ = errors.most_common(1)[0]
-        count = sum(errors.values())
-        # The scheduler aborts the whole allocation on a CEL runtime error.
-        note = f"CEL error on {count} device{'s' if count != 1 else ''}: {error}"
-    return _Filtered(passed, Stage(len(passed), phrase, note=note))
-
-
-def _selectors(owner: JsonObject) -> list[str]:
-    return [str((s.get("cel") or {}).get("expression", "")) for s in owner.get("selectors") or []]
-
-
-def _class_stage(devices: list[PoolDevice], class_name: str, device_class: JsonObject) -> _Filtered:
-    """All selectors of the class at once; the note names one that leaves no device."""
-    notes: list[str] = []
-    for expression in _selectors(_spec(device_class)):
-        filtered = _select(devices, expression, phrase="")
-        devices = filtered.devices
-        if filtered.stage.note:
-            notes.append(filtered.stage.note)
-        if not devices:
-            notes.append(f"none passes {_short(expression)}")
-            break
-    return _Filtered(devices, Stage(len(devices), f"pass class {class_name}", "; ".join(notes)))
-
-
-def _funnel(
-    request: JsonObject,
-    *,
-    inventory: Inventory,
-    classes: Mapping[str, JsonObject],
-) -> tuple[list[PoolDevice], list[Stage], str | None]:
-    """Stages 1-3: the driver's devices, the class selectors, the request selectors."""
-    devices = list(inventory.devices)
-    stages = [Stage(len(devices), f"devices of {inventory.driver}")]
-    if not devices:
-        return [], stages, f"driver {inventory.driver} has no published devices"
-    class_name = str(request.get("deviceClassName", ""))
-    device_class = classes.get(class_name)
-    if device_class is None:
-        stages.append(Stage(0, f"pass class {class_name}", note="DeviceClass not found"))
-        return [], stages, f"DeviceClass {class_name} does not exist"
-    filtered = _class_stage(devices, class_name, device_class)
-    stages.append(filtered.stage)
-    if not filtered.devices:
-        return [], stages, f"no device passes class {class_name}"
-    devices = filtered.devices
-    for expression in _selectors(request):
-        filtered = _select(devices, expression, phrase=f"pass selector {_short(expression)}")
-        devices = filtered.devices
-        stages.append(filtered.stage)
-        if not devices:
-            return [], stages, f"no device passes selector {_short(expression)}"
-    return devices, stages, None
-
-
-def _blocking_taint(device: PoolDevice, tolerations: Sequence[JsonObject]) -> str | None:
-    for taint in device.spec.get("taints") or []:
-        if taint.get("effect") in BLOCKING_EFFECTS and not tolerated(taint, tolerations):
-            return taint_text(taint)
-    return None
-
-
-def _capacity_of(device: PoolDevice, name: str, driver: str) -> Decimal | None:
-    capacity = device.spec.get("capacity") or {}
-    domain, _, ident = name.rpartition("/")
-    keys = [name] if domain and domain != driver else [ident, f"{driver}/{ident}"]
-    for key in keys:
-        if key in capacity:
-            return _quantity((capacity[key] or {}).get("value"))
-    return None
-
-
-def _capacity_fits(
-    device: PoolDevice, wanted: Mapping[str, Any], *, usage: Usage, driver: str
-) -> bool:
-    used = usage.consumed.get(device.key, {}) if device.spec.get("allowMultipleAllocations") else {}
-    for name, value in wanted.items():
-        amount, total = _quantity(value), _capacity_of(device, name, driver)
-        if amount is None or total is None:
-            return False
-        taken = used.get(name, used.get(name.rpartition("/")[2], Decimal(0)))
-        if total - taken < amount:
-            return False
-    return True
-
-
-def _needed(request: JsonObject) -> int | None:
-    if request.get("allocationMode") == "All":
-        return None
-    return int(request.get("count") or 1)
-
-
-def explain_request(
-    name: str,
-    request: JsonObject,
-    *,
-    inventory: Inventory,
-    classes: Mapping[str, JsonObject],
-    usage: Usage,
-) -> RequestExplanation:
-    """The funnel of one ``exactly`` request or ``firstAvailable`` subrequest."""
-    devices, stages, problem = _funnel(request, inventory=inventory, classes=classes)
-    needed = _needed(request)
-    if problem is not None:
-        return RequestExplanation(name, needed, tuple(stages), problem=problem)
-    wanted = (request.get("capacity") or {}).get("requests") or {}
-    fitting = [
-        d for d in devices if _capacity_fits(d, wanted, usage=usage, driver=inventory.driver)
-    ]
-    blocked: Counter[str] = Counter()
-    held: Counter[str] = Counter()
-    free: list[PoolDevice] = []
-    tolerations = request.get("tolerations") or []
-    for device in fitting:
-        taint = _blocking_taint(device, tolerations)
-        holders = () if _shareable(device, request) else usage.holders.get(device.key, ())
-        if taint is not None:
-            blocked[taint] += 1
-        elif holders:
-            held.update(holders[:1])
-        else:
-            free.append(device)
-    enough = len(free) >= needed if needed is not None else len(free) == len(devices) > 0
-    return RequestExplanation(
-        request=name,
-        needed=needed,
-        stages=tuple(stages),
-        blocked=dict(blocked.most_common()),
-        held=dict(held.most_common()),
-        short_capacity=len(devices) - len(fitting),
-        free=tuple(free),
-        problem=None if enough else "not enough free devices",
-    )
-
-
-def _shareable(device: PoolDevice, request: JsonObject) -> bool:
-    # Admin access may use devices in use; shared devices were checked by capacity.
-    return bool(request.get("adminAccess")) or bool(device.spec.get("allowMultipleAllocations"))
 
 
 # --- the claim ---------------------------------------------------------------------
@@ -526,7 +121,7 @@ def node_scope(nodes: Iterable[JsonObject], pods: Sequence[JsonObject]) -> NodeS
 
 
 def _requests(claim: JsonObject) -> Iterator[tuple[str, JsonObject]]:
-    for request in (_spec(claim).get("devices") or {}).get("requests") or []:
+    for request in (object_spec(claim).get("devices") or {}).get("requests") or []:
         name = str(request.get("name", ""))
         if request.get("exactly") is not None:
             yield name, request["exactly"]
@@ -551,9 +146,9 @@ def explain_claim(
     ``nodes`` (and the ``pods`` waiting for the claim), only the nodes those Pods may
     go to count for the one-node check.
     """
-    by_name = {str(_meta(c).get("name", "")): c for c in classes}
+    by_name = {str(object_meta(c).get("name", "")): c for c in classes}
     inventory = build_inventory(slices, driver=driver, cache=cache)
-    usage = build_usage(claims, driver=driver, skip_uid=str(_meta(claim).get("uid", "")))
+    usage = build_usage(claims, driver=driver, skip_uid=str(object_meta(claim).get("uid", "")))
     explained: list[RequestExplanation] = []
     others: list[str] = []
     for name, request in _requests(claim):
@@ -599,7 +194,7 @@ def _with_joint_problems(
     problems = [p for p in (_distinct_devices_problem(chosen),) if p]
     if not problems and (problem := _single_node_problem(chosen, scope)):
         problems.append(problem)
-    constraints = (_spec(claim).get("devices") or {}).get("constraints") or []
+    constraints = (object_spec(claim).get("devices") or {}).get("constraints") or []
     for constraint in constraints:
         problem = _constraint_problem(constraint, chosen, driver=driver)
         if problem:
@@ -827,65 +422,4 @@ def render_table(explanation: ClaimExplanation) -> str:
     verdict = explanation.message() if explanation.unsatisfiable else explanation.summary()
     return "\n".join(
         [f"claim {explanation.claim} (driver {explanation.driver})", *lines, "", verdict]
-    )
-
-
-@dataclass(frozen=True)
-class ExplainInputs:
-    """What ``explain_claim`` reads, fetched from the API server."""
-
-    claim: JsonObject
-    slices: Sequence[JsonObject]
-    claims: Sequence[JsonObject]
-    classes: Sequence[JsonObject]
-    nodes: Sequence[JsonObject] | None = None  # None: not allowed to list them
-    pods: Sequence[JsonObject] = ()  # the Pods waiting for the claim
-
-
-class ClaimNotFound(LookupError):
-    """The claim to explain does not exist."""
-
-
-def _list(api: KubeApi, plural: str, *, field_selector: str = "") -> list[JsonObject]:
-    result = api.custom.list_cluster_custom_object(
-        RESOURCE_GROUP, RESOURCE_VERSION, plural, field_selector=field_selector or None
-    )
-    return list(cast(Mapping[str, Any], result).get("items") or [])
-
-
-def fetch_inputs(api: KubeApi, *, namespace: str, name: str, driver: str) -> ExplainInputs:
-    """Read the claim, the driver's slices, all claims and all DeviceClasses."""
-    claim = api.get_claim(namespace, name)
-    if claim is None:
-        raise ClaimNotFound(f"ResourceClaim {namespace}/{name} not found")
-    return ExplainInputs(
-        claim=claim,
-        slices=_list(api, "resourceslices", field_selector=f"spec.driver={driver}"),
-        claims=_list(api, "resourceclaims"),
-        classes=_list(api, "deviceclasses"),
-        nodes=api.list_nodes(),
-        pods=[p for p in api.list_pods(namespace) or [] if waits_for(p, name)],
-    )
-
-
-def waits_for(pod: JsonObject, claim_name: str) -> bool:
-    """Whether ``pod`` is not yet scheduled and uses the claim ``claim_name``."""
-    spec, status = pod.get("spec") or {}, pod.get("status") or {}
-    if spec.get("nodeName"):
-        return False
-    entries = [*(spec.get("resourceClaims") or []), *(status.get("resourceClaimStatuses") or [])]
-    return any(e.get("resourceClaimName") == claim_name for e in entries)
-
-
-def explain_from_api(api: KubeApi, *, namespace: str, name: str, driver: str) -> ClaimExplanation:
-    """``drasil explain``: fetch and explain one claim; raises ``ClaimNotFound``."""
-    inputs = fetch_inputs(api, namespace=namespace, name=name, driver=driver)
-    return explain_claim(
-        inputs.claim,
-        slices=inputs.slices,
-        claims=inputs.claims,
-        classes=inputs.classes,
-        driver=driver,
-        nodes=inputs.nodes,
-        pods=inputs.pods,
     )

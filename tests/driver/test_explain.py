@@ -6,14 +6,8 @@ from typing import Any
 
 import pytest
 
-from drasil.driver.explain.claims import (
-    ClaimExplanation,
-    build_inventory,
-    explain_claim,
-    is_driver_class,
-    render_table,
-    request_classes,
-)
+from drasil.driver.explain.claims import ClaimExplanation, explain_claim, render_table
+from drasil.driver.explain.inventory import build_inventory, is_driver_class, request_classes
 
 DRIVER = "gpu.drasil.dev"
 H200 = f'device.attributes["{DRIVER}"].productName == "NVIDIA H200"'

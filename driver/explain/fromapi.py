@@ -1,0 +1,73 @@
+"""``drasil explain``: the inputs of an explanation read from the API server."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from drasil.driver.explain.claims import ClaimExplanation, explain_claim
+from drasil.driver.kubeapi import RESOURCE_GROUP, RESOURCE_VERSION, KubeApi
+
+JsonObject = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class ExplainInputs:
+    """What ``explain_claim`` reads, fetched from the API server."""
+
+    claim: JsonObject
+    slices: Sequence[JsonObject]
+    claims: Sequence[JsonObject]
+    classes: Sequence[JsonObject]
+    nodes: Sequence[JsonObject] | None = None  # None: not allowed to list them
+    pods: Sequence[JsonObject] = ()  # the Pods waiting for the claim
+
+
+class ClaimNotFound(LookupError):
+    """The claim to explain does not exist."""
+
+
+def _list(api: KubeApi, plural: str, *, field_selector: str = "") -> list[JsonObject]:
+    result = api.custom.list_cluster_custom_object(
+        RESOURCE_GROUP, RESOURCE_VERSION, plural, field_selector=field_selector or None
+    )
+    return list(cast(Mapping[str, Any], result).get("items") or [])
+
+
+def fetch_inputs(api: KubeApi, *, namespace: str, name: str, driver: str) -> ExplainInputs:
+    """Read the claim, the driver's slices, all claims and all DeviceClasses."""
+    claim = api.get_claim(namespace, name)
+    if claim is None:
+        raise ClaimNotFound(f"ResourceClaim {namespace}/{name} not found")
+    return ExplainInputs(
+        claim=claim,
+        slices=_list(api, "resourceslices", field_selector=f"spec.driver={driver}"),
+        claims=_list(api, "resourceclaims"),
+        classes=_list(api, "deviceclasses"),
+        nodes=api.list_nodes(),
+        pods=[p for p in api.list_pods(namespace) or [] if waits_for(p, name)],
+    )
+
+
+def waits_for(pod: JsonObject, claim_name: str) -> bool:
+    """Whether ``pod`` is not yet scheduled and uses the claim ``claim_name``."""
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    if spec.get("nodeName"):
+        return False
+    entries = [*(spec.get("resourceClaims") or []), *(status.get("resourceClaimStatuses") or [])]
+    return any(e.get("resourceClaimName") == claim_name for e in entries)
+
+
+def explain_from_api(api: KubeApi, *, namespace: str, name: str, driver: str) -> ClaimExplanation:
+    """``drasil explain``: fetch and explain one claim; raises ``ClaimNotFound``."""
+    inputs = fetch_inputs(api, namespace=namespace, name=name, driver=driver)
+    return explain_claim(
+        inputs.claim,
+        slices=inputs.slices,
+        claims=inputs.claims,
+        classes=inputs.classes,
+        driver=driver,
+        nodes=inputs.nodes,
+        pods=inputs.pods,
+    )

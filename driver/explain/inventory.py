@@ -1,0 +1,192 @@
+"""What a pending claim is explained against: the devices of complete pools, their holders.
+
+``build_inventory`` reads the driver's ResourceSlices as the scheduler does (newest
+generation of complete pools only) and converts each device to CEL values once;
+``build_usage`` counts which devices (and how much of shareable ones) other claims
+already hold. Both are pure: the callers fetch the JSON.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, cast
+
+from drasil.api.quantity import QuantityError, parse_quantity
+from drasil.driver.cel.selectors import CelDevice, CelDeviceCache
+
+JsonObject = Mapping[str, Any]
+DeviceKey = tuple[str, str]  # (pool, device) within one driver
+
+
+# --- the devices the scheduler considers -------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoolDevice:
+    """One device of a complete pool, with its CEL form converted once."""
+
+    pool: str
+    name: str
+    spec: JsonObject
+    cel: CelDevice
+    # The one node the device is reachable from (a node-local slice, or the device's
+    # own nodeName with perDeviceNodeSelection); None for allNodes and nodeSelector.
+    node: str | None = None
+
+    @property
+    def key(self) -> DeviceKey:
+        return (self.pool, self.name)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """The driver's devices the allocator would look at, and pools it would skip."""
+
+    driver: str
+    devices: tuple[PoolDevice, ...]
+    incomplete_pools: tuple[str, ...] = ()
+
+
+def object_meta(obj: JsonObject) -> JsonObject:
+    return cast(JsonObject, obj.get("metadata") or {})
+
+
+def object_spec(obj: JsonObject) -> JsonObject:
+    return cast(JsonObject, obj.get("spec") or {})
+
+
+def _generation(obj: JsonObject) -> int:
+    return int((object_spec(obj).get("pool") or {}).get("generation") or 0)
+
+
+def build_inventory(
+    slices: Iterable[JsonObject], *, driver: str, cache: CelDeviceCache | None = None
+) -> Inventory:
+    """Devices of ``driver`` from the newest generation of each complete pool."""
+    pools: dict[str, list[JsonObject]] = defaultdict(list)
+    for obj in slices:
+        spec = object_spec(obj)
+        if spec.get("driver") == driver:
+            pools[str((spec.get("pool") or {}).get("name", ""))].append(obj)
+    devices: list[PoolDevice] = []
+    incomplete: list[str] = []
+    for pool, members in sorted(pools.items()):
+        newest = max(_generation(s) for s in members)
+        current = [s for s in members if _generation(s) == newest]
+        wanted = int((object_spec(current[0]).get("pool") or {}).get("resourceSliceCount") or 1)
+        if len(current) < wanted:
+            # The scheduler waits for every slice of the newest generation.
+            incomplete.append(f"{pool} ({len(current)} of {wanted} slices)")
+            continue
+        devices.extend(_pool_devices(pool, current, cache))
+    return Inventory(driver=driver, devices=tuple(devices), incomplete_pools=tuple(incomplete))
+
+
+def _pool_devices(
+    pool: str, slices: Sequence[JsonObject], cache: CelDeviceCache | None
+) -> Iterator[PoolDevice]:
+    for obj in slices:
+        specs = object_spec(obj).get("devices") or []
+        converted = cache.devices(obj) if cache is not None else None
+        slice_node = object_spec(obj).get("nodeName") or None
+        for index, spec in enumerate(specs):
+            cel = (
+                converted[index]
+                if converted is not None
+                else CelDevice.from_json(spec, driver=str(object_spec(obj)["driver"]))
+            )
+            node = slice_node or spec.get("nodeName") or None
+            yield PoolDevice(
+                pool=pool, name=str(spec.get("name", "")), spec=spec, cel=cel, node=node
+            )
+
+
+# --- who holds what ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Devices of the driver held by allocated claims (admin access holds nothing)."""
+
+    holders: Mapping[DeviceKey, tuple[str, ...]]
+    consumed: Mapping[DeviceKey, Mapping[str, Decimal]]
+
+
+def claim_ref(claim: JsonObject) -> str:
+    meta = object_meta(claim)
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def build_usage(claims: Iterable[JsonObject], *, driver: str, skip_uid: str = "") -> Usage:
+    """What the allocated ``claims`` hold; ``skip_uid`` is the claim being explained."""
+    holders: dict[DeviceKey, list[str]] = defaultdict(list)
+    consumed: dict[DeviceKey, dict[str, Decimal]] = defaultdict(dict)
+    for claim in claims:
+        if skip_uid and object_meta(claim).get("uid") == skip_uid:
+            continue
+        for result in _results(claim):
+            if result.get("driver") != driver or result.get("adminAccess"):
+                continue
+            key = (str(result.get("pool", "")), str(result.get("device", "")))
+            if result.get("shareID"):
+                _add_consumed(consumed[key], result.get("consumedCapacity") or {})
+            holders[key].append(claim_ref(claim))
+    return Usage(
+        holders={k: tuple(sorted(set(v))) for k, v in holders.items()},
+        consumed=dict(consumed),
+    )
+
+
+def _results(claim: JsonObject) -> Sequence[JsonObject]:
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    return cast(Sequence[JsonObject], (allocation.get("devices") or {}).get("results") or [])
+
+
+def _add_consumed(total: dict[str, Decimal], consumed: Mapping[str, Any]) -> None:
+    for name, value in consumed.items():
+        amount = quantity_value(value)
+        if amount is not None:
+            total[name] = total.get(name, Decimal(0)) + amount
+
+
+def quantity_value(value: object) -> Decimal | None:
+    try:
+        return parse_quantity(str(value))
+    except QuantityError:
+        return None
+
+
+# --- DeviceClasses -----------------------------------------------------------------
+
+
+def is_driver_class(device_class: JsonObject, driver: str) -> bool:
+    """Whether a DeviceClass selects devices of ``driver``.
+
+    Classes name their driver in a selector (``device.driver == "gpu.drasil.dev"`` or
+    ``device.attributes["gpu.drasil.dev"]...``) or in an opaque config entry.
+    """
+    spec = object_spec(device_class)
+    quoted = (f'"{driver}"', f"'{driver}'")
+    for selector in spec.get("selectors") or []:
+        expression = str((selector.get("cel") or {}).get("expression", ""))
+        if any(q in expression for q in quoted):
+            return True
+    return any(
+        ((entry.get("opaque") or {}).get("driver")) == driver for entry in spec.get("config") or []
+    )
+
+
+def request_classes(claim_spec: JsonObject) -> set[str]:
+    """The DeviceClass names a claim spec (``spec`` of a claim) uses."""
+    names: set[str] = set()
+    for request in (claim_spec.get("devices") or {}).get("requests") or []:
+        exactly = request.get("exactly")
+        if exactly and exactly.get("deviceClassName"):
+            names.add(str(exactly["deviceClassName"]))
+        for sub in request.get("firstAvailable") or []:
+            if sub.get("deviceClassName"):
+                names.add(str(sub["deviceClassName"]))
+    return names

@@ -1,0 +1,265 @@
+"""One request of a pending claim walked through the allocator's filters, stage by stage."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from drasil.driver.cel.selectors import CelCompileError, compile_selector
+from drasil.driver.explain.inventory import (
+    Inventory,
+    PoolDevice,
+    Usage,
+    object_spec,
+    quantity_value,
+)
+from drasil.driver.explain.nodefit import BLOCKING_EFFECTS, taint_text, tolerated
+
+JsonObject = Mapping[str, Any]
+MAX_SELECTOR_TEXT = 160
+MAX_HOLDERS_NAMED = 3
+
+
+# --- one request -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of the funnel: ``count`` devices ``phrase`` (e.g. "pass class gpu")."""
+
+    count: int
+    phrase: str
+    note: str = ""
+
+    def text(self) -> str:
+        verb_fix = self.phrase
+        if self.count == 1 and verb_fix.startswith("pass "):
+            verb_fix = "passes " + verb_fix[len("pass ") :]
+        elif self.count == 1 and verb_fix.startswith("devices "):
+            verb_fix = "device " + verb_fix[len("devices ") :]
+        text = f"{self.count} {verb_fix}"
+        return f"{text} ({self.note})" if self.note else text
+
+
+@dataclass(frozen=True)
+class RequestExplanation:
+    """What happened to one request (or ``firstAvailable`` subrequest)."""
+
+    request: str
+    needed: int | None  # None: allocationMode All
+    stages: tuple[Stage, ...]
+    blocked: Mapping[str, int] = field(default_factory=dict)  # taint -> devices
+    held: Mapping[str, int] = field(default_factory=dict)  # holder claim -> devices
+    short_capacity: int = 0
+    free: tuple[PoolDevice, ...] = ()
+    problem: str | None = None  # None: can be satisfied on its own
+
+    @property
+    def parent(self) -> str:
+        return self.request.partition("/")[0]
+
+    def text(self) -> str:
+        return f'request "{self.request}": ' + "; ".join(self._parts())
+
+    def _parts(self) -> list[str]:
+        parts = [stage.text() for stage in self.stages]
+        if self.stages and self.stages[-1].count == 0:
+            return parts
+        parts += [f"{n} blocked by taint {taint}" for taint, n in self.blocked.items()]
+        if self.short_capacity:
+            parts.append(f"{self.short_capacity} without the requested capacity left")
+        if self.held:
+            parts.append(self._held_text())
+        if self.problem and (self.free or not (self.held or self.blocked)):
+            parts.append(self._shortfall())
+        return parts
+
+    def _held_text(self) -> str:
+        total = sum(self.held.values())
+        names = _names(self.held)
+        if total == self.stages[-1].count:
+            lead = {1: "it is", 2: "both"}.get(total, f"all {total}")
+            return f"{lead} allocated to {names}"
+        return f"{total} allocated to {names}"
+
+    def _shortfall(self) -> str:
+        if self.needed is None:
+            return f"{len(self.free)} free, all {self.stages[-1].count} needed (allocationMode All)"
+        return f"{len(self.free)} free, {self.needed} needed"
+
+
+def _names(held: Mapping[str, int]) -> str:
+    names = list(held)
+    shown = ", ".join(names[:MAX_HOLDERS_NAMED])
+    more = len(names) - MAX_HOLDERS_NAMED
+    return f"{shown} and {more} more" if more > 0 else shown
+
+
+def _short(expression: str) -> str:
+    text = " ".join(expression.split())
+    return text if len(text) <= MAX_SELECTOR_TEXT else text[: MAX_SELECTOR_TEXT - 1] + "…"
+
+
+@dataclass(frozen=True)
+class _Filtered:
+    devices: list[PoolDevice]
+    stage: Stage
+
+
+def _select(devices: Sequence[PoolDevice], expression: str, *, phrase: str) -> _Filtered:
+    """Devices passing one selector; a CEL error fails the device and is noted."""
+    try:
+        selector = compile_selector(expression)
+    except CelCompileError as err:
+        return _Filtered([], Stage(0, phrase, note=f"does not compile: {err.detail}"))
+    passed: list[PoolDevice] = []
+    errors: Counter[str] = Counter()
+    for device in devices:
+        result = selector.evaluate(device.cel)
+        if result.matched:
+            passed.append(device)
+        elif result.error:
+            errors[result.error] += 1
+    note = ""
+    if errors:
+        error, _ = errors.most_common(1)[0]
+        count = sum(errors.values())
+        # The scheduler aborts the whole allocation on a CEL runtime error.
+        note = f"CEL error on {count} device{'s' if count != 1 else ''}: {error}"
+    return _Filtered(passed, Stage(len(passed), phrase, note=note))
+
+
+def _selectors(owner: JsonObject) -> list[str]:
+    return [str((s.get("cel") or {}).get("expression", "")) for s in owner.get("selectors") or []]
+
+
+def _class_stage(devices: list[PoolDevice], class_name: str, device_class: JsonObject) -> _Filtered:
+    """All selectors of the class at once; the note names one that leaves no device."""
+    notes: list[str] = []
+    for expression in _selectors(object_spec(device_class)):
+        filtered = _select(devices, expression, phrase="")
+        devices = filtered.devices
+        if filtered.stage.note:
+            notes.append(filtered.stage.note)
+        if not devices:
+            notes.append(f"none passes {_short(expression)}")
+            break
+    return _Filtered(devices, Stage(len(devices), f"pass class {class_name}", "; ".join(notes)))
+
+
+def _funnel(
+    request: JsonObject,
+    *,
+    inventory: Inventory,
+    classes: Mapping[str, JsonObject],
+) -> tuple[list[PoolDevice], list[Stage], str | None]:
+    """Stages 1-3: the driver's devices, the class selectors, the request selectors."""
+    devices = list(inventory.devices)
+    stages = [Stage(len(devices), f"devices of {inventory.driver}")]
+    if not devices:
+        return [], stages, f"driver {inventory.driver} has no published devices"
+    class_name = str(request.get("deviceClassName", ""))
+    device_class = classes.get(class_name)
+    if device_class is None:
+        stages.append(Stage(0, f"pass class {class_name}", note="DeviceClass not found"))
+        return [], stages, f"DeviceClass {class_name} does not exist"
+    filtered = _class_stage(devices, class_name, device_class)
+    stages.append(filtered.stage)
+    if not filtered.devices:
+        return [], stages, f"no device passes class {class_name}"
+    devices = filtered.devices
+    for expression in _selectors(request):
+        filtered = _select(devices, expression, phrase=f"pass selector {_short(expression)}")
+        devices = filtered.devices
+        stages.append(filtered.stage)
+        if not devices:
+            return [], stages, f"no device passes selector {_short(expression)}"
+    return devices, stages, None
+
+
+def _blocking_taint(device: PoolDevice, tolerations: Sequence[JsonObject]) -> str | None:
+    for taint in device.spec.get("taints") or []:
+        if taint.get("effect") in BLOCKING_EFFECTS and not tolerated(taint, tolerations):
+            return taint_text(taint)
+    return None
+
+
+def _capacity_of(device: PoolDevice, name: str, driver: str) -> Decimal | None:
+    capacity = device.spec.get("capacity") or {}
+    domain, _, ident = name.rpartition("/")
+    keys = [name] if domain and domain != driver else [ident, f"{driver}/{ident}"]
+    for key in keys:
+        if key in capacity:
+            return quantity_value((capacity[key] or {}).get("value"))
+    return None
+
+
+def _capacity_fits(
+    device: PoolDevice, wanted: Mapping[str, Any], *, usage: Usage, driver: str
+) -> bool:
+    used = usage.consumed.get(device.key, {}) if device.spec.get("allowMultipleAllocations") else {}
+    for name, value in wanted.items():
+        amount, total = quantity_value(value), _capacity_of(device, name, driver)
+        if amount is None or total is None:
+            return False
+        taken = used.get(name, used.get(name.rpartition("/")[2], Decimal(0)))
+        if total - taken < amount:
+            return False
+    return True
+
+
+def _needed(request: JsonObject) -> int | None:
+    if request.get("allocationMode") == "All":
+        return None
+    return int(request.get("count") or 1)
+
+
+def explain_request(
+    name: str,
+    request: JsonObject,
+    *,
+    inventory: Inventory,
+    classes: Mapping[str, JsonObject],
+    usage: Usage,
+) -> RequestExplanation:
+    """The funnel of one ``exactly`` request or ``firstAvailable`` subrequest."""
+    devices, stages, problem = _funnel(request, inventory=inventory, classes=classes)
+    needed = _needed(request)
+    if problem is not None:
+        return RequestExplanation(name, needed, tuple(stages), problem=problem)
+    wanted = (request.get("capacity") or {}).get("requests") or {}
+    fitting = [
+        d for d in devices if _capacity_fits(d, wanted, usage=usage, driver=inventory.driver)
+    ]
+    blocked: Counter[str] = Counter()
+    held: Counter[str] = Counter()
+    free: list[PoolDevice] = []
+    tolerations = request.get("tolerations") or []
+    for device in fitting:
+        taint = _blocking_taint(device, tolerations)
+        holders = () if _shareable(device, request) else usage.holders.get(device.key, ())
+        if taint is not None:
+            blocked[taint] += 1
+        elif holders:
+            held.update(holders[:1])
+        else:
+            free.append(device)
+    enough = len(free) >= needed if needed is not None else len(free) == len(devices) > 0
+    return RequestExplanation(
+        request=name,
+        needed=needed,
+        stages=tuple(stages),
+        blocked=dict(blocked.most_common()),
+        held=dict(held.most_common()),
+        short_capacity=len(devices) - len(fitting),
+        free=tuple(free),
+        problem=None if enough else "not enough free devices",
+    )
+
+
+def _shareable(device: PoolDevice, request: JsonObject) -> bool:
+    # Admin access may use devices in use; shared devices were checked by capacity.
+    return bool(request.get("adminAccess")) or bool(device.spec.get("allowMultipleAllocations"))
