@@ -13,6 +13,10 @@ the other side decides the result, ``has()`` tests map keys, the comprehension m
 variables, and ``.?field`` / ``[?key]`` select optionally. Unknown identifiers,
 functions, fields of a declared variable and wrong argument counts are compile
 errors, as the type checker makes them upstream; the rest fails at evaluation.
+
+Why ~700 lines in one module: ``_Compiler`` is one recursive walk over the grammar,
+and the literal and macro helpers below it exist only for that walk; split apart,
+each half would be read with the other open beside it.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from celpy.celparser import CELParseError, CELParser
 from celpy.evaluation import celbytes, celstr
 
 from drasil.driver.cel import functions as lib
+from drasil.driver.cel import operators as ops
 from drasil.driver.cel.values import (
     INT64_MAX,
     INT64_MIN,
@@ -202,7 +207,7 @@ def _path(root: str, keys: tuple[str, ...]) -> Node:
         except (KeyError, TypeError, IndexError):
             value = activation[root]
             for key in keys:
-                value = lib.select(value, key)
+                value = ops.select(value, key)
         return value
 
     return Node(run, root=root, path=keys)
@@ -256,11 +261,11 @@ _ORDERINGS: dict[str, tuple[str, Callable[[Any, Any], bool]]] = {
     "relation_ge": ("_>=_", operator.ge),
 }
 _ARITHMETIC: dict[str, Callable[[Any, Any], Any]] = {
-    "addition_add": lib.add,
-    "addition_sub": lib.subtract,
-    "multiplication_mul": lib.multiply,
-    "multiplication_div": lib.divide,
-    "multiplication_mod": lib.modulo,
+    "addition_add": ops.add,
+    "addition_sub": ops.subtract,
+    "multiplication_mul": ops.multiply,
+    "multiplication_div": ops.divide,
+    "multiplication_mod": ops.modulo,
 }
 _COMPREHENSIONS = frozenset({"all", "exists", "exists_one", "map", "filter"})
 _NAMESPACES = frozenset({"optional", "sets"})
@@ -327,7 +332,7 @@ class _Compiler:
         if kind == "relation_ne":
             return apply(lambda a, b: not cel_equal(a, b), [left, right])
         if kind == "relation_in":
-            return apply(lib.contains_item, [left, right])
+            return apply(ops.contains_item, [left, right])
         name, order = _ORDERINGS[kind]
         return apply(lambda a, b: cel_order(name, order, a, b), [left, right])
 
@@ -341,7 +346,7 @@ class _Compiler:
 
     def _unary(self, tree: Tree, scope: frozenset[str]) -> Node:
         operation, operand_tree = tree.children
-        function = lib.logical_not if operation.data == "unary_not" else lib.negate
+        function = ops.logical_not if operation.data == "unary_not" else ops.negate
         return apply(function, [self.node(operand_tree, scope)])
 
     # Selection, indexing and calls.
@@ -351,11 +356,11 @@ class _Compiler:
         field = str(field_token)
         target = self.node(target_tree, scope)
         if field_token.start_pos in self.optional_at:
-            return apply(lambda value: lib.select_optional(value, field), [target])
+            return apply(lambda value: ops.select_optional(value, field), [target])
         self._check_field(target, field, field_token)
         if target.root is not None:
             return _path(target.root, (*target.path, field))
-        return apply(lambda value: lib.select(value, field), [target])
+        return apply(lambda value: ops.select(value, field), [target])
 
     def _check_field(self, target: Node, field: str, token: Tree) -> None:
         if target.root is None or target.path or target.fields is None:
@@ -367,10 +372,10 @@ class _Compiler:
         target_tree, key_tree = tree.children
         target, key = self.nodes([target_tree, key_tree], scope)
         if getattr(key_tree.meta, "start_pos", None) in self.optional_at:
-            return apply(lib.index_optional, [target, key])
+            return apply(ops.index_optional, [target, key])
         if target.root is not None and key.constant and type(key.value) is str:
             return _path(target.root, (*target.path, key.value))
-        return apply(lib.index, [target, key])
+        return apply(ops.index, [target, key])
 
     def _member_dot_arg(self, tree: Tree, scope: frozenset[str]) -> Node:
         target_tree, name_token, *rest = tree.children
