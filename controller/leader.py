@@ -30,10 +30,8 @@ from datetime import UTC, datetime
 from enum import Enum
 from typing import Any, cast
 
-from kubernetes.client.exceptions import ApiException
-
 from drasil.controller.options import LeaderElection
-from drasil.driver.kubeapi import KubeApi
+from drasil.driver.kubeapi import ApiError, KubeApi
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +82,7 @@ class LeaseElector:
                 self.config.name,
                 _request_timeout=self._timeout(),
             )
-        except ApiException as err:
+        except ApiError as err:
             if err.status == 404:
                 return None
             raise
@@ -114,7 +112,7 @@ class LeaseElector:
         """Acquire or renew once; API errors are reported as FAILED, never raised."""
         try:
             return self._attempt()
-        except ApiException as err:
+        except ApiError as err:
             if err.status != 409:
                 log.warning("lease request failed", extra={"error": f"{err.status} {err.reason}"})
             return Attempt.FAILED

@@ -22,12 +22,12 @@ import logging
 from typing import Any
 
 import kopf
-from kubernetes import client
 
 from drasil.api.devicepool import API_VERSION as DEVICEPOOL_API
 from drasil.api.devicepool import PLURAL as DEVICEPOOL_PLURAL
 from drasil.controller.controller import Controller
 from drasil.controller.kopfstorage import MemoryDiffBaseStorage, MemoryProgressStorage
+from drasil.driver.kubeapi import ApiClient
 
 FINALIZER = "drasil.dev/controller"
 RESOURCE_API = "resource.k8s.io/v1"
@@ -46,7 +46,7 @@ def settings() -> kopf.OperatorSettings:
     return s
 
 
-def connection_info(api_client: client.ApiClient) -> kopf.ConnectionInfo:
+def connection_info(api_client: ApiClient) -> kopf.ConnectionInfo:
     """kopf credentials from a configured kubernetes client (as kopf.login_via_client)."""
     cfg = api_client.configuration
     header = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix(
@@ -65,7 +65,7 @@ def connection_info(api_client: client.ApiClient) -> kopf.ConnectionInfo:
     )
 
 
-def registry(controller: Controller, api_client: client.ApiClient) -> kopf.OperatorRegistry:
+def registry(controller: Controller, api_client: ApiClient) -> kopf.OperatorRegistry:
     """The handlers: one event handler per watched kind, and the login."""
     r = kopf.OperatorRegistry()
 
@@ -87,7 +87,7 @@ def registry(controller: Controller, api_client: client.ApiClient) -> kopf.Opera
 
 
 async def run_operator(
-    controller: Controller, *, api_client: client.ApiClient, stop: asyncio.Event
+    controller: Controller, *, api_client: ApiClient, stop: asyncio.Event
 ) -> None:
     """kopf plus the controller's housekeeping, until ``stop`` is set or kopf ends."""
     housekeeping = asyncio.create_task(controller.run(stop), name="drasil housekeeping")

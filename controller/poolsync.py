@@ -27,8 +27,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from kubernetes.client.exceptions import ApiException
-
 from drasil.api.devicepool import GROUP, PLURAL, VERSION, DevicePool, DevicePoolError
 from drasil.api.devicepool import parse_devicepool as parse_pool
 from drasil.controller.devicepools import (
@@ -43,7 +41,7 @@ from drasil.controller.devicepools import (
     status_patch,
 )
 from drasil.controller.metrics import ControllerMetrics
-from drasil.driver.kubeapi import RESOURCE_GROUP, RESOURCE_VERSION, KubeApi
+from drasil.driver.kubeapi import RESOURCE_GROUP, RESOURCE_VERSION, ApiError, KubeApi
 from drasil.driver.slices.build import JsonObject
 from drasil.driver.slices.plan import PublishPlan, plan_publish
 from drasil.driver.slices.publisher import PoolPublisher
@@ -53,7 +51,7 @@ log = logging.getLogger(__name__)
 SKIPPED = "skipped"
 
 
-def api_message(err: ApiException) -> str:
+def api_message(err: ApiError) -> str:
     """The API server's own words for a failed request (its Status.message)."""
     try:
         body = json.loads(err.body or "{}")
@@ -140,7 +138,7 @@ class PoolSync:
         for obj, create in writes:
             try:
                 self._dry_write(obj, create=create)
-            except ApiException as err:
+            except ApiError as err:
                 if err.status == 422:
                     name = obj["metadata"]["name"]
                     return f"the API server rejects ResourceSlice {name}: {api_message(err)}"
@@ -166,7 +164,7 @@ class PoolSync:
         )
         try:
             publisher.publish(desired)
-        except ApiException as err:
+        except ApiError as err:
             if err.status == 422:
                 return f"the API server rejected a ResourceSlice: {api_message(err)}"
             raise
@@ -215,7 +213,7 @@ class PoolSync:
             return
         try:
             self.api.custom.patch_cluster_custom_object_status(GROUP, VERSION, PLURAL, name, patch)
-        except ApiException as err:
+        except ApiError as err:
             if err.status != 404:  # deleted meanwhile: nothing to report on
                 raise
         log.info(

@@ -10,8 +10,6 @@ from pathlib import Path
 from typing import TextIO
 
 import yaml
-from kubernetes import config
-from kubernetes.config import ConfigException
 
 from drasil.driver.claims.configcheck import validate_config_document
 from drasil.driver.devices import Device, Version
@@ -22,7 +20,7 @@ from drasil.driver.discovery.nvml import NvmlError
 from drasil.driver.discovery.simulated import ProfileSpecError
 from drasil.driver.explain.claims import render_table
 from drasil.driver.explain.fromapi import ClaimNotFound, explain_from_api
-from drasil.driver.kubeapi import KubeApi
+from drasil.driver.kubeapi import KubeApi, KubeconfigError, load_user_api_client
 from drasil.driver.slices.build import build_slices
 
 DEFAULT_DRIVER = "gpu.drasil.dev"
@@ -125,9 +123,7 @@ def _validate_config(args: argparse.Namespace, out: TextIO) -> int:
 def _explain(args: argparse.Namespace, out: TextIO) -> int:
     namespace, _, name = args.claim.rpartition("/")
     # A person at a terminal: their kubeconfig, never the in-cluster account.
-    api = KubeApi(
-        config.new_client_from_config(config_file=args.kubeconfig)  # type: ignore[no-untyped-call]
-    )
+    api = KubeApi(load_user_api_client(args.kubeconfig))
     try:
         explanation = explain_from_api(
             api, namespace=namespace or args.namespace, name=name, driver=args.driver_name
@@ -168,7 +164,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         if args.command == "explain":
             return _explain(args, out)
         return _validate_config(args, out)
-    except (NvmlError, ProfileSpecError, OSError, ConfigException) as err:
+    except (NvmlError, ProfileSpecError, OSError, KubeconfigError) as err:
         print(f"drasil {args.command}: {err}", file=sys.stderr)
         return 2
 

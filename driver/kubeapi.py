@@ -12,12 +12,21 @@ import json
 import logging
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any, TypeAlias, cast
 
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
+from kubernetes.config import ConfigException
 
 log = logging.getLogger(__name__)
+
+# The client's names the rest of drasil needs, so that this module stays the one
+# importer of ``kubernetes`` (an import-linter contract in pyproject.toml).
+ApiClient: TypeAlias = client.ApiClient
+ApiError = ApiException
+"""An API call that failed; ``.status`` is the HTTP status."""
+KubeconfigError = ConfigException
+"""No usable kubeconfig (or in-cluster service account)."""
 
 RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_VERSION = "v1"
@@ -37,6 +46,17 @@ def load_api_client(kubeconfig: str | None) -> client.ApiClient:
         return api
     config.load_incluster_config()  # type: ignore[no-untyped-call]
     return client.ApiClient()
+
+
+def load_user_api_client(kubeconfig: str | None) -> client.ApiClient:
+    """A person at a terminal: ``kubeconfig``, else ``$KUBECONFIG`` or ``~/.kube/config``.
+
+    Never the in-cluster service account, even inside a Pod.
+    """
+    api: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
+        config_file=kubeconfig
+    )
+    return api
 
 
 def _or_none(err: ApiException) -> None:

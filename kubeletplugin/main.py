@@ -10,12 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from kubernetes.config import ConfigException
-
 from drasil.driver.discovery.backends import open_backend
 from drasil.driver.discovery.nvml import NvmlError, NvmlLibrary
 from drasil.driver.discovery.simulated import ProfileSpecError
-from drasil.driver.kubeapi import KubeApi, load_api_client
+from drasil.driver.kubeapi import KubeApi, KubeconfigError, load_api_client
 from drasil.driver.logs import setup_logging
 from drasil.kubeletplugin.deviceplugin.plugin import DevicePluginServer
 from drasil.kubeletplugin.deviceplugin.resources import DevicePluginConfigError
@@ -35,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         lib = open_backend(opts.backend, profile=opts.simulated_profile, node_name=opts.node_name)
         plugin = _start(opts, lib)
-    except (NvmlError, ProfileSpecError, DevicePluginConfigError, OSError, ConfigException) as err:
+    except (NvmlError, ProfileSpecError, DevicePluginConfigError, OSError, KubeconfigError) as err:
         log.error("cannot start: %s", err)
         return 1
     stopped = threading.Event()

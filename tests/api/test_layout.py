@@ -1,7 +1,8 @@
-"""The package layout of DESIGN.md: every package folder is installed as drasil.*."""
+"""The package layout of docs/design.md: every package folder is installed as drasil.*."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import tomllib
 from pathlib import Path
@@ -41,3 +42,67 @@ def test_packages_import_from_their_folders() -> None:
 def test_typed_marker_in_every_top_package() -> None:
     for folder in FOLDERS:
         assert (ROOT / folder / "py.typed").is_file(), folder
+
+
+# The layout of docs/design.md#layout: per package folder, its top-level modules and
+# sub-packages (with a trailing "/"). A new module must find its subsystem's
+# sub-package, or be added here and in docs/design.md on purpose.
+LAYOUT: dict[str, set[str]] = {
+    "api": {"checkpoint", "config", "devicepool", "quantity", "kubelet/", "schemas/"},
+    "driver": {
+        "checkpoint",
+        "cli",
+        "devices",
+        "endpoints",
+        "files",
+        "kubeapi",
+        "logs",
+        "cdi/",
+        "cel/",
+        "claims/",
+        "discovery/",
+        "explain/",
+        "slices/",
+    },
+    "kubeletplugin": {"main", "metrics", "options", "sockets", "dra/", "deviceplugin/"},
+    "controller": {
+        "controller",
+        "devicepools",
+        "devicestatus",
+        "events",
+        "kopfstorage",
+        "leader",
+        "main",
+        "metrics",
+        "operator",
+        "options",
+        "pending",
+        "poolsync",
+        "state",
+    },
+}
+
+
+def _top_level(folder: Path) -> set[str]:
+    modules = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+    packages = {f"{p.parent.name}/" for p in folder.glob("*/__init__.py")}
+    return modules | packages
+
+
+def test_every_module_is_in_the_layout() -> None:
+    for folder, expected in LAYOUT.items():
+        found = _top_level(ROOT / folder)
+        assert found - expected == set(), (
+            f"{folder}/ has modules outside the layout: put them in the sub-package of "
+            "their subsystem, or add them to LAYOUT and docs/design.md#layout"
+        )
+        assert expected - found == set(), f"{folder}/: LAYOUT names modules that are gone"
+    assert set(LAYOUT) == set(FOLDERS)
+
+
+def test_every_sub_package_says_what_it_holds_and_who_uses_it() -> None:
+    for name, folder in _package_folders().items():
+        if name.startswith("drasil.api.kubelet") or name == "drasil.api.schemas":
+            continue  # generated stubs and data
+        doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text()))
+        assert doc and len(doc.split()) >= 12, f"{name}: __init__.py needs a docstring"
