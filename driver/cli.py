@@ -24,11 +24,12 @@ from drasil.driver.kubeapi import KubeApi, KubeconfigError, load_user_api_client
 from drasil.driver.slices.build import build_slices
 
 DEFAULT_DRIVER = "gpu.drasil.dev"
+DESCRIPTION = "The drasil command (also kubectl drasil): inspect what the driver would do."
 OUTPUTS = ("table", "json", "yaml")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="drasil", description=__doc__)
+    p = argparse.ArgumentParser(prog="drasil", description=DESCRIPTION)
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("discover", help="list this node's devices and the ResourceSlices")
     d.add_argument("--backend", choices=BACKENDS, default="nvml")

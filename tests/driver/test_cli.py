@@ -103,3 +103,15 @@ spec:
     code, text = run("validate-config", str(claim))
     assert code == 0
     assert "valid" in text
+
+
+@pytest.mark.parametrize(
+    "command", [(), ("discover",), ("validate-config",), ("explain",), ("fault",)]
+)
+def test_help_is_plain_text(command: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: drasil")
+    assert "``" not in out
