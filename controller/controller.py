@@ -56,7 +56,6 @@ RETRY_DELAYS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 READY_RESULTS = frozenset({"published", "unchanged"})
 MIN_RECHECK = 30.0
 NODES_MAX_AGE = 10.0  # Node labels and taints change rarely; explanations are slow anyway
-CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
 
 
 def _meta(obj: JsonObject) -> JsonObject:

@@ -214,10 +214,6 @@ class ClusterView:
         with self._lock:
             return self._pools.get(name)
 
-    def pool_names(self) -> list[str]:
-        with self._lock:
-            return sorted(self._pools)
-
     def published_pools(self) -> set[str]:
         """Names of DevicePools this driver publishes (their pools' names)."""
         with self._lock:

@@ -44,8 +44,6 @@ NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
 NVML_DEVICE_MIG_ENABLE = 1
 
 # Event types (nvmlEventType*). Health registers for the XID ones.
-EVENT_TYPE_SINGLE_BIT_ECC_ERROR = 0x1
-EVENT_TYPE_DOUBLE_BIT_ECC_ERROR = 0x2
 EVENT_TYPE_XID_CRITICAL_ERROR = 0x8
 
 NO_INSTANCE = 0xFFFFFFFF
@@ -211,8 +209,6 @@ class NvmlLibrary(Protocol):
 
     def device_parent_handle(self, handle: DeviceHandle) -> DeviceHandle:
         """The full GPU a MIG device belongs to."""
-
-    def device_supported_event_types(self, handle: DeviceHandle) -> int: ...
 
     def event_set_create(self) -> EventSet: ...
 
@@ -435,10 +431,6 @@ class PynvmlLibrary:
     def device_parent_handle(self, handle: DeviceHandle) -> DeviceHandle:
         fn = self._nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle
         return self._call("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", fn, handle)
-
-    def device_supported_event_types(self, handle: DeviceHandle) -> int:
-        fn = self._nvml.nvmlDeviceGetSupportedEventTypes
-        return int(self._call("nvmlDeviceGetSupportedEventTypes", fn, handle))
 
     def event_set_create(self) -> EventSet:
         return self._call("nvmlEventSetCreate", self._nvml.nvmlEventSetCreate)

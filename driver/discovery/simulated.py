@@ -354,10 +354,6 @@ class FakeNvml:
             raise NvmlQueryError("device_parent_handle: not a MIG device handle")
         return _Handle(h.gpu)
 
-    def device_supported_event_types(self, handle: DeviceHandle) -> int:
-        self._full(handle, "device_supported_event_types")
-        return EVENT_TYPE_XID_CRITICAL_ERROR
-
     def event_set_create(self) -> EventSet:
         event_set = _EventSet()
         with self._lock:

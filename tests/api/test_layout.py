@@ -105,4 +105,5 @@ def test_every_sub_package_says_what_it_holds_and_who_uses_it() -> None:
         if name.startswith("drasil.api.kubelet") or name == "drasil.api.schemas":
             continue  # generated stubs and data
         doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text()))
-        assert doc and len(doc.split()) >= 12, f"{name}: __init__.py needs a docstring"
+        assert doc, f"{name}: __init__.py needs a docstring"
+        assert len(doc.split()) >= 12, f"{name}: say what the package holds and who uses it"
