@@ -1,7 +1,7 @@
 """Per-claim CDI specs: content, version selection, validation, files, crashes.
 
 Every spec these tests build or write is checked twice: against the official CDI JSON
-Schema (reference/cdi-schema) and by our own env check, which the schema cannot do
+Schema (tests/data/cdi-schema) and by our own env check, which the schema cannot do
 because its env item rule is broken ("ref" instead of "$ref").
 """
 
@@ -46,7 +46,7 @@ def schema_validator() -> jsonschema.Draft7Validator:
     if not (schema_file.is_file() and defs_file.is_file()):
         pytest.fail(
             f"official CDI schema not found: expected schema.json and defs.json in "
-            f"{SCHEMA_DIR} (a copy of the shared reference/cdi-schema)"
+            f"{SCHEMA_DIR} (the official CDI schema, see its README.md)"
         )
     defs = json.loads(defs_file.read_text())
     registry: Registry[Any] = Registry().with_resource(
