@@ -1,4 +1,4 @@
-# One command per job (DESIGN.md, Conventions). Everything runs from .venv, which is
+# One command per job (docs/design.md#conventions). Everything runs from .venv, which is
 # created from pyproject.toml on first use, so a fresh clone needs only python3 and go.
 PYTHON ?= python3
 VENV := .venv

@@ -89,7 +89,7 @@ class PreparedDevice(_Document):
     device_name: str
     cdi_device_ids: tuple[str, ...] = ()
     share_id: str | None = Field(default=None, exclude_if=lambda value: value is None)
-    # Admin-access results may share a device with any other claim (dra-api.md).
+    # Admin-access results may share any device (docs/design.md#claims-and-configs).
     admin_access: bool = Field(default=False, exclude_if=lambda value: not value)
 
 

@@ -2,8 +2,8 @@
 
 kopf's defaults keep handler progress and the "last handled" state in annotations
 (or ``status.kopf``) of the watched objects. The controller watches ResourceClaims,
-Pods and ResourceSlices it does not own, and must never write to them (DESIGN.md,
-Decisions), so both stores live here instead. They fill up only for change
+Pods and ResourceSlices it does not own, and must never write to them
+(docs/design.md#decisions), so both stores live here instead. They fill up only for change
 handlers (create/update/delete); the controller registers none, only event
 handlers, which kopf does not track at all. The stores are a second line of defence
 should one ever be added: state is lost on restart, which for event handlers is

@@ -1,7 +1,7 @@
 """kopf, configured so that it only watches: event handlers, memory storage, no posting.
 
 kopf is the controller's watch machinery (list, watch, re-list, per-object queues).
-It is kept from writing anything onto the objects it watches (DESIGN.md, Decisions):
+It is kept from writing anything onto the objects it watches (docs/design.md#decisions):
 
 - only ``@kopf.on.event`` handlers are registered: no change handlers, daemons or
   timers, so kopf has no progress to persist and no reason to add a finalizer;

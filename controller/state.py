@@ -1,6 +1,6 @@
 """What the controller knows of the cluster, fed by kopf's watch events, kept in memory.
 
-Nothing here is written to the objects themselves (DESIGN.md: no kopf annotations,
+Nothing here is written to the objects themselves (docs/design.md#decisions: no kopf annotations,
 finalizers or status on objects we do not own): claims, Pods, slices, classes and
 DevicePools live in plain dicts, replaced on every event and dropped on deletion.
 Pods are reduced to the claims they use, which is all the controller needs of them.

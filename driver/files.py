@@ -1,7 +1,7 @@
 """Crash-safe files: atomic replacement, durable removal, a cross-process lock.
 
-Every on-disk write that must survive a crash goes through ``write_atomic`` (DESIGN.md,
-Decisions): a reader sees the old content or the new content, never a torn file.
+Every on-disk write that must survive a crash goes through ``write_atomic``
+(docs/design.md#decisions): a reader sees the old content or the new content, never a torn file.
 
 Crash points (fault injection for the crash tests and the e2e kill tests). Start a
 process with ``DRASIL_CRASH_AT=<point>`` and it exits with status 137 (what SIGKILL
@@ -162,7 +162,7 @@ class FileLock:
     """An exclusive ``flock`` on a lock file, held across processes.
 
     Serializes prepare/unprepare between plugin instances during a rolling update
-    (kubelet-apis.md, Registration). The lock belongs to the open file, so a crashed
+    (docs/design.md#two-instances-on-one-node). The lock belongs to the open file, so a crashed
     holder releases it automatically. Not reentrant: one instance is one acquisition.
     The lock file is never deleted, because deleting it lets two processes lock two
     different inodes of the same name.

@@ -1,7 +1,7 @@
 """The Kubernetes API calls drasil makes, on plain JSON objects.
 
 The kubernetes v37 models drop fields they do not know when they deserialize
-(DESIGN.md, Decisions), so everything here goes through the custom-objects API and
+(docs/design.md#decisions), so everything here goes through the custom-objects API and
 returns the server's JSON as dicts: nothing is lost, and nothing we do not own is
 ever read-modified-replaced.
 """

@@ -1,6 +1,6 @@
 """Structured logging for the daemons and the CLI.
 
-``--log-format json|text`` and klog-like ``-v`` levels (DESIGN.md, Conventions).
+``--log-format json|text`` and klog-like ``-v`` levels (docs/design.md#conventions).
 Context such as the claim's namespace/name/uid travels in ``extra={"claim": ...}``
 and appears as fields in both formats, so one grep finds every line of one claim.
 """

@@ -62,7 +62,7 @@ HELM = "v4.3.1"
 # The `go` line of our go.mod files; k8s.io/kubernetes 1.37 says go 1.26.0.
 GO_DIRECTIVE = "1.26.0"
 
-# DRA feature gates of shared/reference/dra-api.md that 1.37 still lets us set. Gates
+# DRA feature gates (docs/design.md#feature-gates) that 1.37 still lets us set. Gates
 # that are GA and locked to their default (DRAPrioritizedList, DRAAdminAccess,
 # DRAExtendedResource, DRAResourceClaimDeviceStatus, DynamicResourceAllocation) make
 # every component refuse to start when named, so they are left out: they are on anyway.

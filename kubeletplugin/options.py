@@ -45,7 +45,7 @@ class PluginOptions:
 
     @property
     def state_dir(self) -> Path:
-        """Checkpoint and locks live beside the DRA socket (DESIGN.md, Names)."""
+        """Checkpoint and locks live beside the DRA socket (docs/design.md#names)."""
         return self.plugins_dir / self.driver_name
 
 

@@ -99,14 +99,14 @@ def claim_cdi_device_ids(req: ClaimSpecRequest, *, driver: str) -> dict[str, str
 
 
 def _spec_file_prefix(driver: str) -> str:
-    # reference/cdi.md: transient spec files are named <vendor>-<class>_<id>.
+    # The CDI spec (docs/design.md#cdi): transient spec files are named <vendor>-<class>_<id>.
     vendor, cls = claim_kind(driver).split("/")
     return f"{vendor}-{cls}_"
 
 
 def spec_path(cdi_root: Path, *, driver: str, claim_uid: str) -> Path:
     """``<cdi_root>/k8s.<driver>-claim_<claimUID>.json``."""
-    # reference/cdi.md maps a "/" in the id to "_"; a claim UID never has one (checked).
+    # CDI maps a "/" in the id to "_" (docs/design.md#cdi); a claim UID never has one (checked).
     _check_claim_uid(claim_uid)
     return cdi_root / f"{_spec_file_prefix(driver)}{claim_uid}.json"
 

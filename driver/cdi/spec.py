@@ -145,7 +145,7 @@ def _needs_rdt_or_gids(spec: Mapping[str, Any]) -> bool:
 
 def _needs_net_devices_or_rdt_monitoring(spec: Mapping[str, Any]) -> bool:
     # Upstream's requiresV110 also counts intelRdt.schemata/enableMonitoring, which
-    # reference/cdi.md does not list; upstream wins.
+    # docs/design.md#cdi notes as well; upstream's code wins over any summary.
     for e in _all_edits(spec):
         rdt = e.get("intelRdt") or {}
         if e.get("netDevices") or rdt.get("schemata") is not None or rdt.get("enableMonitoring"):

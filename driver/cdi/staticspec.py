@@ -43,7 +43,7 @@ def device_cdi_id(*, driver: str, device_name: str) -> str:
 
 
 def device_spec_path(cdi_root: Path, *, driver: str) -> Path:
-    """``<cdi_root>/k8s.<driver>-device.json`` (reference/cdi.md: ``<vendor>-<class>``)."""
+    """``<cdi_root>/k8s.<driver>-device.json`` (CDI's ``<vendor>-<class>``, docs/design.md#cdi)."""
     vendor, cls = device_kind(driver).split("/")
     return cdi_root / f"{vendor}-{cls}.json"
 

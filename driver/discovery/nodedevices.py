@@ -15,7 +15,7 @@ A GPU with MIG mode enabled publishes its MIG devices and not itself: its memory
 engines belong to the MIG devices, and handing out the whole GPU as well would give
 the same hardware to two claims.
 
-Attributes are those of DESIGN.md (NVIDIA's names, so selectors are portable); MIG
+Attributes are those of docs/design.md#names (NVIDIA's names, so selectors are portable); MIG
 devices share their parent's ``index``, ``minor``, PCI attributes and product facts and
 add ``parentUUID`` and ``profile``. ``device_nodes`` is ``/dev/nvidia<minor>`` on real
 hardware (for MIG devices the parent's; the ``/dev/nvidia-caps`` nodes MIG access also

@@ -1,7 +1,7 @@
 """ResourceSlice objects (``resource.k8s.io/v1``) for one pool of devices.
 
 ``build_slices`` turns ``Device`` objects into plain JSON dicts, ready for the API
-server, split under the per-slice limits of ``reference/dra-api.md``: at most 128
+server, split under the per-slice limits (``docs/design.md#resourceslice-limits``): at most 128
 devices per slice, 64 once a slice holds a device with taints or counter
 consumptions, and shared counters in slices of their own (at most 8 counter sets
 each). Counter slices come first, then device slices, all numbered in one sequence.

@@ -3,7 +3,7 @@
 ``plan_publish`` is pure: it compares the slices ``build_slices`` produced with the
 slices of the same pool the API server holds (as JSON dicts, e.g. from a raw list
 response, so no field is lost to client models) and returns the minimal plan under
-the pool generation semantics of ``reference/dra-api.md``:
+the pool generation semantics of ``docs/design.md#pool-generations``:
 
 - If the existing slices already say what the desired ones say (same names, same
   content apart from the generation, one common generation and a matching

@@ -1,6 +1,6 @@
 """DRAResourceHealth (v1 and v1alpha1): device health streamed to kubelet.
 
-Each response is the complete list (kubelet-apis.md §2). We send one when a watch
+Each response is the complete list (docs/design.md#kubelet-grpc-apis). We send one when a watch
 starts, on every change, and again every ``resend`` seconds so kubelet never lets a
 healthy device time out into Unknown.
 """

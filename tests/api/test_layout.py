@@ -1,4 +1,4 @@
-"""The package layout of docs/design.md: every package folder is installed as drasil.*."""
+"""The package layout of docs/design.md#layout: every package folder is installed as drasil.*."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """kubelet's gRPC contracts: our .proto files match upstream's wire names and numbers.
 
-The expected tables are written from reference/kubelet-apis.md, not from our .proto
+The expected tables are written from kubelet's protos (docs/design.md#kubelet-grpc-apis), not our
 files, so a typo in either shows up here.
 """
 

@@ -118,7 +118,7 @@ WEBSITE_DOCS: list[tuple[str, Expected]] = [
 ]
 
 DRASIL_ATTRIBUTES: list[tuple[str, Expected]] = [
-    # The DeviceClasses of DESIGN.md.
+    # The DeviceClasses of docs/design.md#names.
     ('device.attributes["gpu.drasil.dev"].type == "gpu"', True),
     ('device.attributes["gpu.drasil.dev"].type == "mig"', False),
     ('device.driver == "gpu.drasil.dev"', True),
