@@ -33,6 +33,7 @@ from typing import Any
 from drasil.controller.devicepools import POOL_LABEL, now_rfc3339
 from drasil.controller.devicestatus import apply_entries, desired_entries, needs_apply
 from drasil.controller.events import (
+    EXPLANATION_INCOMPLETE,
     INVALID_DEVICE_CONFIG,
     UNSATISFIABLE,
     EventRecorder,
@@ -345,11 +346,16 @@ class Controller:
             pods=pods,
         )
         self.metrics.explain_duration.observe(time.perf_counter() - started)
+        ref = ObjectRef.of(claim)
+        if explanation.cut_short and not explanation.unsatisfiable:
+            message = explanation.summary()
+            self.events.memory.keep_only(ref.uid, EXPLANATION_INCOMPLETE, [message])
+            self.events.warn(ref, reason=EXPLANATION_INCOMPLETE, message=message)
+            return message
         if not explanation.unsatisfiable:
             log.debug("pending claim looks satisfiable", extra={"claim": explanation.claim})
             return None
         message = explanation.message()
-        ref = ObjectRef.of(claim)
         self.events.memory.keep_only(ref.uid, UNSATISFIABLE, [message])
         self.events.warn(ref, reason=UNSATISFIABLE, message=message)
         on_pod = f"ResourceClaim {key[1]}: {message}"

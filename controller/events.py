@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 INVALID_DEVICE_CONFIG = "InvalidDeviceConfig"
 UNSATISFIABLE = "Unsatisfiable"
+EXPLANATION_INCOMPLETE = "ExplanationIncomplete"
 COMPONENT = "drasil-controller"
 
 

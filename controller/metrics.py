@@ -15,7 +15,8 @@ class ControllerMetrics:
         self.registry = registry or CollectorRegistry()
         self.events = Counter(
             "drasil_controller_events_posted",
-            "Kubernetes Events posted, by reason (InvalidDeviceConfig|Unsatisfiable) and the "
+            "Kubernetes Events posted, by reason (InvalidDeviceConfig|Unsatisfiable|"
+            "ExplanationIncomplete) and the "
             "kind of object they are about.",
             ["reason", "kind"],
             registry=self.registry,

@@ -22,6 +22,7 @@ each half would be read with the other open beside it.
 from __future__ import annotations
 
 import operator
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,10 +33,12 @@ from celpy.evaluation import celbytes, celstr
 from drasil.driver.cel import functions as lib
 from drasil.driver.cel import operators as ops
 from drasil.driver.cel.values import (
+    COST_KEY,
     INT64_MAX,
     INT64_MIN,
     UINT64_MAX,
     CelError,
+    CostMeter,
     UInt,
     cel_equal,
     cel_order,
@@ -84,6 +87,20 @@ class CelCompileError(ValueError):
         )
 
 
+MAX_NESTING = 500
+"""Deepest nesting compiled, counted in operators and calls (not parentheses).
+
+cel-go's parser stops at a recursion depth of 250, so everything the API server
+accepts fits; beyond, the expression gets a compile error instead of exhausting
+the stack.
+"""
+# The compiler and the compiled closures recurse a few Python frames per level of
+# the parse tree; this many frames fit MAX_NESTING with room for the caller's stack.
+_RECURSION_NEEDED = 10_000
+if sys.getrecursionlimit() < _RECURSION_NEEDED:
+    sys.setrecursionlimit(_RECURSION_NEEDED)
+
+
 def compile_expression(source: str, *, variables: Mapping[str, Fields]) -> Node:
     """Compile ``source`` with ``variables`` declared; raises ``CelCompileError``."""
     text, optional_at = _mark_optional_syntax(source)
@@ -91,7 +108,40 @@ def compile_expression(source: str, *, variables: Mapping[str, Fields]) -> Node:
         tree = CELParser().parse(text)
     except CELParseError as err:
         raise _syntax_error(err, source) from None
-    return _Compiler(source, optional_at, variables).node(tree, frozenset())
+    except RecursionError:
+        raise _too_deep(source) from None
+    _check_nesting(tree, source)
+    try:
+        return _Compiler(source, optional_at, variables).node(tree, frozenset())
+    except RecursionError:
+        # Nesting that _check_nesting does not count (brackets in brackets).
+        raise _too_deep(source) from None
+
+
+def _too_deep(source: str, meta: Any = None) -> CelCompileError:
+    return CelCompileError(
+        f"expression nests deeper than {MAX_NESTING} levels",
+        expression=source,
+        line=getattr(meta, "line", None) or 1,
+        column=getattr(meta, "column", None) or 1,
+    )
+
+
+_FLAT = frozenset({"conditionalor", "conditionaland"})
+
+
+def _check_nesting(tree: Tree, source: str) -> None:
+    """Refuse trees deeper than MAX_NESTING, measured without recursing."""
+    stack: list[tuple[Tree, int]] = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_NESTING:
+            raise _too_deep(source, getattr(node, "meta", None))
+        children = getattr(node, "children", ())
+        # Single-child pass-through nodes (a literal's ten grammar levels) do not nest
+        # anything, and && / || chains are compiled flat (cel-go balances them).
+        step = 0 if len(children) == 1 or getattr(node, "data", "") in _FLAT else 1
+        stack.extend((child, depth + step) for child in children if not isinstance(child, str))
 
 
 def _syntax_error(err: CELParseError, source: str) -> CelCompileError:
@@ -618,6 +668,17 @@ def _integer(text: str) -> int:
 Loop = Callable[[str, Any, Activation, str, list[Eval]], Any]
 
 
+def _metered(items: Any, act: Activation) -> Iterator[Any]:
+    """``items``, each charged to the evaluation's ``CostMeter`` (if it has one)."""
+    meter: CostMeter | None = act.get(COST_KEY)
+    if meter is None:
+        yield from items
+        return
+    for item in items:
+        meter.charge()
+        yield item
+
+
 def _all(macro: str, items: Any, act: Activation, name: str, body: list[Eval]) -> bool:
     return _quantifier(items, act, name, body[0], decisive=False)
 
@@ -630,7 +691,7 @@ def _quantifier(items: Any, act: Activation, name: str, test: Eval, *, decisive:
     # all() is a chain of &&, exists() of ||, with their error absorption.
     inner = dict(act)
     error: CelError | None = None
-    for item in items:
+    for item in _metered(items, act):
         inner[name] = item
         try:
             value = test(inner)
@@ -649,7 +710,7 @@ def _quantifier(items: Any, act: Activation, name: str, test: Eval, *, decisive:
 def _exists_one(macro: str, items: Any, act: Activation, name: str, body: list[Eval]) -> bool:
     inner = dict(act)
     count = 0
-    for item in items:
+    for item in _metered(items, act):
         inner[name] = item
         value = body[0](inner)
         if type(value) is not bool:
@@ -662,7 +723,7 @@ def _map(macro: str, items: Any, act: Activation, name: str, body: list[Eval]) -
     inner = dict(act)
     transform = body[0]
     result = []
-    for item in items:
+    for item in _metered(items, act):
         inner[name] = item
         result.append(transform(inner))
     return result
@@ -677,7 +738,7 @@ def _kept(macro: str, value: Any) -> bool:
 def _filter(macro: str, items: Any, act: Activation, name: str, body: list[Eval]) -> list[Any]:
     inner = dict(act)
     result = []
-    for item in items:
+    for item in _metered(items, act):
         inner[name] = item
         if _kept(macro, body[0](inner)):
             result.append(item)
@@ -688,7 +749,7 @@ def _filter_map(macro: str, items: Any, act: Activation, name: str, body: list[E
     inner = dict(act)
     keep, transform = body
     result = []
-    for item in items:
+    for item in _metered(items, act):
         inner[name] = item
         if _kept(macro, keep(inner)):
             result.append(transform(inner))

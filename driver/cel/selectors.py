@@ -25,7 +25,15 @@ from types import MappingProxyType
 from typing import Any
 
 from drasil.driver.cel.compiler import Activation, CelCompileError, Eval, compile_expression
-from drasil.driver.cel.values import CelError, Quantity, Semver, type_name
+from drasil.driver.cel.values import (
+    COST_KEY,
+    CelDeadlineExceeded,
+    CelError,
+    CostMeter,
+    Quantity,
+    Semver,
+    type_name,
+)
 
 DEVICE_FIELDS = frozenset({"driver", "attributes", "capacity", "allowMultipleAllocations"})
 """What ``device`` has; selecting anything else is a compile error, as upstream."""
@@ -42,6 +50,7 @@ _EMPTY_DOMAIN: Mapping[str, Any] = MappingProxyType({})
 __all__ = [
     "DEVICE_FIELDS",
     "CelCompileError",
+    "CelDeadlineExceeded",
     "CelDevice",
     "CelDeviceCache",
     "CompiledSelector",
@@ -157,11 +166,18 @@ class CompiledSelector:
     expression: str
     run: Eval
 
-    def evaluate(self, device: CelDevice) -> SelectorResult:
+    def evaluate(self, device: CelDevice, *, deadline: float | None = None) -> SelectorResult:
+        """Match ``device``; raises ``CelDeadlineExceeded`` once ``time.monotonic()``
+        passes ``deadline`` (checked as comprehensions iterate).
+
+        The evaluation's cost is metered as the API server meters it: past
+        ``RUNTIME_COST_LIMIT`` it fails with upstream's error, like any CEL error.
+        """
         if device.error is not None:
             return SelectorResult(matched=False, error=device.error)
+        activation = {**device.activation, COST_KEY: CostMeter(deadline=deadline)}
         try:
-            value = self.run(device.activation)
+            value = self.run(activation)
         except CelError as err:
             return SelectorResult(matched=False, error=_runtime_error(str(err)))
         except (ArithmeticError, RecursionError, TypeError, ValueError) as err:

@@ -17,6 +17,7 @@ wording, because users read them next to the scheduler's.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import Context, Decimal, localcontext
@@ -34,6 +35,45 @@ EXACT = Context(prec=200)
 
 class CelError(Exception):
     """A CEL evaluation error; the message is what the user sees."""
+
+
+class CelDeadlineExceeded(Exception):
+    """The caller's time budget ran out mid-evaluation; not the expression's error."""
+
+
+RUNTIME_COST_LIMIT = 1_000_000
+"""Per evaluation, as the API server configures DRA selectors (resource.k8s.io/v1)."""
+COST_KEY = "@cost"
+"""The activation entry of an evaluation's ``CostMeter``; ``@`` is no CEL identifier."""
+_DEADLINE_EVERY = 1024  # iterations between two clock reads
+
+
+class CostMeter:
+    """What one evaluation has spent: comprehension iterations, and the caller's clock.
+
+    Only comprehensions can make an evaluation's work outgrow its text (nested
+    ``all``/``exists`` over maps multiply), so only their iterations are charged, one
+    each. Past ``limit`` the evaluation fails as upstream's does; past ``deadline``
+    (a ``time.monotonic()`` value) it stops with ``CelDeadlineExceeded``.
+    """
+
+    __slots__ = ("deadline", "limit", "spent")
+
+    def __init__(self, *, limit: int = RUNTIME_COST_LIMIT, deadline: float | None = None):
+        self.spent = 0
+        self.limit = limit
+        self.deadline = deadline
+
+    def charge(self) -> None:
+        self.spent += 1
+        if self.spent > self.limit:
+            raise CelError("operation cancelled: actual cost limit exceeded")
+        if (
+            self.deadline is not None
+            and self.spent % _DEADLINE_EVERY == 0
+            and time.monotonic() > self.deadline
+        ):
+            raise CelDeadlineExceeded
 
 
 class UInt(int):

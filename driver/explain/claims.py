@@ -30,6 +30,7 @@ as a whole, joint checks, the table).
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -48,9 +49,11 @@ from drasil.driver.explain.inventory import (
     object_spec,
 )
 from drasil.driver.explain.nodefit import misfit, node_name
-from drasil.driver.explain.requests import RequestExplanation, explain_request
+from drasil.driver.explain.requests import OutOfTime, RequestExplanation, explain_request
 
 JsonObject = Mapping[str, Any]
+EXPLAIN_BUDGET = 2.0
+"""Seconds of selector evaluation one explanation may take (see ``explain_claim``)."""
 MAX_MATCHING_SLOTS = 512  # beyond this the joint check would cost more than it tells
 MAX_NODES_NAMED = 3
 
@@ -68,6 +71,7 @@ class ClaimExplanation:
     problems: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     allocated: bool = False
+    cut_short: str = ""  # why the explanation stopped before every request was explained
 
     def failing_parents(self) -> list[str]:
         """Requests none of whose alternatives can be satisfied on its own."""
@@ -85,9 +89,14 @@ class ClaimExplanation:
         failing = set(self.failing_parents())
         parts = [e.text() for e in self.requests if e.parent in failing]
         parts += list(self.problems)
-        return ". ".join(parts + list(self.notes)) if parts else self.summary()
+        if not parts:
+            return self.summary()
+        stopped = [f"then the explanation {self.cut_short}"] if self.cut_short else []
+        return ". ".join(parts + list(self.notes) + stopped)
 
     def summary(self) -> str:
+        if self.cut_short:
+            return f"could not explain claim {self.claim}: {self.cut_short}"
         if self.allocated:
             return f"claim {self.claim} is allocated"
         if not self.requests:
@@ -139,13 +148,17 @@ def explain_claim(
     cache: CelDeviceCache | None = None,
     nodes: Iterable[JsonObject] | None = None,
     pods: Sequence[JsonObject] = (),
+    budget: float = EXPLAIN_BUDGET,
 ) -> ClaimExplanation:
     """Explain ``claim`` against the cluster's state (see the module docstring).
 
     Requests whose DeviceClass belongs to another driver are left out (noted). With
     ``nodes`` (and the ``pods`` waiting for the claim), only the nodes those Pods may
-    go to count for the one-node check.
+    go to count for the one-node check. Selectors are evaluated for at most
+    ``budget`` seconds; past it the explanation stops and says so (``cut_short``),
+    so one costly claim cannot hold up the explanations of all others.
     """
+    deadline = time.monotonic() + budget
     by_name = {str(object_meta(c).get("name", "")): c for c in classes}
     inventory = build_inventory(slices, driver=driver, cache=cache)
     usage = build_usage(claims, driver=driver, skip_uid=str(object_meta(claim).get("uid", "")))
@@ -156,9 +169,22 @@ def explain_claim(
         if device_class is not None and not is_driver_class(device_class, driver):
             others.append(name)
             continue
-        explained.append(
-            explain_request(name, request, inventory=inventory, classes=by_name, usage=usage)
-        )
+        try:
+            explained.append(
+                explain_request(
+                    name,
+                    request,
+                    inventory=inventory,
+                    classes=by_name,
+                    usage=usage,
+                    deadline=deadline,
+                )
+            )
+        except OutOfTime as err:
+            cut_short = f'request "{name}": {err.text(budget)}'
+            break
+    else:
+        cut_short = ""
     notes = [f"pool {p} is incomplete and not used" for p in inventory.incomplete_pools]
     if others:
         notes.append(f"requests {', '.join(others)} use classes of other drivers")
@@ -168,8 +194,9 @@ def explain_claim(
         requests=tuple(explained),
         notes=tuple(notes),
         allocated=bool((claim.get("status") or {}).get("allocation")),
+        cut_short=cut_short,
     )
-    if result.unsatisfiable or not explained:
+    if result.unsatisfiable or not explained or cut_short:
         return result
     scope = node_scope(nodes, pods) if nodes is not None else None
     return _with_joint_problems(result, claim, driver=driver, scope=scope)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from drasil.driver.cel.selectors import CelCompileError, compile_selector
+from drasil.driver.cel.selectors import CelCompileError, CelDeadlineExceeded, compile_selector
 from drasil.driver.explain.inventory import (
     Inventory,
     PoolDevice,
@@ -103,14 +104,34 @@ def _short(expression: str) -> str:
     return text if len(text) <= MAX_SELECTOR_TEXT else text[: MAX_SELECTOR_TEXT - 1] + "…"
 
 
+class OutOfTime(Exception):
+    """The explanation's time budget ran out while evaluating ``expression``."""
+
+    def __init__(self, expression: str, *, devices: int) -> None:
+        super().__init__(expression)
+        self.expression = expression
+        self.devices = devices
+
+    def text(self, budget: float) -> str:
+        return (
+            f"stopped after {budget:g} s: selector {_short(self.expression)} is too costly "
+            f"to evaluate against {self.devices} devices (the scheduler pays this cost too)"
+        )
+
+
 @dataclass(frozen=True)
 class _Filtered:
     devices: list[PoolDevice]
     stage: Stage
 
 
-def _select(devices: Sequence[PoolDevice], expression: str, *, phrase: str) -> _Filtered:
-    """Devices passing one selector; a CEL error fails the device and is noted."""
+def _select(
+    devices: Sequence[PoolDevice], expression: str, *, phrase: str, deadline: float
+) -> _Filtered:
+    """Devices passing one selector; a CEL error fails the device and is noted.
+
+    Raises ``OutOfTime`` past ``deadline`` (``time.monotonic()``).
+    """
     try:
         selector = compile_selector(expression)
     except CelCompileError as err:
@@ -118,7 +139,10 @@ def _select(devices: Sequence[PoolDevice], expression: str, *, phrase: str) -> _
     passed: list[PoolDevice] = []
     errors: Counter[str] = Counter()
     for device in devices:
-        result = selector.evaluate(device.cel)
+        try:
+            result = selector.evaluate(device.cel, deadline=deadline)
+        except CelDeadlineExceeded:
+            raise OutOfTime(expression, devices=len(devices)) from None
         if result.matched:
             passed.append(device)
         elif result.error:
@@ -136,11 +160,13 @@ def _selectors(owner: JsonObject) -> list[str]:
     return [str((s.get("cel") or {}).get("expression", "")) for s in owner.get("selectors") or []]
 
 
-def _class_stage(devices: list[PoolDevice], class_name: str, device_class: JsonObject) -> _Filtered:
+def _class_stage(
+    devices: list[PoolDevice], class_name: str, device_class: JsonObject, *, deadline: float
+) -> _Filtered:
     """All selectors of the class at once; the note names one that leaves no device."""
     notes: list[str] = []
     for expression in _selectors(object_spec(device_class)):
-        filtered = _select(devices, expression, phrase="")
+        filtered = _select(devices, expression, phrase="", deadline=deadline)
         devices = filtered.devices
         if filtered.stage.note:
             notes.append(filtered.stage.note)
@@ -155,6 +181,7 @@ def _funnel(
     *,
     inventory: Inventory,
     classes: Mapping[str, JsonObject],
+    deadline: float,
 ) -> tuple[list[PoolDevice], list[Stage], str | None]:
     """Stages 1-3: the driver's devices, the class selectors, the request selectors."""
     devices = list(inventory.devices)
@@ -166,13 +193,14 @@ def _funnel(
     if device_class is None:
         stages.append(Stage(0, f"pass class {class_name}", note="DeviceClass not found"))
         return [], stages, f"DeviceClass {class_name} does not exist"
-    filtered = _class_stage(devices, class_name, device_class)
+    filtered = _class_stage(devices, class_name, device_class, deadline=deadline)
     stages.append(filtered.stage)
     if not filtered.devices:
         return [], stages, f"no device passes class {class_name}"
     devices = filtered.devices
     for expression in _selectors(request):
-        filtered = _select(devices, expression, phrase=f"pass selector {_short(expression)}")
+        phrase = f"pass selector {_short(expression)}"
+        filtered = _select(devices, expression, phrase=phrase, deadline=deadline)
         devices = filtered.devices
         stages.append(filtered.stage)
         if not devices:
@@ -224,9 +252,15 @@ def explain_request(
     inventory: Inventory,
     classes: Mapping[str, JsonObject],
     usage: Usage,
+    deadline: float = math.inf,
 ) -> RequestExplanation:
-    """The funnel of one ``exactly`` request or ``firstAvailable`` subrequest."""
-    devices, stages, problem = _funnel(request, inventory=inventory, classes=classes)
+    """The funnel of one ``exactly`` request or ``firstAvailable`` subrequest.
+
+    Raises ``OutOfTime`` when selectors are still being evaluated at ``deadline``.
+    """
+    devices, stages, problem = _funnel(
+        request, inventory=inventory, classes=classes, deadline=deadline
+    )
     needed = _needed(request)
     if problem is not None:
         return RequestExplanation(name, needed, tuple(stages), problem=problem)

@@ -8,14 +8,17 @@ the upstream DRA docs, the Kubernetes CEL library docs and drasil's own attribut
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
+from drasil.driver.cel.compiler import MAX_NESTING
 from drasil.driver.cel.selectors import (
     CelCompileError,
+    CelDeadlineExceeded,
     CelDevice,
     CelDeviceCache,
     SelectorResult,
@@ -506,3 +509,91 @@ def test_scheduler_error_wording() -> None:
         == "class gpu.drasil.dev: selector #0 on device gpu.drasil.dev/node-a/gpu-0: "
         "CEL runtime error: boom"
     )
+
+
+# --- hostile selectors: nesting and cost --------------------------------------------
+
+DEEP = 250  # what cel-go's parser accepts, so what the API server may store
+
+
+def _deep(shape: str, n: int) -> str:
+    return {
+        "parens": "(" * n + "true" + ")" * n,
+        "not": "!" * (n - n % 2) + "true",
+        "negate": "-" * (n - n % 2) + "1 > 0",
+        "add": " + ".join(["1"] * n) + " > 0",
+        "and": " && ".join(["true"] * n),
+        "or": " || ".join(["false"] * n) + " || true",
+        "list": "[" * n + "1" + "]" * n + " != []",
+        "method": "device.driver" + ".lowerAscii()" * n + " != ''",
+        "index": "[" * n + "1" + "]" * n + "[0]" * n + " == 1",
+        "call": "int(" * n + "1" + ")" * n + " == 1",
+        "relation": "true == " * n + "true",
+    }[shape]
+
+
+SHAPES = ["parens", "not", "negate", "add", "and", "or", "list", "method", "index", "call"]
+
+
+def _in_thread(work: Any) -> Any:
+    # The controller explains in worker threads: their stack is what must suffice.
+    result: list[Any] = []
+    thread = threading.Thread(target=lambda: result.append(work()))
+    thread.start()
+    thread.join()
+    return result[0]
+
+
+@pytest.mark.parametrize("shape", [*SHAPES, "relation"])
+def test_nesting_the_api_server_accepts_compiles_and_evaluates(shape: str) -> None:
+    device = CelDevice.from_json({"name": "gpu-0"}, driver=DRIVER)
+    expression = _deep(shape, DEEP)
+
+    result = _in_thread(lambda: compile_selector(expression).evaluate(device))
+
+    assert result == SelectorResult(matched=True)
+
+
+@pytest.mark.parametrize("shape", [s for s in SHAPES if s not in ("parens", "and", "or")])
+def test_deeper_nesting_is_a_compile_error_naming_the_limit(shape: str) -> None:
+    expression = _deep(shape, 5_000)  # ~10 KiB, the API server's size limit
+
+    def compile_it() -> str:
+        try:
+            compile_selector(expression)
+        except CelCompileError as err:
+            return err.detail
+        return "compiled"
+
+    assert _in_thread(compile_it) == f"expression nests deeper than {MAX_NESTING} levels"
+
+
+def _nested_exists(levels: int) -> str:
+    attributes = f'device.attributes["{DRIVER}"]'
+    body = "v0 == 'none'"
+    for level in range(levels):
+        body = f"{attributes}.exists(v{level}, {body})"
+    return body
+
+
+def _wide_device() -> CelDevice:
+    attributes = {f"a{i}": {"int": i} for i in range(32)}
+    return CelDevice.from_json({"name": "gpu-0", "attributes": attributes}, driver=DRIVER)
+
+
+def test_cost_past_the_runtime_limit_fails_like_the_scheduler() -> None:
+    # 32^4 iterations: over the API server's per-evaluation cost limit of 1,000,000.
+    result = compile_selector(_nested_exists(4)).evaluate(_wide_device())
+
+    assert result == SelectorResult(
+        matched=False, error="operation cancelled: actual cost limit exceeded"
+    )
+
+
+def test_cost_within_the_limit_evaluates() -> None:
+    assert compile_selector(_nested_exists(2)).evaluate(_wide_device()) == SelectorResult(False)
+
+
+def test_a_deadline_stops_a_costly_evaluation() -> None:
+    with pytest.raises(CelDeadlineExceeded):
+        compile_selector(_nested_exists(3)).evaluate(_wide_device(), deadline=0.0)

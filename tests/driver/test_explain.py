@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -549,3 +550,57 @@ def test_devices_of_all_nodes_need_a_node_the_pod_fits() -> None:
     )
 
     assert result.problems == ("no node fits the Pod: node-a (cordoned: spec.unschedulable)",)
+
+
+def _costly_selector() -> str:
+    # 32 attributes, three nested exists: 32,768 iterations per device.
+    attributes = f'device.attributes["{DRIVER}"]'
+    body = "v0 == 'none'"
+    for level in range(3):
+        body = f"{attributes}.exists(v{level}, {body})"
+    return body
+
+
+def _wide(name: str) -> dict[str, Any]:
+    extra = {f"a{i}": {"int": i} for i in range(29)}
+    wide = device(name)
+    wide["attributes"] |= extra
+    return wide
+
+
+def test_a_costly_selector_stops_the_explanation_at_its_budget() -> None:
+    slices = [resource_slice("node-a", [_wide(f"gpu-{i}") for i in range(64)])]
+    target = claim("costly", [exactly("gpu", _costly_selector())])
+
+    started = time.monotonic()
+    result = explain_claim(
+        target, slices=slices, claims=[target], classes=[GPU_CLASS], driver=DRIVER, budget=0.2
+    )
+
+    assert time.monotonic() - started < 2.0
+    assert result.cut_short.startswith('request "gpu": stopped after 0.2 s: selector ')
+    assert result.cut_short.endswith(
+        "is too costly to evaluate against 64 devices (the scheduler pays this cost too)"
+    )
+    assert not result.unsatisfiable
+    assert result.summary() == f"could not explain claim default/costly: {result.cut_short}"
+
+
+def test_a_failing_request_is_reported_with_the_one_cut_short() -> None:
+    slices = [resource_slice("node-a", [_wide(f"gpu-{i}") for i in range(64)])]
+    target = claim(
+        "two",
+        [
+            exactly("missing", 'device.attributes["gpu.drasil.dev"].productName == "B200"'),
+            exactly("costly", _costly_selector()),
+        ],
+    )
+
+    result = explain_claim(
+        target, slices=slices, claims=[target], classes=[GPU_CLASS], driver=DRIVER, budget=0.2
+    )
+
+    assert result.unsatisfiable
+    message = result.message()
+    assert message.startswith('request "missing": ')
+    assert 'then the explanation request "costly": stopped after 0.2 s' in message
