@@ -43,6 +43,12 @@ def settings() -> kopf.OperatorSettings:
     s.peering.mandatory = False
     # A stuck shutdown should not outlive a Pod's grace period by ten minutes.
     s.process.ultimate_exiting_timeout = 60.0
+    # Every request and watch ends in bounded time, even against a hung API server.
+    s.networking.connect_timeout = 10.0
+    s.networking.request_timeout = 60.0
+    s.watching.connect_timeout = 10.0
+    s.watching.server_timeout = 300
+    s.watching.client_timeout = 330
     return s
 
 

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Mapping
+import re
+import weakref
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
-from typing import Any, TypeAlias, cast
+from typing import Any, Final, TypeAlias, cast
 
+import urllib3
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config import ConfigException
@@ -37,15 +40,54 @@ class ConflictError(Exception):
     """The object changed under us (409/412): re-read and try again."""
 
 
+API_TIMEOUT: Final = (5.0, 20.0)
+"""Seconds to connect and between two reads of a response, for every request that
+does not set its own (watches do): a hung API server must cost a caller one timeout,
+never a thread forever."""
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+_TIMED: weakref.WeakSet[Any] = weakref.WeakSet()  # REST clients already wrapped
+
+
+class InvalidName(ValueError):
+    """A namespace or object name that Kubernetes could not have stored."""
+
+
+def with_timeouts(api_client: client.ApiClient) -> client.ApiClient:
+    """``api_client`` with ``API_TIMEOUT`` on every request that sets no timeout.
+
+    The generated client sends a request without any timeout unless each call passes
+    ``_request_timeout``; wrapping its one request method covers every call, including
+    those made by code we do not own (the Lease and status calls of the controller).
+    """
+    rest = api_client.rest_client
+    if rest in _TIMED:
+        return api_client
+    request: Callable[..., Any] = rest.request
+
+    def timed(*args: Any, _request_timeout: Any = None, **kwargs: Any) -> Any:
+        return request(*args, _request_timeout=_request_timeout or API_TIMEOUT, **kwargs)
+
+    rest.request = timed  # type: ignore[method-assign]
+    # urllib3 retries a timed-out read of a GET three times: four timeouts in a row
+    # would outlast kubelet's 45 s deadline. Connections are still retried.
+    rest.pool_manager.connection_pool_kw["retries"] = urllib3.Retry(total=2, read=0)
+    _TIMED.add(rest)
+    return api_client
+
+
 def load_api_client(kubeconfig: str | None) -> client.ApiClient:
     """An API client from a kubeconfig file, or the in-cluster service account."""
     if kubeconfig:
         api: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
             config_file=kubeconfig
         )
-        return api
+        return with_timeouts(api)
     config.load_incluster_config()  # type: ignore[no-untyped-call]
-    return client.ApiClient()
+    return with_timeouts(client.ApiClient())
 
 
 def load_user_api_client(kubeconfig: str | None) -> client.ApiClient:
@@ -56,7 +98,20 @@ def load_user_api_client(kubeconfig: str | None) -> client.ApiClient:
     api: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
         config_file=kubeconfig
     )
-    return api
+    return with_timeouts(api)
+
+
+def checked_name(value: str, *, what: str, label: bool = False) -> str:
+    """``value`` if it can name a Kubernetes object (DNS subdomain; namespaces: DNS
+    label), else ``InvalidName``: such text must never become part of a URL path."""
+    limit, pattern = (63, _DNS_LABEL) if label else (253, _DNS_SUBDOMAIN)
+    if not (0 < len(value) <= limit and pattern.fullmatch(value)):
+        kind = "DNS label" if label else "DNS subdomain"
+        raise InvalidName(
+            f"{what} {value!r} is not a valid name: a {kind} of at most {limit} "
+            "characters (lower-case letters, digits, '-'" + ("" if label else ", '.'") + ")"
+        )
+    return value
 
 
 def _or_none(err: ApiException) -> None:
@@ -68,7 +123,7 @@ class KubeApi:
     """Typed wrappers over the few endpoints the daemons use."""
 
     def __init__(self, api_client: client.ApiClient) -> None:
-        self.api_client = api_client
+        self.api_client = with_timeouts(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
 
@@ -78,7 +133,10 @@ class KubeApi:
         self, namespace: str, name: str, *, cached: bool = False
     ) -> Mapping[str, Any] | None:
         """The claim as JSON, or None. ``cached`` reads the API server's watch cache
-        (``resourceVersion=0``): about a millisecond faster, possibly a moment old."""
+        (``resourceVersion=0``): about a millisecond faster, possibly a moment old.
+        Raises ``InvalidName`` for names no claim can have."""
+        checked_name(namespace, what="namespace", label=True)
+        checked_name(name, what="ResourceClaim name")
         path = (
             f"/apis/{RESOURCE_GROUP}/{RESOURCE_VERSION}/namespaces/{namespace}"
             f"/resourceclaims/{name}"
@@ -130,6 +188,8 @@ class KubeApi:
             "resourceslices",
             field_selector=field_selector,
             timeout_seconds=timeout_seconds,
+            # The server ends the watch; a hung one must not hold the thread past it.
+            _request_timeout=(API_TIMEOUT[0], timeout_seconds + API_TIMEOUT[1]),
         )
         for event in stream:
             yield str(event["type"])
@@ -181,10 +241,13 @@ class KubeApi:
         return self._list_json("/api/v1/nodes", query=[("resourceVersion", "0")])
 
     def get_pod(self, namespace: str, name: str) -> JsonObject | None:
+        checked_name(namespace, what="namespace", label=True)
+        checked_name(name, what="Pod name")
         return self._get_json(f"/api/v1/namespaces/{namespace}/pods/{name}", query=[])
 
     def list_pods(self, namespace: str) -> list[JsonObject] | None:
         """The namespace's Pods, or None when this identity may not list them."""
+        checked_name(namespace, what="namespace", label=True)
         return self._list_json(f"/api/v1/namespaces/{namespace}/pods", query=[])
 
     def _list_json(self, path: str, *, query: list[tuple[str, str]]) -> list[JsonObject] | None:

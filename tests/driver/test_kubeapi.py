@@ -1,0 +1,79 @@
+"""KubeApi's guards: names checked before they reach a URL, a timeout on every request."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from kubernetes import client
+
+from drasil.driver import kubeapi
+from drasil.driver.kubeapi import InvalidName, KubeApi, checked_name
+
+
+@pytest.mark.parametrize(
+    "name", ["good?watch=true", "", "a/b", "../evil", "UPPER", "a" * 254, "-a", "a b", "ü"]
+)
+def test_names_no_object_can_have_are_refused(name: str) -> None:
+    with pytest.raises(InvalidName, match="is not a valid name: a DNS subdomain"):
+        checked_name(name, what="ResourceClaim name")
+
+
+@pytest.mark.parametrize("name", ["a", "train-0", "a.b-c", "x" * 253])
+def test_valid_names_pass(name: str) -> None:
+    assert checked_name(name, what="ResourceClaim name") == name
+
+
+def test_namespaces_are_dns_labels() -> None:
+    with pytest.raises(InvalidName, match=r"namespace 'a\.b' is not a valid name: a DNS label"):
+        checked_name("a.b", what="namespace", label=True)
+
+
+@pytest.fixture
+def hung_server() -> Iterator[str]:
+    """A TCP server that accepts connections and never answers (a SIGSTOPped API server
+    looks like this to a client whose connection is already open)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    stop.set()
+    thread.join()
+    for conn in accepted:
+        conn.close()
+    listener.close()
+
+
+def test_every_request_times_out_against_a_hung_server(
+    hung_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kubeapi, "API_TIMEOUT", (1.0, 0.5))
+    configuration = client.Configuration()
+    configuration.host = hung_server
+    api = KubeApi(client.ApiClient(configuration))
+
+    for call in (
+        lambda: api.get_claim("default", "train"),
+        lambda: api.list_slices(driver="gpu.drasil.dev", pool="node-a"),
+    ):
+        started = time.monotonic()
+        with pytest.raises(Exception, match="timed out"):
+            call()
+        # One read timeout, not four: a timed-out read is not retried.
+        assert time.monotonic() - started < 2
