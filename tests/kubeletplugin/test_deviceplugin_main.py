@@ -13,7 +13,7 @@ from pathlib import Path
 from kubelet_client import DEADLINE, wait_until
 from test_deviceplugin_kubelet import NODE, FakeKubelet, allocate, short_root
 
-from drasil.kubeletplugin.deviceplugin.plugin import signals_for_the_main_thread
+from drasil.kubeletplugin.node import signals_for_the_main_thread
 
 # faulthandler: a process that hangs is sent SIGABRT and dumps every thread's stack.
 MAIN = [sys.executable, "-X", "faulthandler", "-m", "drasil.kubeletplugin.main"]
