@@ -19,7 +19,8 @@ from drasil.api.kubelet.dra.v1 import dra_pb2 as v1
 from drasil.api.kubelet.dra.v1 import dra_pb2_grpc as v1_grpc
 from drasil.api.kubelet.dra.v1beta1 import dra_pb2 as v1beta1
 from drasil.api.kubelet.dra.v1beta1 import dra_pb2_grpc as v1beta1_grpc
-from drasil.kubeletplugin.dra.prepare import ClaimRef, Preparer, PrepareResult
+from drasil.driver.claims.plan import ClaimRef
+from drasil.kubeletplugin.dra.prepare import Preparer, PrepareResult
 from drasil.kubeletplugin.metrics import PluginMetrics
 
 T = TypeVar("T")
