@@ -25,6 +25,7 @@ from drasil.kubeletplugin.metrics import PluginMetrics
 
 T = TypeVar("T")
 M = TypeVar("M", bound=Message)
+R = TypeVar("R", bound=Message)
 
 
 class ClaimWork:
@@ -108,6 +109,11 @@ def _convert(message: Message, into: type[M]) -> M:
     return converted
 
 
+def _via_v1(call: Callable[[R, Any], Message], request: R, context: Any, *, answer: type[M]) -> M:
+    """The v1 servicer's answer to ``request`` (already v1), as the v1beta1 ``answer``."""
+    return _convert(call(request, context), answer)
+
+
 class DRAPluginV1beta1(v1beta1_grpc.DRAPluginServicer):
     """v1beta1 for kubelets that do not speak v1 yet: an adapter over ``DRAPluginV1``."""
 
@@ -117,15 +123,19 @@ class DRAPluginV1beta1(v1beta1_grpc.DRAPluginServicer):
     def NodePrepareResources(
         self, request: v1beta1.NodePrepareResourcesRequest, context: Any
     ) -> v1beta1.NodePrepareResourcesResponse:
-        response = self._v1.NodePrepareResources(
-            _convert(request, v1.NodePrepareResourcesRequest), context
+        return _via_v1(
+            self._v1.NodePrepareResources,
+            _convert(request, v1.NodePrepareResourcesRequest),
+            context,
+            answer=v1beta1.NodePrepareResourcesResponse,
         )
-        return _convert(response, v1beta1.NodePrepareResourcesResponse)
 
     def NodeUnprepareResources(
         self, request: v1beta1.NodeUnprepareResourcesRequest, context: Any
     ) -> v1beta1.NodeUnprepareResourcesResponse:
-        response = self._v1.NodeUnprepareResources(
-            _convert(request, v1.NodeUnprepareResourcesRequest), context
+        return _via_v1(
+            self._v1.NodeUnprepareResources,
+            _convert(request, v1.NodeUnprepareResourcesRequest),
+            context,
+            answer=v1beta1.NodeUnprepareResourcesResponse,
         )
-        return _convert(response, v1beta1.NodeUnprepareResourcesResponse)

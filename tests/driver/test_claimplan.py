@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from test_configs import DEVICES
 
 from drasil.api.checkpoint import ClaimRecord, ClaimState, PreparedDevice
 from drasil.api.config import API_VERSION, GpuConfig
@@ -21,7 +22,6 @@ from drasil.driver.claims.plan import (
     check_not_held,
     plan_prepare,
 )
-from drasil.driver.devices import Device, DeviceType
 
 DRIVER = "gpu.drasil.dev"
 NODE = "node-a"
@@ -30,24 +30,8 @@ OTHER_UID = "1f2e3d4c-5b6a-4978-8695-a4b3c2d1e0f9"
 REF = ClaimRef(namespace="ml", name="train", uid=UID)
 
 
-def device(name: str, kind: DeviceType = DeviceType.GPU) -> Device:
-    return Device(
-        name=name,
-        type=kind,
-        uuid=f"GPU-{name}",
-        minor=0,
-        attributes={"type": kind.value},
-        capacity={"memory": 2**30},
-    )
-
-
-POOL = NodePool(
-    driver=DRIVER,
-    pool=NODE,
-    devices={
-        d.name: d for d in (device("gpu-0"), device("gpu-1"), device("mig-0", DeviceType.MIG))
-    },
-)
+# The devices of the config-resolution tests: gpu-0, gpu-1 and mig-0.
+POOL = NodePool(driver=DRIVER, pool=NODE, devices=DEVICES)
 
 
 def result(name: str, *, request: str = "gpu", pool: str = NODE, **extra: Any) -> dict[str, Any]:

@@ -37,21 +37,23 @@ from drasil.kubeletplugin.options import PluginOptions, parse_options
 UID = "5b0a1f0e-1c1d-4c55-9f4a-0d1e2f3a4b5c"
 
 
+def dra_flags(root: Path, *flags: str) -> list[str]:
+    """A DRA node under ``root`` on simulated GPUs, without HTTP."""
+    return [
+        f"--node-name={NODE}",
+        "--backend=simulated",
+        f"--simulated-profile={PROFILE}",
+        f"--plugins-dir={root / 'plugins'}",
+        f"--registrar-dir={root / 'registry'}",
+        f"--cdi-root={root / 'cdi'}",
+        "--metrics-addr=0",
+        "--health-addr=0",
+        *flags,
+    ]
+
+
 def options(root: Path, *flags: str) -> PluginOptions:
-    return parse_options(
-        [
-            f"--node-name={NODE}",
-            "--backend=simulated",
-            f"--simulated-profile={PROFILE}",
-            f"--plugins-dir={root / 'plugins'}",
-            f"--registrar-dir={root / 'registry'}",
-            f"--cdi-root={root / 'cdi'}",
-            "--metrics-addr=0",
-            "--health-addr=0",
-            *flags,
-        ],
-        {},
-    )
+    return parse_options(dra_flags(root, *flags), {})
 
 
 class Listener:
@@ -136,17 +138,7 @@ def test_sigterm_in_dra_mode_stops_serving_and_keeps_prepared_claims() -> None:
         assert preparer.prepare(ref_of(claim)).error == ""
         checkpoint = (opts.state_dir / CHECKPOINT_FILE).read_bytes()
         spec = opts.cdi_root / f"k8s.{DRIVER}-claim_{UID}.json"
-        args = [
-            f"--node-name={NODE}",
-            "--backend=simulated",
-            f"--simulated-profile={PROFILE}",
-            f"--plugins-dir={root / 'plugins'}",
-            f"--registrar-dir={root / 'registry'}",
-            f"--cdi-root={root / 'cdi'}",
-            f"--kubeconfig={_kubeconfig(root / 'kubeconfig')}",
-            "--metrics-addr=0",
-            "--health-addr=0",
-        ]
+        args = dra_flags(root, f"--kubeconfig={_kubeconfig(root / 'kubeconfig')}")
         with process(args) as daemon:
             wait_until(lambda: " running " in daemon.output, what="the running log line")
             sockets = [opts.state_dir / "dra.sock", root / "registry" / f"{DRIVER}-reg.sock"]
