@@ -1,23 +1,20 @@
-"""Entry point of ``drasil-kubelet-plugin``."""
+"""Entry point of ``drasil-kubelet-plugin``: DRA mode, or device-plugin mode with ``--mode``."""
 
 from __future__ import annotations
 
 import logging
-import signal
 import sys
-import threading
 from collections.abc import Sequence
-from pathlib import Path
-from types import FrameType
 
 from drasil.driver.discovery.backends import open_backend
-from drasil.driver.discovery.nvml import NvmlError, NvmlLibrary
+from drasil.driver.discovery.nvml import NvmlError
 from drasil.driver.discovery.simulated import ProfileSpecError
 from drasil.driver.kubeapi import KubeApi, KubeconfigError, load_api_client
 from drasil.driver.logs import setup_logging
 from drasil.kubeletplugin.deviceplugin.plugin import DevicePluginServer
 from drasil.kubeletplugin.deviceplugin.resources import DevicePluginConfigError
 from drasil.kubeletplugin.dra.plugin import KubeletPlugin
+from drasil.kubeletplugin.node import NodeDaemon, signals_for_the_main_thread, stop_on_signals
 from drasil.kubeletplugin.options import OptionsError, PluginOptions, parse_options
 
 log = logging.getLogger("drasil.kubeletplugin")
@@ -31,36 +28,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     setup_logging(log_format=opts.log_format, verbosity=opts.verbosity)
     try:
-        lib = open_backend(opts.backend, profile=opts.simulated_profile, node_name=opts.node_name)
-        plugin = _start(opts, lib)
+        # Every thread is started under the block (NVML's, gRPC's, ours), so SIGTERM
+        # always reaches the main thread waiting below; a signal that came during the
+        # start is delivered once the handlers are in place.
+        with signals_for_the_main_thread():
+            daemon = _start(opts)
+            stopped = stop_on_signals()
     except (NvmlError, ProfileSpecError, DevicePluginConfigError, OSError, KubeconfigError) as err:
         log.error("cannot start: %s", err)
         return 1
-    stopped = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("stopping", extra={"signal": signal.Signals(signum).name})
-        stopped.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     log.info(
         "running",
         extra={
             "node": opts.node_name,
             "driver": opts.driver_name,
-            "socket": ", ".join(str(s) for s in _sockets(plugin)),
+            "socket": ", ".join(str(s) for s in daemon.sockets),
         },
     )
-    # Wake up now and then: the kernel may deliver SIGTERM to a gRPC thread, and
-    # Python runs the handler only when the main thread next gets to run.
-    while not stopped.wait(1.0):
-        pass
-    plugin.stop()
+    stopped.wait()
+    daemon.stop()
     return 0
 
 
-def _start(opts: PluginOptions, lib: NvmlLibrary) -> KubeletPlugin | DevicePluginServer:
+def _start(opts: PluginOptions) -> NodeDaemon:
+    lib = open_backend(opts.backend, profile=opts.simulated_profile, node_name=opts.node_name)
     # Device-plugin mode needs no API server: kubelet's socket is all it talks to.
     if opts.mode == "device-plugin":
         server = DevicePluginServer(opts, lib=lib)
@@ -69,10 +60,6 @@ def _start(opts: PluginOptions, lib: NvmlLibrary) -> KubeletPlugin | DevicePlugi
     plugin = KubeletPlugin(opts, lib=lib, api=KubeApi(load_api_client(opts.kubeconfig)))
     plugin.start()
     return plugin
-
-
-def _sockets(plugin: KubeletPlugin | DevicePluginServer) -> list[Path]:
-    return plugin.sockets if isinstance(plugin, DevicePluginServer) else [plugin.dra_socket]
 
 
 if __name__ == "__main__":

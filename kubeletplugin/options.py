@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,10 @@ DEFAULT_DRIVER = "gpu.drasil.dev"
 BACKENDS = ("nvml", "simulated")
 MODES = ("dra", "device-plugin")
 MIG_STRATEGIES = ("none", "single", "mixed")
+
+
+# reStructuredText's inline literal, as docstrings write it: ``--mode``.
+_LITERAL = re.compile(r"``([^`]+)``")
 
 
 class OptionsError(ValueError):
@@ -49,9 +54,26 @@ class PluginOptions:
         return self.plugins_dir / self.driver_name
 
 
+def plain(text: str) -> str:
+    """Text for a terminal: inline literals of a docstring lose their double backquotes."""
+    return _LITERAL.sub(r"\1", text)
+
+
+class _PlainHelpFormatter(argparse.HelpFormatter):
+    """``--help`` shows descriptions and help texts without reStructuredText markup,
+    so they can be written like (or taken from) the docstrings."""
+
+    def _format_text(self, text: str) -> str:
+        return super()._format_text(plain(text))
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        return plain(super()._expand_help(action))
+
+
 def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="drasil-kubelet-plugin",
+        formatter_class=_PlainHelpFormatter,
         description="drasil's node daemon: publishes this node's GPUs and prepares them "
         "for containers through kubelet's DRA plugin API.",
     )

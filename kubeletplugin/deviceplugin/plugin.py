@@ -4,9 +4,10 @@ For clusters (or nodes) without DRA, ``drasil-kubelet-plugin --mode device-plugi
 serves ``v1beta1.DevicePlugin`` for each extended resource (``drasil.dev/gpu``, and
 ``drasil.dev/mig-<profile>`` with ``--mig-strategy mixed``) on a socket in kubelet's
 ``device-plugins/`` directory and registers it on ``kubelet.sock``. Discovery,
-health (XID events, the simulated fault file) and CDI are those of DRA mode; what
-differs is in ``deviceplugin_resources`` (what is advertised),
-``deviceplugin_allocation`` (what a container gets) and ``deviceplugin_service``.
+health (XID events, the simulated fault file), HTTP and stopping are those of DRA
+mode (``kubeletplugin.node``); what differs is in ``deviceplugin.resources`` (what is
+advertised), ``deviceplugin.allocation`` (what a container gets) and
+``deviceplugin.service``.
 
 kubelet forgets every plugin when it restarts and deletes the sockets in the
 directory. A watch loop checks every ``socket_check`` seconds whether a socket is gone
@@ -18,30 +19,24 @@ the process, so a device that was unhealthy is still unhealthy on the new stream
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Final
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from drasil.api.kubelet import names
 from drasil.api.kubelet.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from drasil.api.kubelet.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
 from drasil.driver.cdi.staticspec import write_device_spec
-from drasil.driver.devices import Device
-from drasil.driver.discovery.health import FAULT_FILE, FaultFileWatcher, HealthTracker, XidWatcher
-from drasil.driver.discovery.nodedevices import discover
 from drasil.driver.discovery.nvml import NvmlLibrary
-from drasil.driver.endpoints import serve_http
 from drasil.kubeletplugin.deviceplugin.resources import Resource, plan_resources, socket_name
 from drasil.kubeletplugin.deviceplugin.service import OPTIONS, DevicePluginService
+from drasil.kubeletplugin.metrics import DevicePluginMetrics
+from drasil.kubeletplugin.node import NodeRuntime
 from drasil.kubeletplugin.options import PluginOptions
 from drasil.kubeletplugin.sockets import UnixSocketServer
 
@@ -59,55 +54,6 @@ class DevicePluginIntervals:
     register_timeout: float = 5.0
     register_retry: float = 1.0  # after kubelet refused: it may be busy, or refuse forever
     stream_wake: float = 0.5
-
-
-class DevicePluginMetrics:
-    """Metrics of device-plugin mode, on their own registry (tests make many)."""
-
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
-        # The same name as in DRA mode, so one dashboard fits both kinds of node.
-        self.devices = Gauge(
-            "drasil_devices",
-            "Devices of this node by health (Healthy|Unhealthy).",
-            ["health"],
-            registry=self.registry,
-        )
-        self.registrations = Counter(
-            "drasil_device_plugin_registrations",
-            "Register calls to kubelet by resource and result (success|error).",
-            ["resource", "result"],
-            registry=self.registry,
-        )
-        self.allocations = Counter(
-            "drasil_device_plugin_allocations",
-            "Allocate calls by resource and result (success|error).",
-            ["resource", "result"],
-            registry=self.registry,
-        )
-
-    def allocated(self, resource: str, ok: bool) -> None:
-        self.allocations.labels(resource, "success" if ok else "error").inc()
-
-
-@contextmanager
-def signals_for_the_main_thread() -> Iterator[None]:
-    """Threads started inside (and theirs, gRPC's included) never take SIGTERM or SIGINT.
-
-    Python runs signal handlers in the main thread only, and a main thread blocked in
-    ``Event.wait()`` wakes only if the kernel delivers the signal to it; with the
-    signal open in a dozen gRPC and helper threads the kernel may pick one of those,
-    and the daemon then ignores SIGTERM until kubelet kills it. Threads inherit the
-    mask of the thread that creates them, so blocking here is enough.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield  # a non-main caller (a test's thread) has no handlers to protect
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _file_identity(path: Path) -> tuple[int, int] | None:
@@ -227,7 +173,10 @@ class ResourceEndpoint:
 
 
 class DevicePluginServer:
-    """The node daemon in device-plugin mode: discovery, health, CDI, sockets, loops."""
+    """The node daemon in device-plugin mode: resources, CDI, their sockets, the watch loop.
+
+    Discovery, health, HTTP and threads come from ``kubeletplugin.node``.
+    """
 
     def __init__(
         self,
@@ -238,13 +187,10 @@ class DevicePluginServer:
         metrics: DevicePluginMetrics | None = None,
     ) -> None:
         self.opts = opts
-        self.lib = lib
         self.intervals = intervals or DevicePluginIntervals()
         self.metrics = metrics or DevicePluginMetrics()
-        self.stop_event = threading.Event()
+        self.node = NodeRuntime(opts, lib=lib, devices_gauge=self.metrics.devices)
         self.endpoints: list[ResourceEndpoint] = []
-        self._threads: list[threading.Thread] = []
-        self._http: list[ThreadingHTTPServer] = []
 
     @property
     def sockets(self) -> list[Path]:
@@ -254,7 +200,7 @@ class DevicePluginServer:
 
     def start(self) -> None:
         """Raises ``DevicePluginConfigError`` for settings the devices cannot be served with."""
-        devices = self._discover()
+        devices = self.node.discover()
         resources = plan_resources(
             devices,
             resource_name=self.opts.resource_name,
@@ -262,48 +208,24 @@ class DevicePluginServer:
             replicas=self.opts.time_slicing_replicas,
         )
         write_device_spec(devices, cdi_root=self.opts.cdi_root, driver=self.opts.driver_name)
-        self.health = HealthTracker(devices)
-        with signals_for_the_main_thread():
-            self._start_threads(devices, resources)
+        self.health = self.node.watch_health(devices, fault_poll=self.intervals.fault_poll)
+        self._start_endpoints(resources)
+        self.node.thread("device-plugin-sockets", self._watch)
+        self.node.serve_http(registry=self.metrics.registry, check=self.check_health)
 
-    def _start_threads(self, devices: list[Device], resources: Sequence[Resource]) -> None:
-        self._start_health_sources(devices)
+    def _start_endpoints(self, resources: Sequence[Resource]) -> None:
         for resource in resources:
             service = DevicePluginService(
                 resource,
                 driver=self.opts.driver_name,
                 health=self.health,
-                stop=self.stop_event,
+                stop=self.node.stop_event,
                 wake=self.intervals.stream_wake,
                 on_allocate=self.metrics.allocated,
             )
             self.endpoints.append(self._endpoint(service))
         for endpoint in self.endpoints:
             endpoint.start()
-        self._thread("device-plugin-sockets", self._watch)
-        self._serve_http()
-
-    def _discover(self) -> list[Device]:
-        result = discover(self.lib, node_name=self.opts.node_name)
-        for skipped in result.skipped:
-            log.error("device skipped", extra={"index": skipped.index, "why": skipped.reason})
-        return list(result.devices)
-
-    def _start_health_sources(self, devices: list[Device]) -> None:
-        if self.opts.backend == "simulated":
-            # The fault file sits in the DRA state dir, so `drasil fault` works in both modes.
-            self.opts.state_dir.mkdir(parents=True, exist_ok=True)
-            watcher = FaultFileWatcher(
-                self.opts.state_dir / FAULT_FILE, self.health, interval=self.intervals.fault_poll
-            )
-            watcher.poll()  # faults injected before start show in the first list
-            self._thread("faults", watcher.run)
-        self._thread("xid", XidWatcher(self.lib, devices, self.health).run)
-        unhealthy = self.metrics.devices.labels(names.UNHEALTHY)
-        unhealthy.set_function(lambda: len(self.health.unhealthy()))
-        self.metrics.devices.labels(names.HEALTHY).set_function(
-            lambda: len(devices) - len(self.health.unhealthy())
-        )
 
     def _endpoint(self, service: DevicePluginService) -> ResourceEndpoint:
         def on_register(resource: str, ok: bool) -> None:
@@ -317,19 +239,6 @@ class DevicePluginServer:
             register_retry=self.intervals.register_retry,
             on_register=on_register,
         )
-
-    def _serve_http(self) -> None:
-        addrs = dict.fromkeys([self.opts.metrics_addr, self.opts.health_addr])
-        for addr in addrs:
-            registry = self.metrics.registry if addr == self.opts.metrics_addr else None
-            server = serve_http(addr, registry=registry, health=self.check_health)
-            if server is not None:
-                self._http.append(server)
-
-    def _thread(self, name: str, target: Callable[[threading.Event], None]) -> None:
-        thread = threading.Thread(target=target, args=(self.stop_event,), name=name, daemon=True)
-        thread.start()
-        self._threads.append(thread)
 
     def _watch(self, stop: threading.Event) -> None:
         while not stop.wait(self.intervals.socket_check):
@@ -358,12 +267,4 @@ class DevicePluginServer:
 
     def stop(self) -> None:
         """Stop serving and remove the sockets; safe to call more than once."""
-        self.stop_event.set()
-        for endpoint in self.endpoints:
-            endpoint.stop()
-        for server in self._http:
-            server.shutdown()
-            server.server_close()
-        self._http = []
-        for thread in self._threads:
-            thread.join(timeout=5)
+        self.node.stop(self.endpoints)

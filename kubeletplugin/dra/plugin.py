@@ -1,12 +1,14 @@
-"""The node daemon assembled: discovery, checkpoint recovery, gRPC servers, loops."""
+"""DRA mode assembled: checkpoint recovery, the DRA and registration sockets, loops.
+
+Discovery, health, HTTP and threads come from ``kubeletplugin.node``.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import ThreadingHTTPServer
+from pathlib import Path
 
 import grpc
 
@@ -18,11 +20,7 @@ from drasil.api.kubelet.pluginregistration import registration_pb2 as reg_pb
 from drasil.api.kubelet.pluginregistration import registration_pb2_grpc as reg_grpc
 from drasil.driver.cdi.claimspecs import delete_claim_spec
 from drasil.driver.checkpoint import CHECKPOINT_FILE, CheckpointStore, LoadOutcome, LoadResult
-from drasil.driver.devices import Device
-from drasil.driver.discovery.health import FAULT_FILE, FaultFileWatcher, HealthTracker, XidWatcher
-from drasil.driver.discovery.nodedevices import discover
 from drasil.driver.discovery.nvml import NvmlLibrary
-from drasil.driver.endpoints import serve_http
 from drasil.driver.files import FileLock
 from drasil.driver.kubeapi import KubeApi
 from drasil.driver.slices.publisher import PoolPublisher
@@ -33,6 +31,7 @@ from drasil.kubeletplugin.dra.prepare import Preparer
 from drasil.kubeletplugin.dra.registration import Registration
 from drasil.kubeletplugin.dra.service import ClaimWork, DRAPluginV1, DRAPluginV1beta1
 from drasil.kubeletplugin.metrics import PluginMetrics
+from drasil.kubeletplugin.node import NodeRuntime
 from drasil.kubeletplugin.options import PluginOptions
 from drasil.kubeletplugin.sockets import UnixSocketServer, pod_tag
 
@@ -68,21 +67,23 @@ class KubeletPlugin:
     intervals: Intervals = field(default_factory=Intervals)
 
     def __post_init__(self) -> None:
-        self.stop_event = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self.node = NodeRuntime(self.opts, lib=self.lib, devices_gauge=self.metrics.devices)
         self._servers: list[UnixSocketServer] = []
-        self._http: ThreadingHTTPServer | None = None
         dra_name, reg_name = socket_names(self.opts)
         self.dra_socket = self.opts.state_dir / dra_name
         self.reg_socket = self.opts.registrar_dir / reg_name
 
+    @property
+    def sockets(self) -> list[Path]:
+        """The socket kubelet dials for claims (registration's socket is not named)."""
+        return [self.dra_socket]
+
     # ---- start -------------------------------------------------------------------
 
     def start(self) -> None:
-        self.devices = self._discover()
+        self.devices = {d.name: d for d in self.node.discover()}
         self.opts.state_dir.mkdir(parents=True, exist_ok=True)
         self.opts.cdi_root.mkdir(parents=True, exist_ok=True)
-        self.health = HealthTracker(self.devices.values())
         self.store = CheckpointStore(self.opts.state_dir / CHECKPOINT_FILE)
         self.preparer = Preparer(
             driver=self.opts.driver_name,
@@ -94,25 +95,13 @@ class KubeletPlugin:
             state_dir=self.opts.state_dir,
         )
         self._recover_checkpoint()
-        self._start_health_sources()
+        self.health = self.node.watch_health(
+            list(self.devices.values()), fault_poll=self.intervals.fault_poll
+        )
         self._make_node_slices()
         self._start_servers()
         self._start_loops()
-        self._http = serve_http(
-            self.opts.metrics_addr, registry=self.metrics.registry, health=self.check_health
-        )
-        if self.opts.health_addr != self.opts.metrics_addr:
-            serve_http(self.opts.health_addr, health=self.check_health)
-
-    def _discover(self) -> dict[str, Device]:
-        result = discover(self.lib, node_name=self.opts.node_name)
-        for skipped in result.skipped:
-            log.error("device skipped", extra={"index": skipped.index, "why": skipped.reason})
-        log.info(
-            "discovered devices",
-            extra={"count": len(result.devices), "devices": [d.name for d in result.devices]},
-        )
-        return {d.name: d for d in result.devices}
+        self.node.serve_http(registry=self.metrics.registry, check=self.check_health)
 
     def _recover_checkpoint(self) -> None:
         with FileLock(self.opts.state_dir / "checkpoint.lock", timeout=60):
@@ -144,29 +133,12 @@ class KubeletPlugin:
         except Exception as err:  # the API may be away; the log line above stays
             log.warning("could not post node event", extra={"error": str(err)})
 
-    def _start_health_sources(self) -> None:
-        if self.opts.backend == "simulated":
-            watcher = FaultFileWatcher(
-                self.opts.state_dir / FAULT_FILE, self.health, interval=self.intervals.fault_poll
-            )
-            watcher.poll()  # faults injected before start count from the first publish
-            self._thread("faults", watcher.run)
-        xid = XidWatcher(self.lib, list(self.devices.values()), self.health)
-        self._thread("xid", xid.run)
-        self._update_device_gauge()
-
-    def _update_device_gauge(self) -> None:
-        self.metrics.devices.labels("Healthy").set_function(
-            lambda: len(self.devices) - len(self.health.unhealthy())
-        )
-        self.metrics.devices.labels("Unhealthy").set_function(lambda: len(self.health.unhealthy()))
-
     def _start_servers(self) -> None:
         work = ClaimWork(self.preparer, self.metrics)
         streams = HealthStreams(
             self.health,
             pool=self.opts.node_name,
-            stop=self.stop_event,
+            stop=self.node.stop_event,
             resend=self.intervals.health_resend,
         )
 
@@ -216,20 +188,15 @@ class KubeletPlugin:
         )
 
     def _start_loops(self) -> None:
-        self._thread("slices", self.node_slices.run)
-        self._thread("slice-watch", self.node_slices.watch_deletions)
-        self._thread(
+        self.node.thread("slices", self.node_slices.run)
+        self.node.thread("slice-watch", self.node_slices.watch_deletions)
+        self.node.thread(
             "reconcile",
             lambda stop: reconcile.run_periodically(
                 self.preparer, self.api, stop, interval=self.intervals.reconcile
             ),
         )
-        self._thread("sockets", self._watch_sockets)
-
-    def _thread(self, name: str, target: Callable[[threading.Event], None]) -> None:
-        thread = threading.Thread(target=target, args=(self.stop_event,), name=name, daemon=True)
-        thread.start()
-        self._threads.append(thread)
+        self.node.thread("sockets", self._watch_sockets)
 
     def _watch_sockets(self, stop: threading.Event) -> None:
         while not stop.wait(SOCKET_CHECK_INTERVAL):
@@ -254,10 +221,5 @@ class KubeletPlugin:
         return True, f"ok ({detail})"
 
     def stop(self) -> None:
-        self.stop_event.set()
-        for server in self._servers:
-            server.stop()
-        if self._http is not None:
-            self._http.shutdown()
-        for thread in self._threads:
-            thread.join(timeout=5)
+        """Stop serving; the checkpoint and the CDI specs of prepared claims stay."""
+        self.node.stop(self._servers)

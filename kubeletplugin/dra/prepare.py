@@ -1,7 +1,9 @@
 """NodePrepareResources / NodeUnprepareResources: the claim's devices made ready.
 
-Order of effects, chosen so that a crash (kill -9) at any point leaves a state the
-next call repairs:
+What a prepare does is decided first, without side effects, by
+``drasil.driver.claims.plan`` (devices, configs, sharing env, CDI IDs, the devices the
+checkpoint records). This module only carries the plan out, in an order of effects
+chosen so that a crash (kill -9) at any point leaves a state the next call repairs:
 
 prepare:   checkpoint PrepareStarted (with the planned devices)
            -> CDI spec written atomically -> checkpoint PrepareCompleted
@@ -27,9 +29,6 @@ from typing import Any, Protocol
 
 from drasil.api.checkpoint import ClaimRecord, ClaimState, PreparedDevice
 from drasil.driver.cdi.claimspecs import (
-    ClaimDevice,
-    ClaimSpecRequest,
-    cdi_device_id,
     delete_claim_spec,
     read_claim_spec,
     sweep_claim_spec_temps,
@@ -37,14 +36,15 @@ from drasil.driver.cdi.claimspecs import (
 )
 from drasil.driver.cdi.spec import CdiSpecError, ContainerEdits
 from drasil.driver.checkpoint import CheckpointStore
-from drasil.driver.claims.deviceconfigs import (
-    AllocatedDevice,
-    AllocationError,
-    ConfigResolutionError,
-    parse_allocation,
-    resolve_configs,
+from drasil.driver.claims.deviceconfigs import AllocationError, ConfigResolutionError
+from drasil.driver.claims.plan import (
+    ClaimRef,
+    NodePool,
+    PlanError,
+    PreparePlan,
+    check_not_held,
+    plan_prepare,
 )
-from drasil.driver.claims.sharing import sharing_env
 from drasil.driver.devices import Device
 from drasil.driver.files import FileLock, LockTimeoutError, crash_point
 
@@ -67,20 +67,13 @@ class ClaimReader(Protocol):
     ) -> Mapping[str, Any] | None: ...
 
 
-@dataclass(frozen=True)
-class ClaimRef:
-    """What kubelet says about a claim: enough to find it, and its UID to be sure."""
-
-    namespace: str
-    name: str
-    uid: str
-
-    def log_fields(self) -> dict[str, str]:
-        return {"claim": f"{self.namespace}/{self.name}", "claimUID": self.uid}
-
-
 class PrepareError(Exception):
     """A claim that cannot be prepared; the message goes to kubelet and the user."""
+
+
+# Errors that are the claim's (or a peer's lock), answered to kubelet as the claim's
+# error; anything else is a bug and fails the call.
+_CLAIM_ERRORS = (PrepareError, PlanError, AllocationError, CdiSpecError, LockTimeoutError)
 
 
 @dataclass(frozen=True)
@@ -113,11 +106,6 @@ class _KeyedLocks:
                     self._locks[key] = (lock, users - 1)
 
 
-def _shares(a: PreparedDevice | AllocatedDevice, b: PreparedDevice) -> bool:
-    # Consumable-capacity allocations carry a shareID; they may sit on one device.
-    return a.share_id is not None and b.share_id is not None
-
-
 @dataclass
 class Preparer:
     """Prepares and unprepares claims for one node's pool of one driver."""
@@ -136,6 +124,13 @@ class Preparer:
         self._state_thread_lock = threading.Lock()
         self._state_file_lock = self.state_dir / "checkpoint.lock"
 
+    @property
+    def node(self) -> NodePool:
+        """The devices claims are prepared with, as the prepare plan sees them."""
+        return NodePool(
+            driver=self.driver, pool=self.pool, devices=self.devices, common_edits=self.common_edits
+        )
+
     @contextmanager
     def state_lock(self) -> Iterator[None]:
         """Exclusive access to the checkpoint, across threads and plugin instances."""
@@ -149,7 +144,13 @@ class Preparer:
         with self._claim_locks.hold(ref.uid):
             try:
                 devices = self._prepare_locked(ref)
-            except (PrepareError, AllocationError, CdiSpecError, LockTimeoutError) as err:
+            except (
+                PrepareError,
+                PlanError,
+                AllocationError,
+                CdiSpecError,
+                LockTimeoutError,
+            ) as err:
                 log.warning("prepare failed", extra={**ref.log_fields(), "error": str(err)})
                 return PrepareResult(error=str(err))
             except ConfigResolutionError as err:
@@ -165,37 +166,25 @@ class Preparer:
         if self._still_prepared(ref, record):
             assert record is not None
             return record.devices
-        claim = self._read_claim(ref)
-        allocation = parse_allocation(claim, driver=self.driver)
-        results = self._own_results(allocation.devices)
-        configs = resolve_configs(allocation, devices=self.devices)
-        planned = tuple(self._planned(ref, result) for result in results)
+        plan = plan_prepare(self._read_claim(ref), ref=ref, node=self.node)
+        self._carry_out(plan)
+        return plan.prepared
+
+    def _carry_out(self, plan: PreparePlan) -> None:
+        ref = plan.claim
         with self.state_lock():
-            self._check_not_held(ref, results)
+            check_not_held(plan, self.store.claims())
             self.store.mark_started(
-                ref.uid, namespace=ref.namespace, name=ref.name, devices=planned
+                ref.uid, namespace=ref.namespace, name=ref.name, devices=plan.prepared
             )
         crash_point("prepare-after-started")
-        spec = ClaimSpecRequest(
-            claim_uid=ref.uid,
-            namespace=ref.namespace,
-            name=ref.name,
-            devices=tuple(
-                ClaimDevice(
-                    device=self.devices[r.device], extra_env=sharing_env(configs[r.device].config)
-                )
-                for r in results
-            ),
-            common_edits=self.common_edits,
-        )
         # A crash mid-write left a temp file; this claim's lock makes it ours to remove.
         sweep_claim_spec_temps(self.cdi_root, self.driver, claim_uid=ref.uid)
-        write_claim_spec(spec, cdi_root=self.cdi_root, driver=self.driver)
+        write_claim_spec(plan.spec, cdi_root=self.cdi_root, driver=self.driver)
         crash_point("prepare-after-cdi")
         with self.state_lock():
-            self.store.mark_completed(ref.uid, planned)
+            self.store.mark_completed(ref.uid, plan.prepared)
         crash_point("prepare-after-completed")
-        return planned
 
     def _still_prepared(self, ref: ClaimRef, record: ClaimRecord | None) -> bool:
         """A completed claim whose CDI spec still exists needs no API call.
@@ -223,45 +212,6 @@ class Preparer:
                 f"{ref.uid}: the claim was deleted and re-created"
             )
         return claim
-
-    def _own_results(self, results: Sequence[AllocatedDevice]) -> list[AllocatedDevice]:
-        for result in results:
-            if result.pool != self.pool or result.device not in self.devices:
-                raise PrepareError(
-                    f'request "{result.request}": device "{result.device}" of pool '
-                    f'"{result.pool}" is not a device of driver {self.driver} on node '
-                    f'"{self.pool}" (known: {", ".join(sorted(self.devices)) or "none"})'
-                )
-        return list(results)
-
-    def _planned(self, ref: ClaimRef, result: AllocatedDevice) -> PreparedDevice:
-        return PreparedDevice(
-            request_names=(result.base_request,),
-            pool_name=result.pool,
-            device_name=result.device,
-            cdi_device_ids=(
-                cdi_device_id(driver=self.driver, claim_uid=ref.uid, device_name=result.device),
-            ),
-            share_id=result.share_id,
-            admin_access=result.admin_access,
-        )
-
-    def _check_not_held(self, ref: ClaimRef, results: Sequence[AllocatedDevice]) -> None:
-        """Refuse a device another prepared claim holds (checkpoint is the truth)."""
-        for uid, record in self.store.claims().items():
-            if uid == ref.uid:
-                continue
-            for held in record.devices:
-                for result in results:
-                    if held.device_name != result.device or held.pool_name != result.pool:
-                        continue
-                    if result.admin_access or held.admin_access or _shares(result, held):
-                        continue
-                    raise PrepareError(
-                        f'device "{result.device}" is already prepared for claim '
-                        f"{record.namespace}/{record.name} ({uid}); it cannot be used by "
-                        f"{ref.namespace}/{ref.name} until that claim is unprepared"
-                    )
 
     # ---- unprepare -----------------------------------------------------------------
 

@@ -64,7 +64,7 @@ LAYOUT: dict[str, set[str]] = {
         "explain/",
         "slices/",
     },
-    "kubeletplugin": {"main", "metrics", "options", "sockets", "dra/", "deviceplugin/"},
+    "kubeletplugin": {"main", "metrics", "node", "options", "sockets", "dra/", "deviceplugin/"},
     "controller": {
         "controller",
         "devicepools",

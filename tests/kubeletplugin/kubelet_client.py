@@ -23,10 +23,11 @@ from typing import Any
 import grpc
 
 from drasil.driver.checkpoint import CheckpointStore
+from drasil.driver.claims.plan import ClaimRef
 from drasil.driver.devices import Device
 from drasil.driver.discovery.nodedevices import discover
 from drasil.driver.discovery.simulated import simulated_library
-from drasil.kubeletplugin.dra.prepare import ClaimRef, Preparer
+from drasil.kubeletplugin.dra.prepare import Preparer
 from drasil.kubeletplugin.sockets import UnixSocketServer
 
 DRIVER = "gpu.drasil.dev"

@@ -125,22 +125,24 @@ class Node:
         write_faults(self.opts.state_dir / FAULT_FILE, faults)
 
 
+def node_flags(root: Path, *flags: str, profile: str = PROFILE) -> list[str]:
+    """A device-plugin node under ``root``, no HTTP and no API server (none is needed)."""
+    return [
+        "--mode=device-plugin",
+        f"--node-name={NODE}",
+        "--backend=simulated",
+        f"--simulated-profile={profile}",
+        f"--device-plugins-dir={root / 'dp'}",
+        f"--plugins-dir={root / 'plugins'}",
+        f"--cdi-root={root / 'cdi'}",
+        "--metrics-addr=0",
+        "--health-addr=0",
+        *flags,
+    ]
+
+
 def node_options(root: Path, *flags: str, profile: str = PROFILE) -> PluginOptions:
-    return parse_options(
-        [
-            "--mode=device-plugin",
-            f"--node-name={NODE}",
-            "--backend=simulated",
-            f"--simulated-profile={profile}",
-            f"--device-plugins-dir={root / 'dp'}",
-            f"--plugins-dir={root / 'plugins'}",
-            f"--cdi-root={root / 'cdi'}",
-            "--metrics-addr=0",
-            "--health-addr=0",
-            *flags,
-        ],
-        {},
-    )
+    return parse_options(node_flags(root, *flags, profile=profile), {})
 
 
 @contextmanager

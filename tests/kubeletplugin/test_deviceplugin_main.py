@@ -11,9 +11,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from kubelet_client import DEADLINE, wait_until
-from test_deviceplugin_kubelet import NODE, FakeKubelet, allocate, short_root
+from test_deviceplugin_kubelet import FakeKubelet, allocate, node_flags, short_root
 
-from drasil.kubeletplugin.deviceplugin.plugin import signals_for_the_main_thread
+from drasil.kubeletplugin.node import signals_for_the_main_thread
 
 # faulthandler: a process that hangs is sent SIGABRT and dumps every thread's stack.
 MAIN = [sys.executable, "-X", "faulthandler", "-m", "drasil.kubeletplugin.main"]
@@ -21,18 +21,7 @@ MAIN = [sys.executable, "-X", "faulthandler", "-m", "drasil.kubeletplugin.main"]
 
 def flags(root: Path, *extra: str, profile: str = "h100-80gb:2") -> list[str]:
     # No --kubeconfig and no API server: device-plugin mode must not need one.
-    return [
-        "--mode=device-plugin",
-        f"--node-name={NODE}",
-        "--backend=simulated",
-        f"--simulated-profile={profile}",
-        f"--device-plugins-dir={root / 'dp'}",
-        f"--plugins-dir={root / 'plugins'}",
-        f"--cdi-root={root / 'cdi'}",
-        "--metrics-addr=0",
-        "--health-addr=0",
-        *extra,
-    ]
+    return node_flags(root, *extra, profile=profile)
 
 
 class Daemon:

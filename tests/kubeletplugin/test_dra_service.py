@@ -188,3 +188,17 @@ def test_v1_reports_the_share_id_and_v1beta1_has_none(tmp_path: Path) -> None:
             device.device_name,
             list(device.cdi_device_ids),
         )
+
+
+def test_v1beta1_answers_carry_no_v1_only_field_on_the_wire(tmp_path: Path) -> None:
+    reader = MemoryClaims(claim_json(UID_SHARED, result("gpu-0", share_id="s-1"), name="shared"))
+    with plugin(tmp_path, reader) as (_, _, channel):
+        request = v1beta1.NodePrepareResourcesRequest(
+            claims=claims_of(v1beta1, ("default", "shared", UID_SHARED))
+        )
+        beta = v1beta1_grpc.DRAPluginStub(channel).NodePrepareResources(request, timeout=DEADLINE)
+    # Read back as v1: a share_id (field 5) sent as an unknown field would show here.
+    as_v1 = v1.NodePrepareResourcesResponse.FromString(beta.SerializeToString())
+    (device,) = as_v1.claims[UID_SHARED].devices
+    assert device.device_name == "gpu-0"
+    assert not device.HasField("share_id")

@@ -135,3 +135,31 @@ def test_per_pod_socket_names_carry_a_uid_prefix_that_fits_long_driver_names() -
         "dra.sock",
         "gpu.drasil.dev-reg.sock",
     )
+
+
+def test_help_shows_no_docstring_markup(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        parse_options(["--help"], {})
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: drasil-kubelet-plugin")
+    assert "--time-slicing-replicas" in text
+    assert "``" not in text
+
+
+def test_docstring_markup_is_stripped_from_help_texts(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from drasil.kubeletplugin import options
+
+    assert options.plain("``--mode device-plugin``: see ``MODE``") == (
+        "--mode device-plugin: see MODE"
+    )
+    parser = argparse.ArgumentParser(
+        prog="p", description="Runs ``x``.", formatter_class=options._PlainHelpFormatter
+    )
+    parser.add_argument("--flag", help="the ``--flag`` (default ``%(default)s``)", default="d")
+    parser.print_help()
+    text = capsys.readouterr().out
+    assert "Runs x." in text
+    assert "the --flag (default d)" in text

@@ -20,8 +20,8 @@ import pytest
 from kubelet_client import FileClaims, claim_json, make_preparer, result, spec_file
 
 from drasil.api.checkpoint import ClaimState
+from drasil.driver.claims.plan import ClaimRef
 from drasil.driver.files import CRASH_ENV, CRASH_EXIT_CODE
-from drasil.kubeletplugin.dra.prepare import ClaimRef
 
 UID = "0b7c3f2e-8d1a-4c55-9e0f-1a2b3c4d5e6f"
 REF = ClaimRef(namespace="ml", name="train", uid=UID)
@@ -38,7 +38,7 @@ import json, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from kubelet_client import FileClaims, make_preparer
-from drasil.kubeletplugin.dra.prepare import ClaimRef
+from drasil.driver.claims.plan import ClaimRef
 
 root = Path(sys.argv[2])
 ref = ClaimRef(namespace=sys.argv[4], name=sys.argv[5], uid=sys.argv[6])

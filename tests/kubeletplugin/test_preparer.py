@@ -28,9 +28,10 @@ from kubelet_client import (
 )
 
 from drasil.api.checkpoint import ClaimState, PreparedDevice
+from drasil.driver.claims.plan import ClaimRef
 from drasil.driver.files import FileLock
 from drasil.kubeletplugin.dra import prepare as prepare_module
-from drasil.kubeletplugin.dra.prepare import ClaimRef, Preparer, _KeyedLocks
+from drasil.kubeletplugin.dra.prepare import Preparer, _KeyedLocks
 
 UID_A = "0b7c3f2e-8d1a-4c55-9e0f-1a2b3c4d5e6f"
 UID_B = "1f2e3d4c-5b6a-4978-8695-a4b3c2d1e0f9"

@@ -1,0 +1,161 @@
+"""A claim's prepare worked out before anything is done: the prepare plan.
+
+``plan_prepare`` reads a ResourceClaim (its API JSON) against the driver's devices on
+this node and decides everything a prepare does: which allocated devices are ours,
+the opaque config of each (``deviceconfigs``), the sharing env it puts in the
+container (``sharing``), the CDI device IDs kubelet hands the runtime and the spec
+they come from (``drasil.driver.cdi.claimspecs``), and the devices the checkpoint
+records and kubelet gets back (request names included). It has no side effect: no
+file, no API call, no checkpoint; the same claim gives an equal plan every time.
+
+``check_not_held`` is the one decision that needs the checkpoint: given its records,
+whether another claim holds one of the plan's devices.
+
+``drasil.kubeletplugin.dra.prepare`` carries a plan out (checkpoint PrepareStarted,
+CDI spec, checkpoint PrepareCompleted) and is its only user.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from drasil.api.checkpoint import ClaimRecord, PreparedDevice
+from drasil.driver.cdi.claimspecs import ClaimDevice, ClaimSpecRequest, cdi_device_id
+from drasil.driver.cdi.spec import ContainerEdits
+from drasil.driver.claims.deviceconfigs import (
+    AllocatedDevice,
+    ResolvedConfig,
+    parse_allocation,
+    resolve_configs,
+)
+from drasil.driver.claims.sharing import sharing_env
+from drasil.driver.devices import Device
+
+
+class PlanError(ValueError):
+    """A claim this node cannot prepare; the message goes to kubelet and the user."""
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    """What kubelet says about a claim: enough to find it, and its UID to be sure."""
+
+    namespace: str
+    name: str
+    uid: str
+
+    def log_fields(self) -> dict[str, str]:
+        return {"claim": f"{self.namespace}/{self.name}", "claimUID": self.uid}
+
+
+@dataclass(frozen=True)
+class NodePool:
+    """What claims are prepared with: one driver's devices on this node (its pool)."""
+
+    driver: str
+    pool: str
+    devices: Mapping[str, Device]
+    common_edits: ContainerEdits = field(default_factory=ContainerEdits)
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """One allocated device of the claim and what prepare makes of it."""
+
+    result: AllocatedDevice
+    config: ResolvedConfig
+    cdi: ClaimDevice  # the device and the env its config asks for, as the spec has them
+    prepared: PreparedDevice  # what the checkpoint records and kubelet gets back
+
+
+@dataclass(frozen=True)
+class PreparePlan:
+    """Everything one claim's prepare does, in the claim's result order."""
+
+    claim: ClaimRef
+    devices: tuple[DevicePlan, ...]
+    spec: ClaimSpecRequest
+
+    @property
+    def prepared(self) -> tuple[PreparedDevice, ...]:
+        """The checkpoint's devices of the claim, and the answer to kubelet."""
+        return tuple(d.prepared for d in self.devices)
+
+
+def plan_prepare(claim: Mapping[str, Any], *, ref: ClaimRef, node: NodePool) -> PreparePlan:
+    """The plan of ``ref``'s prepare from its claim ``claim`` (read from the API).
+
+    Raises ``AllocationError`` for an allocation that cannot be read, ``PlanError``
+    for a device that is not one of ``node``'s, and ``ConfigResolutionError`` for
+    configs that cannot be applied, in that order.
+    """
+    allocation = parse_allocation(claim, driver=node.driver)
+    results = _own_results(allocation.devices, node)
+    configs = resolve_configs(allocation, devices=node.devices)
+    devices = tuple(_device_plan(ref, result, configs[result.device], node) for result in results)
+    spec = ClaimSpecRequest(
+        claim_uid=ref.uid,
+        namespace=ref.namespace,
+        name=ref.name,
+        devices=tuple(d.cdi for d in devices),
+        common_edits=node.common_edits,
+    )
+    return PreparePlan(claim=ref, devices=devices, spec=spec)
+
+
+def _own_results(results: Sequence[AllocatedDevice], node: NodePool) -> list[AllocatedDevice]:
+    for result in results:
+        if result.pool != node.pool or result.device not in node.devices:
+            raise PlanError(
+                f'request "{result.request}": device "{result.device}" of pool '
+                f'"{result.pool}" is not a device of driver {node.driver} on node '
+                f'"{node.pool}" (known: {", ".join(sorted(node.devices)) or "none"})'
+            )
+    return list(results)
+
+
+def _device_plan(
+    ref: ClaimRef, result: AllocatedDevice, config: ResolvedConfig, node: NodePool
+) -> DevicePlan:
+    prepared = PreparedDevice(
+        request_names=(result.base_request,),
+        pool_name=result.pool,
+        device_name=result.device,
+        cdi_device_ids=(
+            cdi_device_id(driver=node.driver, claim_uid=ref.uid, device_name=result.device),
+        ),
+        share_id=result.share_id,
+        admin_access=result.admin_access,
+    )
+    cdi = ClaimDevice(device=node.devices[result.device], extra_env=sharing_env(config.config))
+    return DevicePlan(result=result, config=config, cdi=cdi, prepared=prepared)
+
+
+def check_not_held(plan: PreparePlan, records: Mapping[str, ClaimRecord]) -> None:
+    """Refuse a device another recorded claim holds (the checkpoint is the truth).
+
+    Admin access and consumable-capacity shares (both sides with a shareID) may sit on
+    a device another claim holds. Raises ``PlanError`` naming the holder.
+    """
+    ref = plan.claim
+    for uid, record in records.items():
+        if uid == ref.uid:
+            continue
+        for held in record.devices:
+            for result in (d.result for d in plan.devices):
+                if held.device_name != result.device or held.pool_name != result.pool:
+                    continue
+                if result.admin_access or held.admin_access or _shares(result, held):
+                    continue
+                raise PlanError(
+                    f'device "{result.device}" is already prepared for claim '
+                    f"{record.namespace}/{record.name} ({uid}); it cannot be used by "
+                    f"{ref.namespace}/{ref.name} until that claim is unprepared"
+                )
+
+
+def _shares(a: AllocatedDevice, b: PreparedDevice) -> bool:
+    # Consumable-capacity allocations carry a shareID; they may sit on one device.
+    return a.share_id is not None and b.share_id is not None

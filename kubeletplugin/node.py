@@ -1,0 +1,159 @@
+"""What both node daemons share: discovery, device health, HTTP endpoints, threads, signals.
+
+``dra/plugin.py`` (``KubeletPlugin``, DRA mode) and ``deviceplugin/plugin.py``
+(``DevicePluginServer``, device-plugin mode) each own one ``NodeRuntime`` and put
+their kubelet sockets on top of it; ``main.py`` starts either under
+``signals_for_the_main_thread`` and waits on ``stop_on_signals``.
+
+Stopping is the same in both modes: SIGTERM or SIGINT sets an event the main thread
+waits on, the main thread then calls the daemon's ``stop()``, which tells the loops
+to end, stops the daemon's kubelet sockets, the HTTP servers, and joins the threads.
+Nothing is undone on the way out: in DRA mode the checkpoint and the CDI specs of
+prepared claims stay, so the next instance (or kubelet's next call) carries on.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from types import FrameType
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, Gauge
+
+from drasil.api.kubelet import names
+from drasil.driver.devices import Device
+from drasil.driver.discovery.health import FAULT_FILE, FaultFileWatcher, HealthTracker, XidWatcher
+from drasil.driver.discovery.nodedevices import discover
+from drasil.driver.discovery.nvml import NvmlLibrary
+from drasil.driver.endpoints import HealthCheck, serve_http
+from drasil.kubeletplugin.options import PluginOptions
+
+log = logging.getLogger(__name__)
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Listener(Protocol):
+    """A kubelet-facing socket of a daemon (its ``stop`` also removes the socket file)."""
+
+    def stop(self) -> None: ...
+
+
+class NodeDaemon(Protocol):
+    """What ``main`` runs: a started daemon it can name the sockets of and stop."""
+
+    @property
+    def sockets(self) -> Sequence[Path]: ...
+
+    def stop(self) -> None: ...
+
+
+class NodeRuntime:
+    """Discovery, health sources, HTTP servers and background threads of one daemon."""
+
+    def __init__(self, opts: PluginOptions, *, lib: NvmlLibrary, devices_gauge: Gauge) -> None:
+        self.opts = opts
+        self.lib = lib
+        self.stop_event = threading.Event()
+        self._devices_gauge = devices_gauge
+        self._threads: list[threading.Thread] = []
+        self._http: list[ThreadingHTTPServer] = []
+
+    def discover(self) -> list[Device]:
+        """The node's devices; a device discovery could not read is logged and left out."""
+        result = discover(self.lib, node_name=self.opts.node_name)
+        for skipped in result.skipped:
+            log.error("device skipped", extra={"index": skipped.index, "why": skipped.reason})
+        log.info(
+            "discovered devices",
+            extra={"count": len(result.devices), "devices": [d.name for d in result.devices]},
+        )
+        return list(result.devices)
+
+    def watch_health(self, devices: Sequence[Device], *, fault_poll: float) -> HealthTracker:
+        """A tracker fed by XID events (and the simulated fault file), counted by the gauge."""
+        health = HealthTracker(devices)
+        if self.opts.backend == "simulated":
+            # The fault file sits in the DRA state dir, so `drasil fault` works in both modes.
+            self.opts.state_dir.mkdir(parents=True, exist_ok=True)
+            watcher = FaultFileWatcher(
+                self.opts.state_dir / FAULT_FILE, health, interval=fault_poll
+            )
+            watcher.poll()  # faults injected before start count from the first publish
+            self.thread("faults", watcher.run)
+        self.thread("xid", XidWatcher(self.lib, list(devices), health).run)
+        total = len(devices)
+        gauge = self._devices_gauge
+        gauge.labels(names.HEALTHY).set_function(lambda: total - len(health.unhealthy()))
+        gauge.labels(names.UNHEALTHY).set_function(lambda: len(health.unhealthy()))
+        return health
+
+    def thread(self, name: str, target: Callable[[threading.Event], None]) -> None:
+        """Run ``target(stop_event)`` in a daemon thread that ``stop`` joins."""
+        thread = threading.Thread(target=target, args=(self.stop_event,), name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def serve_http(self, *, registry: CollectorRegistry, check: HealthCheck) -> None:
+        """``/metrics`` on ``--metrics-addr``; the probes there and on ``--health-addr``."""
+        for addr in dict.fromkeys([self.opts.metrics_addr, self.opts.health_addr]):
+            server = serve_http(
+                addr, registry=registry if addr == self.opts.metrics_addr else None, health=check
+            )
+            if server is not None:
+                self._http.append(server)
+
+    def stop(self, listeners: Iterable[Listener]) -> None:
+        """Stop the loops, then ``listeners``, then HTTP; safe to call more than once."""
+        self.stop_event.set()  # first: streams and loops end instead of holding a server
+        for listener in listeners:
+            listener.stop()
+        for server in self._http:
+            server.shutdown()
+            server.server_close()
+        self._http = []
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+
+# ---- signals -----------------------------------------------------------------------------
+
+
+@contextmanager
+def signals_for_the_main_thread() -> Iterator[None]:
+    """Threads started inside (and theirs, gRPC's included) never take SIGTERM or SIGINT.
+
+    Python runs signal handlers in the main thread only, and a main thread blocked in
+    ``Event.wait()`` wakes only if the kernel delivers the signal to it; with the
+    signal open in a dozen gRPC and helper threads the kernel may pick one of those,
+    and the daemon then ignores SIGTERM until kubelet kills it. Threads inherit the
+    mask of the thread that creates them, so blocking here is enough. A signal that
+    comes while the block is in place waits, and is delivered when it ends.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # a non-main caller (a test's thread) has no handlers to protect
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, set(STOP_SIGNALS))
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def stop_on_signals() -> threading.Event:
+    """An event that SIGTERM and SIGINT set (call from the main thread)."""
+    stopped = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("stopping", extra={"signal": signal.Signals(signum).name})
+        stopped.set()
+
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, on_signal)
+    return stopped
