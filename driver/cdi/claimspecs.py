@@ -5,6 +5,14 @@ kind ``k8s.<driver>/claim``, one CDI device per allocated device named
 ``<claimUID>-<deviceName>``. The container runtime reads the file when kubelet hands
 it the fully-qualified IDs (``k8s.gpu.drasil.dev/claim=<uid>-gpu-0``) from prepare.
 
+A container gets the union of the CDI devices of every claim and request it names,
+and a runtime keeps one value per variable. So every edit belongs to one device and
+sets only variables named after that device (``DRASIL_DEVICE_GPU_0``,
+``DRASIL_DEVICE_GPU_0_SHARING_STRATEGY``); the spec-wide edits are the node's common
+ones, identical in every spec; and the claim's identity, which a lost checkpoint is
+rebuilt from, is in the spec's annotations, which no container sees
+(docs/kubelet-plugin.md, "What a container sees").
+
 Specs are validated (``drasil.driver.cdi.spec``) before they are written. Crash points
 (see ``drasil.driver.files``): ``cdi-mid-write``, ``cdi-before-rename``,
 ``cdi-after-rename``, ``cdi-before-remove``.
@@ -21,8 +29,7 @@ from typing import Final
 
 from drasil.driver.cdi.spec import (
     DEVICE_NAME,
-    ENV_NVIDIA_VISIBLE_DEVICES,
-    ENV_VISIBLE_DEVICES,
+    ENV_DEVICE_PREFIX,
     SPEC_FILE_MODE,
     CdiSpec,
     CdiSpecError,
@@ -38,25 +45,34 @@ from drasil.driver.devices import Device
 from drasil.driver.files import remove_file, sweep_temp_files, write_atomic
 
 CLAIM_CLASS: Final = "claim"
-ENV_CLAIM_UID: Final = "DRASIL_CLAIM_UID"
-ENV_CLAIM_NAMESPACE: Final = "DRASIL_CLAIM_NAMESPACE"
-ENV_CLAIM_NAME: Final = "DRASIL_CLAIM_NAME"
-_CLAIM_WIDE_ENV: Final = (
-    ENV_CLAIM_UID,
-    ENV_CLAIM_NAMESPACE,
-    ENV_CLAIM_NAME,
-    ENV_VISIBLE_DEVICES,
-    ENV_NVIDIA_VISIBLE_DEVICES,
-)
+ANNOTATION_PREFIX: Final = "drasil.dev/"
+ANNOTATION_CLAIM_UID: Final = ANNOTATION_PREFIX + "claim-uid"
+ANNOTATION_CLAIM_NAMESPACE: Final = ANNOTATION_PREFIX + "claim-namespace"
+ANNOTATION_CLAIM_NAME: Final = ANNOTATION_PREFIX + "claim-name"
+# Where specs written before 0.2 kept the claim's identity (read for an upgrade only).
+_LEGACY_IDENTITY_ENV: Final = ("DRASIL_CLAIM_UID", "DRASIL_CLAIM_NAMESPACE", "DRASIL_CLAIM_NAME")
 _CRASH_TAG: Final = "cdi"
 
 
 @dataclass(frozen=True)
 class ClaimDevice:
-    """One allocated device and the env its resolved sharing config asks for."""
+    """One allocated device and its own settings, as ``<SETTING>: value``.
+
+    Each setting becomes ``DRASIL_DEVICE_<NAME>_<SETTING>=value`` on this device's
+    edits only (``SHARING_STRATEGY``, ``ADMIN_ACCESS``, …).
+    """
 
     device: Device
-    extra_env: Mapping[str, str] = field(default_factory=dict)
+    settings: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClaimIdentity:
+    """Whose spec this is: the claim it was written for."""
+
+    uid: str
+    namespace: str
+    name: str
 
 
 @dataclass(frozen=True)
@@ -126,24 +142,21 @@ def build_claim_spec(req: ClaimSpecRequest, *, driver: str) -> CdiSpec:
     if not req.devices:
         raise CdiSpecError(f"devices: claim {req.namespace}/{req.name} has no device")
     _check_claim_uid(req.claim_uid)
-    # Env is per container, not per device: when two devices set the same variable the
-    # runtime keeps the last. So the lists live in the spec-wide edits (applied once
-    # when any device of the claim is injected) and each device adds only a variable
-    # named after itself. The claim's identity lets a lost checkpoint be rebuilt.
-    common = dict(req.common_edits.env)
-    uuids = ",".join(d.device.uuid for d in req.devices)
-    where = "containerEdits.env"
-    _reserve(common, ENV_CLAIM_UID, req.claim_uid, where=where)
-    _reserve(common, ENV_CLAIM_NAMESPACE, req.namespace, where=where)
-    _reserve(common, ENV_CLAIM_NAME, req.name, where=where)
-    _reserve(common, ENV_VISIBLE_DEVICES, uuids, where=where)
-    _reserve(common, ENV_NVIDIA_VISIBLE_DEVICES, uuids, where=where)
+    # Env is per container, and a container may get devices of several claims: no
+    # variable here may take another value in another spec (module docstring).
+    common = req.common_edits
+    for name in common.env:
+        if name.startswith(ENV_DEVICE_PREFIX):
+            raise CdiSpecError(f"containerEdits.env: {name} is set per device by drasil")
     spec: CdiSpec = {
         "kind": claim_kind(driver),
+        "annotations": {
+            ANNOTATION_CLAIM_UID: req.claim_uid,
+            ANNOTATION_CLAIM_NAMESPACE: req.namespace,
+            ANNOTATION_CLAIM_NAME: req.name,
+        },
         "devices": [_device_entry(req.claim_uid, d, index=i) for i, d in enumerate(req.devices)],
-        "containerEdits": edits_dict(
-            common, req.common_edits.device_nodes, req.common_edits.mounts
-        ),
+        "containerEdits": edits_dict(common.env, common.device_nodes, common.mounts),
     }
     spec["cdiVersion"] = required_cdi_version(spec)
     try:
@@ -153,26 +166,23 @@ def build_claim_spec(req: ClaimSpecRequest, *, driver: str) -> CdiSpec:
     return spec
 
 
+def device_env(claim_device: ClaimDevice) -> dict[str, str]:
+    """The variables of one device: its UUID and its settings, all named after it."""
+    base = device_env_name(claim_device.device.name)
+    env = {base: claim_device.device.uuid}
+    for setting, value in claim_device.settings.items():
+        env[f"{base}_{setting}"] = value
+    return env
+
+
 def _device_entry(claim_uid: str, claim_device: ClaimDevice, *, index: int) -> CdiSpec:
     device = claim_device.device
-    env = dict(claim_device.extra_env)
-    where = f"devices[{index}].containerEdits.env"
-    for name in _CLAIM_WIDE_ENV:
-        if name in env:
-            raise CdiSpecError(f"{where}: {name} is set by drasil and cannot be overridden")
-    _reserve(env, device_env_name(device.name), device.uuid, where=where)
+    env = device_env(claim_device)
     nodes = tuple(DeviceNode(path=p) for p in device.device_nodes)
     return {
         "name": cdi_device_name(claim_uid, device.name),
         "containerEdits": edits_dict(env, nodes, ()),
     }
-
-
-def _reserve(env: dict[str, str], name: str, value: str, *, where: str) -> None:
-    # A caller-supplied variable must not silently replace one drasil sets itself.
-    if name in env:
-        raise CdiSpecError(f"{where}: {name} is set by drasil and cannot be overridden")
-    env[name] = value
 
 
 def write_claim_spec(req: ClaimSpecRequest, *, cdi_root: Path, driver: str) -> Path:
@@ -209,6 +219,34 @@ def read_claim_spec(cdi_root: Path, *, driver: str, claim_uid: str) -> CdiSpec |
     if not isinstance(spec, dict):
         raise CdiSpecError(f"{path}: not a JSON object")
     return spec
+
+
+def claim_identity(spec: Mapping[str, object]) -> ClaimIdentity | None:
+    """The claim a spec was written for (annotations; a pre-0.2 spec: its env)."""
+    annotations = spec.get("annotations")
+    if isinstance(annotations, Mapping) and ANNOTATION_CLAIM_UID in annotations:
+        values = [annotations.get(k) for k in _IDENTITY_ANNOTATIONS]
+    else:
+        env = _spec_env(spec)
+        values = [env.get(k) for k in _LEGACY_IDENTITY_ENV]
+    if not all(isinstance(v, str) for v in values):
+        return None
+    uid, namespace, name = (str(v) for v in values)
+    return ClaimIdentity(uid=uid, namespace=namespace, name=name)
+
+
+_IDENTITY_ANNOTATIONS: Final = (
+    ANNOTATION_CLAIM_UID,
+    ANNOTATION_CLAIM_NAMESPACE,
+    ANNOTATION_CLAIM_NAME,
+)
+
+
+def _spec_env(spec: Mapping[str, object]) -> dict[str, str]:
+    edits = spec.get("containerEdits")
+    items = edits.get("env", []) if isinstance(edits, Mapping) else []
+    pairs = (str(item).partition("=") for item in items or [])
+    return {name: value for name, eq, value in pairs if eq}
 
 
 def delete_claim_spec(cdi_root: Path, *, driver: str, claim_uid: str) -> bool:

@@ -2,8 +2,8 @@
 
 ``plan_prepare`` reads a ResourceClaim (its API JSON) against the driver's devices on
 this node and decides everything a prepare does: which allocated devices are ours,
-the opaque config of each (``deviceconfigs``), the sharing env it puts in the
-container (``sharing``), the CDI device IDs kubelet hands the runtime and the spec
+the opaque config of each (``deviceconfigs``), the settings its CDI edits carry
+(``sharing``), the CDI device IDs kubelet hands the runtime and the spec
 they come from (``drasil.driver.cdi.claimspecs``), and the devices the checkpoint
 records and kubelet gets back (request names included). It has no side effect: no
 file, no API call, no checkpoint; the same claim gives an equal plan every time.
@@ -30,7 +30,7 @@ from drasil.driver.claims.deviceconfigs import (
     parse_allocation,
     resolve_configs,
 )
-from drasil.driver.claims.sharing import sharing_env
+from drasil.driver.claims.sharing import admin_settings, sharing_settings
 from drasil.driver.devices import Device
 
 
@@ -66,7 +66,7 @@ class DevicePlan:
 
     result: AllocatedDevice
     config: ResolvedConfig
-    cdi: ClaimDevice  # the device and the env its config asks for, as the spec has them
+    cdi: ClaimDevice  # the device and its settings, as its CDI edits carry them
     prepared: PreparedDevice  # what the checkpoint records and kubelet gets back
 
 
@@ -129,7 +129,8 @@ def _device_plan(
         share_id=result.share_id,
         admin_access=result.admin_access,
     )
-    cdi = ClaimDevice(device=node.devices[result.device], extra_env=sharing_env(config.config))
+    settings = admin_settings() if result.admin_access else sharing_settings(config.config)
+    cdi = ClaimDevice(device=node.devices[result.device], settings=settings)
     return DevicePlan(result=result, config=config, cdi=cdi, prepared=prepared)
 
 

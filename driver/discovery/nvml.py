@@ -227,6 +227,10 @@ class NvmlLibrary(Protocol):
     def device_nodes(self, minor: int) -> tuple[str, ...]:
         """Not NVML: the host device nodes of the GPU with this minor number."""
 
+    def control_device_nodes(self) -> tuple[str, ...]:
+        """Not NVML: the driver's own device nodes every GPU container needs
+        (``/dev/nvidiactl``, ``/dev/nvidia-uvm``, ``/dev/nvidia-uvm-tools``), those present."""
+
 
 _PCI_ROOT = re.compile(r"pci[0-9a-f]{4,}:[0-9a-f]{2}")
 
@@ -464,3 +468,7 @@ class PynvmlLibrary:
 
     def device_nodes(self, minor: int) -> tuple[str, ...]:
         return (f"{self._dev_root}/nvidia{minor}",)
+
+    def control_device_nodes(self) -> tuple[str, ...]:
+        names = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
+        return tuple(path for n in names if Path(path := f"{self._dev_root}/{n}").exists())

@@ -394,3 +394,6 @@ class FakeNvml:
 
     def device_nodes(self, minor: int) -> tuple[str, ...]:
         return ()
+
+    def control_device_nodes(self) -> tuple[str, ...]:
+        return ()

@@ -19,6 +19,7 @@ from drasil.api.kubelet.health.v1alpha1 import health_pb2_grpc as health_v1alpha
 from drasil.api.kubelet.pluginregistration import registration_pb2 as reg_pb
 from drasil.api.kubelet.pluginregistration import registration_pb2_grpc as reg_grpc
 from drasil.driver.cdi.claimspecs import delete_claim_spec
+from drasil.driver.cdi.spec import ENV_NVIDIA_VISIBLE_DEVICES, ContainerEdits, DeviceNode
 from drasil.driver.checkpoint import CHECKPOINT_FILE, CheckpointStore, LoadOutcome, LoadResult
 from drasil.driver.discovery.nvml import NvmlLibrary
 from drasil.driver.files import FileLock
@@ -93,6 +94,7 @@ class KubeletPlugin:
             store=self.store,
             cdi_root=self.opts.cdi_root,
             state_dir=self.opts.state_dir,
+            common_edits=node_edits(self.lib),
         )
         self._recover_checkpoint()
         self.health = self.node.watch_health(
@@ -223,3 +225,14 @@ class KubeletPlugin:
     def stop(self) -> None:
         """Stop serving; the checkpoint and the CDI specs of prepared claims stay."""
         self.node.stop(self._servers)
+
+
+def node_edits(lib: NvmlLibrary) -> ContainerEdits:
+    """The spec-wide edits of every claim spec of this node: the same in each.
+
+    The driver's control nodes, and ``NVIDIA_VISIBLE_DEVICES=void``: CUDA images set
+    ``all`` there, and the NVIDIA runtime's legacy hook would otherwise hand the
+    container every GPU of the node; which GPUs it gets is the CDI devices' business.
+    """
+    nodes = tuple(DeviceNode(path=path) for path in lib.control_device_nodes())
+    return ContainerEdits(env={ENV_NVIDIA_VISIBLE_DEVICES: "void"}, device_nodes=nodes)

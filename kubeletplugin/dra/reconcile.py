@@ -13,10 +13,8 @@ import threading
 
 from drasil.api.checkpoint import PreparedDevice
 from drasil.driver.cdi.claimspecs import (
-    ENV_CLAIM_NAME,
-    ENV_CLAIM_NAMESPACE,
-    ENV_CLAIM_UID,
     cdi_device_id,
+    claim_identity,
     delete_claim_spec,
     list_claim_specs,
     read_claim_spec,
@@ -80,16 +78,10 @@ def run_periodically(
         stop.wait(interval)
 
 
-def _env(spec: dict[str, object]) -> dict[str, str]:
-    edits = spec.get("containerEdits")
-    items = edits.get("env", []) if isinstance(edits, dict) else []
-    return dict(str(item).split("=", 1) for item in items if "=" in str(item))
-
-
 def rebuild_from_specs(preparer: Preparer) -> int:
     """Re-record the claims whose CDI specs exist after the checkpoint was lost.
 
-    The spec names the claim (env) and its devices, which is enough to keep those
+    The spec names the claim (annotations) and its devices, which is enough to keep those
     devices reserved. Entries come back as PrepareStarted, so kubelet's next prepare
     redoes the full path against the API server (request names included), and the
     stale-claim pass removes those whose claim is gone.
@@ -97,8 +89,8 @@ def rebuild_from_specs(preparer: Preparer) -> int:
     rebuilt = 0
     for uid in list_claim_specs(preparer.cdi_root, preparer.driver):
         spec = read_claim_spec(preparer.cdi_root, driver=preparer.driver, claim_uid=uid)
-        env = _env(spec or {})
-        if spec is None or env.get(ENV_CLAIM_UID) != uid:
+        identity = claim_identity(spec) if spec is not None else None
+        if spec is None or identity is None or identity.uid != uid:
             continue
         names = [str(d.get("name", ""))[len(uid) + 1 :] for d in spec.get("devices", [])]
         devices = [
@@ -115,8 +107,8 @@ def rebuild_from_specs(preparer: Preparer) -> int:
             if preparer.store.get(uid) is None:
                 preparer.store.mark_started(
                     uid,
-                    namespace=env.get(ENV_CLAIM_NAMESPACE, ""),
-                    name=env.get(ENV_CLAIM_NAME, ""),
+                    namespace=identity.namespace,
+                    name=identity.name,
                     devices=devices,
                 )
                 rebuilt += 1

@@ -79,27 +79,29 @@ def test_claim_spec_content(schema_validator: jsonschema.Draft7Validator) -> Non
     req = request(ClaimDevice(gpu("gpu-0", GPU0_UUID)), ClaimDevice(gpu("gpu-1", GPU1_UUID)))
     spec = build(schema_validator, req)
     assert spec["kind"] == "k8s.gpu.drasil.dev/claim"
-    assert spec["cdiVersion"] == "0.5.0"  # device names start with the UID's digit
+    assert spec["cdiVersion"] == "0.6.0"  # annotations
     assert [d["name"] for d in spec["devices"]] == [f"{UID}-gpu-0", f"{UID}-gpu-1"]
     assert spec["devices"][1]["containerEdits"] == {"env": [f"DRASIL_DEVICE_GPU_1={GPU1_UUID}"]}
-    # Lists go to the spec-wide edits: per-device values of one variable would clash.
-    both = f"{GPU0_UUID},{GPU1_UUID}"
-    assert spec["containerEdits"] == {
-        "env": [
-            f"DRASIL_CLAIM_NAME={req.name}",
-            f"DRASIL_CLAIM_NAMESPACE={req.namespace}",
-            f"DRASIL_CLAIM_UID={UID}",
-            f"DRASIL_VISIBLE_DEVICES={both}",
-            f"NVIDIA_VISIBLE_DEVICES={both}",
-        ]
+    # Nothing claim-wide reaches a container: a container with two claims would get
+    # two values of one variable. The claim's identity is for drasil only.
+    assert "containerEdits" not in spec or spec["containerEdits"] == {}
+    assert spec["annotations"] == {
+        "drasil.dev/claim-uid": UID,
+        "drasil.dev/claim-namespace": req.namespace,
+        "drasil.dev/claim-name": req.name,
     }
+    assert cdi.claim_identity(spec) == cdi.ClaimIdentity(UID, req.namespace, req.name)
 
 
-def test_uid_starting_with_a_letter_needs_only_the_base_version(
-    schema_validator: jsonschema.Draft7Validator,
-) -> None:
-    spec = build(schema_validator, request(uid="a" + UID[1:]))
-    assert spec["cdiVersion"] == "0.3.0"
+def test_identity_of_a_spec_written_before_annotations() -> None:
+    legacy = {
+        "containerEdits": {
+            "env": [f"DRASIL_CLAIM_UID={UID}", "DRASIL_CLAIM_NAMESPACE=a", "DRASIL_CLAIM_NAME=b"]
+        }
+    }
+    assert cdi.claim_identity(legacy) == cdi.ClaimIdentity(UID, "a", "b")
+    assert cdi.claim_identity({"containerEdits": {"env": ["X=1"]}}) is None
+    assert cdi.claim_identity({"annotations": {"drasil.dev/claim-uid": 3}}) is None
 
 
 def test_vendor_and_class_derive_from_the_driver_name(
@@ -111,18 +113,24 @@ def test_vendor_and_class_derive_from_the_driver_name(
     assert cdi.claim_kind("example.com") == "k8s.example.com/claim"
 
 
-def test_sharing_env_from_the_caller(schema_validator: jsonschema.Draft7Validator) -> None:
-    sharing = {
-        "DRASIL_TIMESLICE_INTERVAL": "Short",
-        "DRASIL_SHARING_STRATEGY": "TimeSlicing",
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
-    }
-    spec = build(schema_validator, request(ClaimDevice(gpu(), extra_env=sharing)))
+def test_settings_are_named_after_their_device(
+    schema_validator: jsonschema.Draft7Validator,
+) -> None:
+    sharing = {"TIMESLICE_INTERVAL": "Short", "SHARING_STRATEGY": "TimeSlicing"}
+    mps = {"SHARING_STRATEGY": "MPS", "MPS_ACTIVE_THREAD_PERCENTAGE": "50"}
+    req = request(
+        ClaimDevice(gpu(), settings=sharing), ClaimDevice(gpu("gpu-1", GPU1_UUID), settings=mps)
+    )
+    spec = build(schema_validator, req)
     assert spec["devices"][0]["containerEdits"]["env"] == [
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50",
         f"DRASIL_DEVICE_GPU_0={GPU0_UUID}",
-        "DRASIL_SHARING_STRATEGY=TimeSlicing",
-        "DRASIL_TIMESLICE_INTERVAL=Short",
+        "DRASIL_DEVICE_GPU_0_SHARING_STRATEGY=TimeSlicing",
+        "DRASIL_DEVICE_GPU_0_TIMESLICE_INTERVAL=Short",
+    ]
+    assert spec["devices"][1]["containerEdits"]["env"] == [
+        f"DRASIL_DEVICE_GPU_1={GPU1_UUID}",
+        "DRASIL_DEVICE_GPU_1_MPS_ACTIVE_THREAD_PERCENTAGE=50",
+        "DRASIL_DEVICE_GPU_1_SHARING_STRATEGY=MPS",
     ]
 
 
@@ -136,14 +144,7 @@ def test_device_nodes_and_common_edits(schema_validator: jsonschema.Draft7Valida
     spec = build(schema_validator, req)
     assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia0"}]
     assert spec["containerEdits"] == {
-        "env": [
-            f"DRASIL_CLAIM_NAME={req.name}",
-            f"DRASIL_CLAIM_NAMESPACE={req.namespace}",
-            "DRASIL_CLAIM_UID=" + UID,
-            f"DRASIL_VISIBLE_DEVICES={GPU0_UUID}",
-            "NVIDIA_DRIVER_CAPABILITIES=compute,utility",
-            f"NVIDIA_VISIBLE_DEVICES={GPU0_UUID}",
-        ],
+        "env": ["NVIDIA_DRIVER_CAPABILITIES=compute,utility"],
         "deviceNodes": [{"path": "/dev/nvidiactl"}, {"path": "/dev/nvidia-uvm"}],
         "mounts": [
             {
@@ -157,11 +158,10 @@ def test_device_nodes_and_common_edits(schema_validator: jsonschema.Draft7Valida
 def test_mount_type_and_host_path_raise_the_version(
     schema_validator: jsonschema.Draft7Validator,
 ) -> None:
-    letter_uid = "a" + UID[1:]
+    # The identity annotations need 0.6.0 already; 0.7.0 comes with additionalGids,
+    # which drasil does not write. The version rules themselves: test_cdi_spec.py.
     typed = ContainerEdits(mounts=(Mount("/h", "/c", options=("ro", "bind"), type="bind"),))
-    assert build(schema_validator, request(uid=letter_uid, common=typed))["cdiVersion"] == "0.4.0"
-    hosted = ContainerEdits(device_nodes=(DeviceNode("/dev/x", host_path="/dev/y"),))
-    assert build(schema_validator, request(uid=letter_uid, common=hosted))["cdiVersion"] == "0.5.0"
+    assert build(schema_validator, request(common=typed))["cdiVersion"] == "0.6.0"
 
 
 def test_claim_cdi_device_ids() -> None:
@@ -184,19 +184,14 @@ def test_claim_cdi_device_ids() -> None:
             id="no-devices",
         ),
         pytest.param(
-            request(ClaimDevice(gpu(), extra_env={"DRASIL_VISIBLE_DEVICES": "x"})),
-            "DRASIL_VISIBLE_DEVICES",
-            id="override-visible",
+            request(common=ContainerEdits(env={"DRASIL_DEVICE_GPU_0": "x"})),
+            "DRASIL_DEVICE_GPU_0 is set per device",
+            id="common-sets-a-device-variable",
         ),
         pytest.param(
-            request(common=ContainerEdits(env={"DRASIL_CLAIM_UID": "x"})),
-            "DRASIL_CLAIM_UID",
-            id="override-claim-uid",
-        ),
-        pytest.param(
-            request(ClaimDevice(gpu(), extra_env={"BAD NAME": "x"})),
-            r"devices\[0\]\.containerEdits\.env\[0\]",
-            id="bad-env-name",
+            request(ClaimDevice(gpu(), settings={"BAD NAME": "x"})),
+            r"devices\[0\]\.containerEdits\.env\[1\]",
+            id="bad-setting-name",
         ),
         pytest.param(
             request(common=ContainerEdits(device_nodes=(DeviceNode("dev/rel"),))),
@@ -227,7 +222,7 @@ def test_spec_path() -> None:
 
 
 def test_write_read_back(schema_validator: jsonschema.Draft7Validator, tmp_path: Path) -> None:
-    req = request(ClaimDevice(gpu(), extra_env={"DRASIL_SHARING_STRATEGY": "TimeSlicing"}))
+    req = request(ClaimDevice(gpu(), settings={"SHARING_STRATEGY": "TimeSlicing"}))
     path = write(schema_validator, req, tmp_path)
     assert path == cdi.spec_path(tmp_path, driver=DRIVER, claim_uid=UID)
     assert os.listdir(tmp_path) == [path.name]  # no temp file left
@@ -242,10 +237,10 @@ def test_repeated_write_is_byte_identical_and_skipped(
     schema_validator: jsonschema.Draft7Validator, tmp_path: Path
 ) -> None:
     env = {"B": "2", "A": "1"}
-    path = write(schema_validator, request(ClaimDevice(gpu(), extra_env=env)), tmp_path)
+    path = write(schema_validator, request(ClaimDevice(gpu(), settings=env)), tmp_path)
     before, first = path.stat(), path.read_bytes()
     reordered = dict(reversed(env.items()))
-    write(schema_validator, request(ClaimDevice(gpu(), extra_env=reordered)), tmp_path)
+    write(schema_validator, request(ClaimDevice(gpu(), settings=reordered)), tmp_path)
     assert path.read_bytes() == first
     assert path.stat().st_ino == before.st_ino  # not even rewritten
 

@@ -100,19 +100,16 @@ def test_the_spec_request_names_the_claim_its_devices_and_the_common_edits() -> 
     assert spec.common_edits is edits
 
 
-def test_each_device_gets_the_env_of_its_resolved_config() -> None:
+def test_each_device_gets_the_settings_of_its_resolved_config() -> None:
     plan = plan_of(
         result("gpu-0", request="a"),
         result("gpu-1", request="b"),
         configs=(config("TimeSlicing", requests=("a",), timeSlicing={"interval": "Long"}),),
     )
     sliced, default = plan.devices
-    assert sliced.cdi.extra_env == {
-        "DRASIL_SHARING_STRATEGY": "TimeSlicing",
-        "DRASIL_TIMESLICE_INTERVAL": "Long",
-    }
+    assert sliced.cdi.settings == {"SHARING_STRATEGY": "TimeSlicing", "TIMESLICE_INTERVAL": "Long"}
     assert sliced.config.entry is not None
-    assert default.cdi.extra_env == {"DRASIL_SHARING_STRATEGY": "Exclusive"}
+    assert default.cdi.settings == {"SHARING_STRATEGY": "Exclusive"}
     assert default.config.config == GpuConfig()
     assert default.config.entry is None
 
@@ -210,3 +207,8 @@ def test_a_share_on_an_exclusively_held_device_is_refused() -> None:
 
 def test_the_claims_own_record_is_no_conflict() -> None:
     check_not_held(plan_of(result("gpu-0")), {UID: record(held("gpu-0"))})
+
+
+def test_admin_access_devices_say_so_and_carry_no_sharing_settings() -> None:
+    plan = plan_of(result("gpu-0", adminAccess=True), configs=(config("TimeSlicing"),))
+    assert plan.devices[0].cdi.settings == {"ADMIN_ACCESS": "true"}

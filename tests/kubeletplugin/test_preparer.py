@@ -28,6 +28,7 @@ from kubelet_client import (
 )
 
 from drasil.api.checkpoint import ClaimState, PreparedDevice
+from drasil.driver.cdi.claimspecs import ClaimIdentity, claim_identity
 from drasil.driver.claims.plan import ClaimRef
 from drasil.driver.files import FileLock
 from drasil.kubeletplugin.dra import prepare as prepare_module
@@ -41,8 +42,10 @@ KNOWN = "gpu-0, gpu-1, gpu-2, gpu-3"
 
 
 def env_of(spec_path: Path) -> dict[str, str]:
+    """What a container given every device of the spec sees."""
     spec = json.loads(spec_path.read_text())
-    return dict(item.split("=", 1) for item in spec["containerEdits"]["env"])
+    edits = [spec.get("containerEdits") or {}, *(d["containerEdits"] for d in spec["devices"])]
+    return dict(item.split("=", 1) for e in edits for item in e.get("env", []))
 
 
 def setup(tmp_path: Path, *claims: Claim) -> tuple[Preparer, MemoryClaims]:
@@ -71,10 +74,9 @@ def test_prepare_writes_the_cdi_spec_and_returns_cdi_ids(tmp_path: Path) -> None
     path = tmp_path / "cdi" / f"k8s.gpu.drasil.dev-claim_{UID_A}.json"
     assert path.is_file()
     env = env_of(path)
-    assert env["NVIDIA_VISIBLE_DEVICES"] == DEVICES["gpu-1"].uuid
-    assert env["DRASIL_CLAIM_UID"] == UID_A
-    assert (env["DRASIL_CLAIM_NAMESPACE"], env["DRASIL_CLAIM_NAME"]) == ("ml", "train")
+    assert env["DRASIL_DEVICE_GPU_1"] == DEVICES["gpu-1"].uuid
     spec = json.loads(path.read_text())
+    assert claim_identity(spec) == ClaimIdentity(UID_A, "ml", "train")
     assert spec["kind"] == "k8s.gpu.drasil.dev/claim"
     assert [d["name"] for d in spec["devices"]] == [f"{UID_A}-gpu-1"]
 
@@ -93,8 +95,11 @@ def test_all_devices_of_a_claim_are_visible_in_order(tmp_path: Path) -> None:
         ("gpu-3", ("a",)),
         ("gpu-0", ("b",)),
     ]
+    spec = json.loads(spec_file(tmp_path, UID_A).read_text())
+    assert [d["name"] for d in spec["devices"]] == [f"{UID_A}-gpu-3", f"{UID_A}-gpu-0"]
     env = env_of(spec_file(tmp_path, UID_A))
-    assert env["NVIDIA_VISIBLE_DEVICES"] == f"{DEVICES['gpu-3'].uuid},{DEVICES['gpu-0'].uuid}"
+    assert env["DRASIL_DEVICE_GPU_3"] == DEVICES["gpu-3"].uuid
+    assert env["DRASIL_DEVICE_GPU_0"] == DEVICES["gpu-0"].uuid
 
 
 def test_results_of_other_drivers_are_not_ours(tmp_path: Path) -> None:
@@ -120,7 +125,8 @@ def test_sharing_config_reaches_the_container_env(tmp_path: Path) -> None:
     preparer, _ = setup(tmp_path, claim)
     assert preparer.prepare(ref_of(claim)).error == ""
     spec = json.loads(spec_file(tmp_path, UID_A).read_text())
-    assert "DRASIL_SHARING_STRATEGY=TimeSlicing" in spec["devices"][0]["containerEdits"]["env"]
+    env = spec["devices"][0]["containerEdits"]["env"]
+    assert "DRASIL_DEVICE_GPU_0_SHARING_STRATEGY=TimeSlicing" in env
 
 
 # ---- repeated calls -------------------------------------------------------------------
