@@ -4,6 +4,7 @@
 (``GpuConfig``, ``MigDeviceConfig``; strict pydantic models, JSON Schemas in
 ``schemas/``), ``devicepool`` the ``DevicePool`` CRD types, ``checkpoint`` the
 versioned schema of the node's checkpoint file, ``quantity`` Kubernetes quantities
-with bounded parsing, and ``kubelet/`` our ``.proto`` files of kubelet's gRPC APIs with
-their generated stubs. Imported by everything else; imports nothing of drasil.
+with bounded parsing, ``limits`` the bounds on untrusted input both enforce, and
+``kubelet/`` our ``.proto`` files of kubelet's gRPC APIs with their generated stubs.
+Imported by everything else; imports nothing of drasil.
 """

@@ -5,6 +5,11 @@ entry. Decoding is strict because a config that is silently half-applied is wors
 one that is rejected: unknown fields, duplicate keys and wrong types ("5" for 5) are
 errors, and every error names its JSON path, the bad value and what is allowed.
 
+The input is untrusted, so its size, nesting, number of values, integers and
+quantities are bounded before it is parsed or validated (``drasil.api.limits``), and
+YAML anchors and aliases are refused. ``decode_config``, ``load_documents`` and
+``load_json`` raise ``ConfigError`` and nothing else, whatever they are given.
+
 ``python -m drasil.api.config schemas`` regenerates the JSON Schemas in ``api/schemas/``.
 """
 
@@ -16,10 +21,9 @@ import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal, get_args
+from typing import Annotated, Any, Final, Literal, NoReturn, get_args
 
 import yaml
 from pydantic import (
@@ -33,11 +37,21 @@ from pydantic import (
     model_validator,
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
+from yaml.constructor import ConstructorError
 
-from drasil.api.quantity import QuantityError, format_bytes, parse_quantity
+from drasil.api import limits
+from drasil.api.limits import (
+    MAX_BYTES,
+    MAX_DEPTH,
+    MAX_FILE_BYTES,
+    MAX_INTEGER_DIGITS,
+    MAX_QUANTITY_CHARS,
+    MAX_VALUES,
+)
+from drasil.api.quantity import QuantityError, QuantityRangeError, format_bytes, parse_quantity
 
 API_VERSION: Final = "resource.drasil.dev/v1beta1"
-MAX_PARAMETERS_BYTES: Final = 10 * 1024
+MAX_PARAMETERS_BYTES: Final = limits.MAX_PARAMETERS_BYTES
 """The API server's limit on ``opaque.parameters`` (OpaqueParametersMaxLength)."""
 
 _MIN_PINNED_MEMORY: Final = 2**20
@@ -125,17 +139,37 @@ def _percentage(value: object) -> object:
     return value
 
 
+def _too_many_bytes() -> PydanticCustomError:
+    reason = f"at most {MAX_BYTES} bytes (8Ei - 1)"
+    allowed = (">=1Mi", f"<={MAX_BYTES}")
+    return PydanticCustomError("drasil_range", "{reason}", {"reason": reason, "allowed": allowed})
+
+
 def _memory_bytes(value: object) -> object:
-    """A Quantity (``512Mi`` or a plain integer) as a whole number of bytes ≥ 1Mi."""
+    """A Quantity (``512Mi`` or a plain integer) as a whole number of bytes, 1Mi to 2^63-1."""
     if isinstance(value, bool) or not isinstance(value, str | int):
         raise _invalid("must be a quantity such as 512Mi or 4Gi", ">=1Mi")
-    try:
-        amount = parse_quantity(value) if isinstance(value, str) else Decimal(value)
-    except QuantityError:
-        raise _invalid("must be a quantity such as 512Mi or 4Gi", ">=1Mi") from None
-    if amount < _MIN_PINNED_MEMORY or amount != amount.to_integral_value():
+    if isinstance(value, int):
+        amount = value  # compared, never converted: an int of any size costs nothing here
+    elif len(value) > MAX_QUANTITY_CHARS:
+        raise _invalid(f"too long: a quantity has at most {MAX_QUANTITY_CHARS} characters")
+    else:
+        try:
+            quantity = parse_quantity(value)
+        except QuantityRangeError as err:
+            if err.too_large:
+                raise _too_many_bytes() from None
+            raise _invalid("must be a whole number of bytes of at least 1Mi", ">=1Mi") from None
+        except QuantityError:
+            raise _invalid("must be a quantity such as 512Mi or 4Gi", ">=1Mi") from None
+        if quantity != quantity.to_integral_value():
+            raise _invalid("must be a whole number of bytes of at least 1Mi", ">=1Mi")
+        amount = int(quantity)  # below 1e64: at most 64 digits
+    if amount > MAX_BYTES:
+        raise _too_many_bytes()
+    if amount < _MIN_PINNED_MEMORY:
         raise _invalid("must be a whole number of bytes of at least 1Mi", ">=1Mi")
-    return int(amount)
+    return amount
 
 
 _DEVICE_KEY = re.compile(r"^(?:[0-9]+|(?:GPU|MIG)-[0-9A-Za-z/-]+)$")
@@ -159,10 +193,16 @@ MemoryLimit = Annotated[
     WithJsonSchema(
         {
             "anyOf": [
-                {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?([KMGTPE]i|[kMGTPE])?$"},
-                {"type": "integer", "minimum": _MIN_PINNED_MEMORY},
+                {
+                    "type": "string",
+                    "pattern": r"^[0-9]+(\.[0-9]+)?([KMGTPE]i|[kMGTPE])?$",
+                    "maxLength": MAX_QUANTITY_CHARS,
+                },
+                {"type": "integer", "minimum": _MIN_PINNED_MEMORY, "maximum": MAX_BYTES},
             ],
-            "description": "A Kubernetes quantity of bytes, at least 1Mi (e.g. 512Mi, 4Gi).",
+            "description": (
+                "A Kubernetes quantity of bytes, at least 1Mi and at most 2^63-1 (e.g. 512Mi, 4Gi)."
+            ),
         }
     ),
 ]
@@ -317,6 +357,85 @@ KINDS: Final[Mapping[str, type[GpuConfig] | type[MigDeviceConfig]]] = {
 }
 
 
+# --- input limits ------------------------------------------------------------------
+
+
+def _text(raw: bytes | str) -> str:
+    """Text that is valid Unicode: UTF-8 bytes decoded, lone surrogates refused."""
+    if isinstance(raw, bytes):
+        try:
+            return raw.decode()
+        except UnicodeDecodeError as err:
+            raise _fail(f"config is not UTF-8: {err.reason} at byte {err.start}") from None
+    try:
+        raw.encode()
+    except UnicodeEncodeError as err:
+        message = f"text is not valid Unicode: {err.reason} at character {err.start}"
+        raise _fail(message) from None
+    return raw
+
+
+def _too_deep(where: str, *, path: str = "") -> ConfigError:
+    message = f"nested too deeply{where}: at most {MAX_DEPTH} levels of objects and lists"
+    return _fail(message, value=MAX_DEPTH, path=path)
+
+
+def _long_integer(text: str | None, where: str, *, path: str = "") -> ConfigError:
+    shown = None if text is None else text if len(text) <= 24 else f"{text[:20]}..."
+    number = "integer" if shown is None else f"integer {shown}"
+    message = f"{number} is too long{where}: at most {MAX_INTEGER_DIGITS} digits"
+    return _fail(message, value=shown, path=path)
+
+
+_INTEGER_BOUND: Final = 10**MAX_INTEGER_DIGITS
+
+
+def _check_structure(document: object) -> None:
+    """Refuse, without recursion, a document too deep or with too many values.
+
+    Also refuses what JSON cannot hold: keys that are not strings, values that are
+    not objects, lists, strings, numbers, booleans or null, and integers of more
+    than ``MAX_INTEGER_DIGITS`` digits. Shared references (a Python structure that
+    repeats a part, as a YAML alias bomb would) count each time they are reached,
+    and the walk stops at the first excess: at most ``MAX_VALUES`` steps.
+    """
+    stack: list[tuple[object, tuple[int | str, ...]]] = [(document, ())]
+    count = 1
+    while stack:
+        value, loc = stack.pop()
+        if isinstance(value, Mapping | list | tuple):
+            if len(loc) >= MAX_DEPTH:
+                raise _too_deep("", path=_path(loc))
+            items = value.items() if isinstance(value, Mapping) else enumerate(value)
+            for key, item in items:
+                count += 1
+                if count > MAX_VALUES:
+                    raise _too_many_values()
+                if isinstance(value, Mapping) and not isinstance(key, str):
+                    kind = type(key).__name__
+                    message = f"invalid key of type {kind}: a key must be a string"
+                    raise _fail(message, value=kind, path=_path(loc))
+                stack.append((item, (*loc, key)))
+        elif not isinstance(value, _JSON_SCALARS):
+            kind = type(value).__name__
+            message = f"invalid value of type {kind}: {_JSON_VALUES}"
+            raise _fail(message, value=kind, path=_path(loc))
+        elif isinstance(value, int) and abs(value) >= _INTEGER_BOUND:  # never made text
+            raise _long_integer(None, "", path=_path(loc))
+
+
+_JSON_SCALARS: Final = (str, int, float, type(None))
+_JSON_VALUES: Final = "a config holds objects, lists, strings, numbers, booleans and null"
+
+
+def _too_many_values() -> ConfigError:
+    return _fail(
+        f"config is too large: more than {MAX_VALUES} values (keys and list items); "
+        "leave out settings that repeat defaults",
+        value=MAX_VALUES,
+    )
+
+
 # --- reading JSON and YAML strictly ------------------------------------------------
 
 
@@ -333,16 +452,53 @@ def _no_constant(name: str) -> object:
     raise _fail(f"invalid JSON: {name} is not a JSON number", value=name)
 
 
-def load_json(text: str) -> Any:
+def _json_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INTEGER_DIGITS:
+        raise _long_integer(text, " in JSON")
+    return int(text)
+
+
+# A JSON string (possibly unterminated, which json reports) or a bracket.
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.DOTALL)
+
+
+def _check_json_depth(text: str) -> None:
+    """Refuse JSON nested deeper than ``MAX_DEPTH`` before ``json`` recurses into it."""
+    depth = 0
+    for token in _JSON_TOKEN.finditer(text):
+        bracket = token.group()
+        if bracket in ("[", "{"):
+            depth += 1
+            if depth > MAX_DEPTH:
+                start = token.start()
+                line = text.count("\n", 0, start) + 1
+                column = start - text.rfind("\n", 0, start)
+                raise _too_deep(f" (line {line}, column {column})")
+        elif bracket in ("]", "}"):
+            depth -= 1
+
+
+def load_json(text: str | bytes) -> Any:
     """Parse JSON, rejecting duplicate keys and NaN/Infinity; errors are ConfigError."""
+    text = _text(text) if isinstance(text, str | bytes) else _not_text(text)
+    _check_json_depth(text)
     try:
-        return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+        return json.loads(
+            text,
+            object_pairs_hook=_unique_keys,
+            parse_constant=_no_constant,
+            parse_int=_json_int,
+        )
     except json.JSONDecodeError as err:
         raise _fail(f"invalid JSON: {err.msg} (line {err.lineno}, column {err.colno})") from None
 
 
-def _where(node: yaml.Node) -> str:
-    return f"line {node.start_mark.line + 1}, column {node.start_mark.column + 1}"
+def _not_text(value: object) -> NoReturn:
+    raise _fail(f"expected text (JSON or YAML), got {type(value).__name__}")
+
+
+def _where(mark: yaml.Mark | None) -> str:
+    return f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
 
 
 def _json_key(key: object, node: yaml.Node) -> str:
@@ -351,33 +507,111 @@ def _json_key(key: object, node: yaml.Node) -> str:
         return "true" if key else "false"
     if isinstance(key, str | int | float):
         return str(key)
-    raise _fail(f"invalid YAML: a key must be a string ({_where(node)})", value=key)
+    raise _fail(f"invalid YAML: a key must be a string ({_where(node.start_mark)})", value=key)
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """A SafeLoader that rejects duplicate keys (PyYAML keeps the last one silently)."""
+    """A SafeLoader for untrusted text, which must read like JSON.
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        self.flatten_mapping(node)
+    Beyond SafeLoader it rejects duplicate keys (PyYAML keeps the last one silently),
+    anchors and aliases (a few of them expand exponentially: "billion laughs"),
+    nesting deeper than ``MAX_DEPTH`` (composing recurses) and integers longer than
+    ``MAX_INTEGER_DIGITS``; explicit tags that do not fit their value (``!!int x``)
+    are YAML errors, and dates stay strings, as kubectl sends them.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def fetch_flow_collection_start(self, TokenClass: type[yaml.Token]) -> None:  # noqa: N803
+        # The scanner looks ahead over every open "[" or "{" (its cost grows with their
+        # square), long before the composer sees the nesting: stop it at the limit.
+        if self.flow_level >= MAX_DEPTH:
+            raise _too_deep(f" ({_where(self.get_mark())})")
+        super().fetch_flow_collection_start(TokenClass)
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        event = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise _fail(
+                f"YAML anchors and aliases (&name, *name) are not allowed "
+                f"({_where(event.start_mark)}): write each value out"
+            )
+        nested = isinstance(event, yaml.CollectionStartEvent)
+        if nested:
+            self._depth += 1
+            if self._depth > MAX_DEPTH:
+                raise _too_deep(f" ({_where(event.start_mark)})")
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            if nested:
+                self._depth -= 1
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        if not isinstance(node, yaml.MappingNode):
+            raise ConstructorError(None, None, "expected a mapping", node.start_mark)
+        self.flatten_mapping(node)  # "<<" merge keys: inline mappings only, no aliases
         mapping: dict[str, Any] = {}
         for key_node, value_node in node.value:
             key = _json_key(self.construct_object(key_node, deep=deep), key_node)
             if key in mapping:
-                message = f'duplicate key "{key}" ({_where(key_node)}): each key may appear once'
+                where = _where(key_node.start_mark)
+                message = f'duplicate key "{key}" ({where}): each key may appear once'
                 raise _fail(message, value=key)
             mapping[key] = self.construct_object(value_node, deep=deep)
         return mapping
 
+    def _scalar(self, node: yaml.Node, what: str, construct: Any) -> Any:
+        """``construct(node)``, with a ConstructorError for a value its tag cannot read."""
+        try:
+            return construct(self, node)
+        except (ValueError, LookupError, TypeError, OverflowError):
+            text = self.construct_scalar(node)  # type: ignore[arg-type]
+            message = f"invalid {what} {text!r}"
+            raise ConstructorError(None, None, message, node.start_mark) from None
 
-def load_documents(text: str) -> list[Any]:
-    """Parse JSON (text starting with ``{``) or YAML documents; empty documents are dropped."""
+    def construct_strict_int(self, node: yaml.Node) -> int:
+        text = str(self.construct_scalar(node))  # type: ignore[arg-type]
+        if len(text.lstrip("+-").replace("_", "")) > MAX_INTEGER_DIGITS:
+            raise _long_integer(text, f" ({_where(node.start_mark)})")
+        return int(self._scalar(node, "integer", yaml.SafeLoader.construct_yaml_int))
+
+    def construct_strict_float(self, node: yaml.Node) -> float:
+        return float(self._scalar(node, "number", yaml.SafeLoader.construct_yaml_float))
+
+    def construct_strict_bool(self, node: yaml.Node) -> bool:
+        return bool(self._scalar(node, "boolean", yaml.SafeLoader.construct_yaml_bool))
+
+    def construct_date_text(self, node: yaml.Node) -> str:
+        return str(self.construct_scalar(node))  # type: ignore[arg-type]
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_strict_int)
+_StrictLoader.add_constructor("tag:yaml.org,2002:float", _StrictLoader.construct_strict_float)
+_StrictLoader.add_constructor("tag:yaml.org,2002:bool", _StrictLoader.construct_strict_bool)
+_StrictLoader.add_constructor("tag:yaml.org,2002:timestamp", _StrictLoader.construct_date_text)
+
+
+def load_documents(text: str | bytes) -> list[Any]:
+    """Parse JSON (text starting with ``{``) or YAML documents; empty documents are dropped.
+
+    Text over ``MAX_FILE_BYTES``, nested over ``MAX_DEPTH``, with integers over
+    ``MAX_INTEGER_DIGITS`` digits or YAML anchors is refused before it is built.
+    """
+    text = _text(text) if isinstance(text, str | bytes) else _not_text(text)
+    size = len(text.encode())
+    if size > MAX_FILE_BYTES:
+        message = f"text is too large ({size} bytes): at most {MAX_FILE_BYTES} bytes (1 MiB)"
+        raise _fail(message, value=size)
     if text.lstrip().startswith("{"):
         return [load_json(text)]
     try:
         documents = list(yaml.load_all(text, Loader=_StrictLoader))
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        where = f" ({_where(mark)})" if mark else ""
         raise _fail(f"invalid YAML: {err.problem or err.context}{where}") from None
     except yaml.YAMLError as err:
         raise _fail(f"invalid YAML: {err}") from None
@@ -398,34 +632,30 @@ def _check_size(size: int) -> None:
 
 def _encoded_size(document: object) -> int:
     """The size kubectl would send (compact JSON), counted only up to just past the
-    limit, so a YAML alias bomb is never expanded in full."""
+    limit. ``_check_structure`` has bounded the document first: no deep nesting (the
+    encoder recurses), no cycles, no integer too long to write."""
     encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=str)
     size = 0
-    try:
-        for chunk in encoder.iterencode(document):
-            size += len(chunk.encode())
-            if size > MAX_PARAMETERS_BYTES:
-                break
-    except ValueError as err:  # a YAML anchor that contains itself
-        raise _fail(f"config cannot be written as JSON: {err}") from None
+    for chunk in encoder.iterencode(document):
+        size += len(chunk.encode(errors="surrogatepass"))
+        if size > MAX_PARAMETERS_BYTES:
+            break
     return size
 
 
-def _document(raw: bytes | str | Mapping[str, Any]) -> object:
-    if isinstance(raw, bytes):
-        try:
-            raw = raw.decode()
-        except UnicodeDecodeError as err:
-            raise _fail(f"config is not UTF-8: {err.reason} at byte {err.start}") from None
-    if not isinstance(raw, str):
+def _document(raw: object) -> object:
+    if not isinstance(raw, str | bytes):
         document = dict(raw) if isinstance(raw, Mapping) else raw
+        _check_structure(document)
         _check_size(_encoded_size(document))
         return document
+    text = _text(raw)
     # On the wire the API limit applies to the raw bytes.
-    _check_size(len(raw.encode()))
-    documents = load_documents(raw)
+    _check_size(len(text.encode()))
+    documents = load_documents(text)
     if len(documents) != 1:
         raise _fail(f"expected one config document, found {len(documents)}", value=len(documents))
+    _check_structure(documents[0])
     return documents[0]
 
 
@@ -440,7 +670,7 @@ def _type_meta_issues(document: Mapping[str, Any]) -> list[ConfigIssue]:
         message = f'{_problem(version)}: the supported API version is "{API_VERSION}"'
         issues.append(ConfigIssue("apiVersion", version, message, (API_VERSION,)))
     kind = document.get("kind")
-    if kind not in KINDS:
+    if not (isinstance(kind, str) and kind in KINDS):
         message = f"{_problem(kind)}: supported kinds are {_quoted(KINDS)}"
         issues.append(ConfigIssue("kind", kind, message, tuple(KINDS)))
     return issues
@@ -526,6 +756,8 @@ def _issue(error: ErrorDetails, model: type[BaseModel]) -> ConfigIssue:
         message = (
             f'not allowed with strategy {_show(value)}: only with strategy "{ctx["strategy"]}"'
         )
+    elif kind == "drasil_range":
+        message = f"{_show(value)} is out of range: {ctx['reason']}"
     elif kind in _TYPE_NAMES:
         allowed = (_TYPE_NAMES[kind],)
         message = f"invalid {what} {_show(value)}: must be {_TYPE_NAMES[kind]}"

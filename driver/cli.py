@@ -11,6 +11,7 @@ from typing import TextIO
 
 import yaml
 
+from drasil.api.limits import MAX_FILE_BYTES
 from drasil.driver.claims.configcheck import validate_config_document
 from drasil.driver.devices import Device, Version
 from drasil.driver.discovery.backends import BACKENDS, open_backend
@@ -110,9 +111,18 @@ def _discover(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _read_limited(name: str) -> bytes:
+    """The file's bytes (``-``: standard input), one past ``MAX_FILE_BYTES`` at most:
+    enough for the check to say "too large" without reading a huge file whole."""
+    if name == "-":
+        return sys.stdin.buffer.read(MAX_FILE_BYTES + 1)
+    with Path(name).open("rb") as f:
+        return f.read(MAX_FILE_BYTES + 1)
+
+
 def _validate_config(args: argparse.Namespace, out: TextIO) -> int:
-    text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
-    problems = validate_config_document(text, driver=args.driver_name)
+    # Bytes: validate_config_document reports text that is not UTF-8 as a problem.
+    problems = validate_config_document(_read_limited(args.file), driver=args.driver_name)
     for problem in problems:
         print(f"{args.file}: {problem}", file=sys.stderr)
     if problems:

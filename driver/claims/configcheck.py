@@ -85,8 +85,9 @@ def config_problems(obj: Mapping[str, Any], *, driver: str) -> list[str]:
 def _label(document: Mapping[str, Any], number: int) -> str:
     metadata = document.get("metadata")
     name = metadata.get("name") if isinstance(metadata, Mapping) else None
-    kind = document.get("kind") or "object"
-    return f"{kind}/{name}" if name else f"{kind} (document {number})"
+    kind = document.get("kind")
+    kind = kind if isinstance(kind, str) and kind else "object"
+    return f"{kind}/{name}" if isinstance(name, str) and name else f"{kind} (document {number})"
 
 
 def _decode_problems(parameters: object, *, where: str) -> list[str]:
@@ -105,9 +106,10 @@ def _check_document(document: object, *, number: int, driver: str) -> list[str] 
     if not isinstance(document, Mapping):
         return [f"document {number}: expected an object, got {type(document).__name__}"]
     label, kind = _label(document, number), document.get("kind")
+    kind = kind if isinstance(kind, str) else None
     if kind in KINDS or document.get("apiVersion") == API_VERSION:
         return _decode_problems(document, where=label)
-    path = CONFIG_PATHS.get(kind) if isinstance(kind, str) else None
+    path = CONFIG_PATHS.get(kind) if kind else None
     if path is None:
         return None
     problems: list[str] = []
@@ -120,7 +122,7 @@ def _check_document(document: object, *, number: int, driver: str) -> list[str] 
     return problems
 
 
-def validate_config_document(text: str, *, driver: str = "gpu.drasil.dev") -> list[str]:
+def validate_config_document(text: str | bytes, *, driver: str = "gpu.drasil.dev") -> list[str]:
     """Human-readable problems of a config file; an empty list means it is valid.
 
     The text is a GpuConfig/MigDeviceConfig (YAML or JSON), or YAML documents of
@@ -128,6 +130,9 @@ def validate_config_document(text: str, *, driver: str = "gpu.drasil.dev") -> li
     must hold an opaque config for ``driver``, and every such config must decode.
     Other documents (a Pod using the claim) are skipped; a file with nothing to check
     is a problem, so nobody is told "valid" about nothing.
+
+    Bytes must be UTF-8. Whatever the input, problems are returned, never raised:
+    the limits of ``drasil.api.limits`` hold for the file and for each config in it.
     """
     try:
         documents = load_documents(text)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -115,3 +117,92 @@ def test_help_is_plain_text(command: tuple[str, ...], capsys: pytest.CaptureFixt
     out = capsys.readouterr().out
     assert out.startswith("usage: drasil")
     assert "``" not in out
+
+
+# --- hostile files (issue 14): a problem line and exit 1, never a traceback -----------
+
+API = "resource.drasil.dev/v1beta1"
+CONFIG = f"apiVersion: {API}\nkind: GpuConfig\n"
+HOSTILE_FILES: dict[str, tuple[bytes, str]] = {
+    "deep-json": (
+        b'{"apiVersion": "%s", "kind": "GpuConfig", "sharing": %s%s}'
+        % (API.encode(), b"[" * 3000, b"]" * 3000),
+        "nested too deeply (line 1, column ",
+    ),
+    "deep-yaml": (
+        (CONFIG + "sharing: " + "[" * 3000 + "]" * 3000).encode(),
+        "nested too deeply (line 3, column ",
+    ),
+    "huge-exponent": (
+        (
+            CONFIG + "sharing: {strategy: MPS, mps: {defaultPinnedDeviceMemoryLimit: 1e999999}}"
+        ).encode(),
+        'sharing.mps.defaultPinnedDeviceMemoryLimit: "1e999999" is out of range: '
+        "at most 9223372036854775807 bytes",
+    ),
+    "kind-list": (f"apiVersion: {API}\nkind: [GpuConfig]\n".encode(), "kind: unsupported value"),
+    "kind-object": (f"apiVersion: {API}\nkind: {{}}\n".encode(), "kind: unsupported value {}"),
+    "long-integer": (
+        (
+            CONFIG
+            + "sharing: {strategy: MPS, mps: {defaultActiveThreadPercentage: %s}}" % ("9" * 5000)
+        ).encode(),
+        "is too long (line 3, column 63): at most 20 digits",
+    ),
+    "not-utf8": (CONFIG.encode() + b"sharing: {strategy: \xff}\n", "config is not UTF-8"),
+    "alias-bomb": (
+        (
+            CONFIG
+            + "sharing:\n  a0: &a0 [lol, lol]\n"
+            + "".join(f"  a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 10))
+        ).encode(),
+        "YAML anchors and aliases (&name, *name) are not allowed (line 4, column 7)",
+    ),
+    "too-large": (b"#" * (2**20 + 1), "text is too large"),
+    "bad-tag": (CONFIG.encode() + b"sharing: !!int abc\n", "invalid YAML: invalid integer 'abc'"),
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE_FILES)
+def test_validate_config_names_the_problem_of_a_hostile_file(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data, expected = HOSTILE_FILES[name]
+    path = tmp_path / f"{name}.yaml"
+    path.write_bytes(data)
+    code, out = run("validate-config", str(path))
+    err = capsys.readouterr().err
+    assert code == 1
+    assert out == ""
+    assert "Traceback" not in err
+    assert err.startswith(f"{path}: ")
+    assert expected in err, err
+    assert len(err) < 1000  # a problem line, not the input
+
+
+def test_validate_config_reads_hostile_standard_input(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data, expected = HOSTILE_FILES["not-utf8"]
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data)))
+    code, _ = run("validate-config", "-")
+    assert code == 1
+    assert capsys.readouterr().err.startswith(f"-: {expected}")
+
+
+def test_validate_config_command_prints_no_traceback(tmp_path: Path) -> None:
+    # The installed command, as a user runs it, on the files that once crashed it.
+    for name in ("deep-json", "alias-bomb", "not-utf8"):
+        data, expected = HOSTILE_FILES[name]
+        path = tmp_path / f"{name}.yaml"
+        path.write_bytes(data)
+        done = subprocess.run(
+            [sys.executable, "-m", "drasil.driver.cli", "validate-config", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 1, done.stderr
+        assert "Traceback" not in done.stderr
+        assert expected in done.stderr

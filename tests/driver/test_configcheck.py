@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
+
+import pytest
 
 from drasil.driver.claims.configcheck import config_problems
 
@@ -81,3 +84,46 @@ def test_valid_configs_other_drivers_and_other_kinds_have_no_problems() -> None:
     assert config_problems(claim(), driver=DRIVER) == []
     assert config_problems({"kind": "Pod", "spec": {}}, driver=DRIVER) == []
     assert config_problems({"kind": "ResourceClaim"}, driver=DRIVER) == []
+
+
+# --- hostile parameters (issue 14): problems, never an exception ---------------------
+
+
+def deep(depth: int) -> Any:
+    value: Any = {}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+def shared_bomb() -> Any:
+    # What a YAML alias bomb becomes once parsed: 10 ** 21 values if expanded.
+    value: Any = ["lol"] * 10
+    for _ in range(20):
+        value = [value] * 10
+    return value
+
+
+@pytest.mark.parametrize(
+    ("parameters", "expected"),
+    [
+        (deep(3000), "nested too deeply: at most 32 levels of objects and lists"),
+        (
+            gpu_config(strategy="MPS", mps={"defaultPinnedDeviceMemoryLimit": "1e999999"}),
+            'sharing.mps.defaultPinnedDeviceMemoryLimit: "1e999999" is out of range: '
+            "at most 9223372036854775807 bytes (8Ei - 1)",
+        ),
+        ({"apiVersion": API, "kind": ["GpuConfig"]}, 'kind: unsupported value ["GpuConfig"]'),
+        ({"apiVersion": API, "kind": {}}, "kind: unsupported value {}"),
+        (gpu_config(strategy=10**5000), "sharing.strategy: integer is too long"),
+        (gpu_config(strategy="MPS", mps={"x": shared_bomb()}), "config is too large"),
+    ],
+    ids=["deep", "huge-exponent", "kind-list", "kind-object", "long-integer", "alias-bomb"],
+)
+def test_hostile_parameters_are_problems_of_the_claim(parameters: Any, expected: str) -> None:
+    start = time.monotonic()
+    problems = config_problems(claim(entry(parameters)), driver=DRIVER)
+    assert time.monotonic() - start < 1.0
+    assert len(problems) >= 1
+    assert all(p.startswith("spec.devices.config[0].opaque.parameters") for p in problems)
+    assert any(expected in problem for problem in problems), problems

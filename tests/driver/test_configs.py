@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from drasil.api.config import (
     API_VERSION,
@@ -521,3 +525,100 @@ def test_unreadable_documents(text: str, expected: str) -> None:
     problems = validate_config_document(text)
     assert len(problems) == 1, problems
     assert problems[0].startswith(expected), problems
+
+
+# --- hostile input (issue 14): problems, never an exception, for any text ------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("kind: [GpuConfig]\n", "no opaque config for driver gpu.drasil.dev found"),
+        (
+            "kind: {}\napiVersion: resource.drasil.dev/v1beta1\n",
+            "object (document 1): kind: unsupported value {}",
+        ),
+        ("metadata: {name: [x]}\nkind: ResourceClaim\n", "ResourceClaim (document 1): no opaque"),
+        (b"kind: \xff", "config is not UTF-8: invalid start byte at byte 6"),
+        ("a: &x 1\n", "YAML anchors and aliases"),
+        ("a: " + "[" * 3000, "nested too deeply"),
+        ("a: " + "9" * 5000, "at most 20 digits"),
+        (CLAIM_WITH_FOO.replace("strategy: Foo", "strategy: " + "[" * 30), "nested too deeply"),
+        (
+            CLAIM_WITH_FOO.replace(
+                "strategy: Foo",
+                "strategy: MPS\n            mps: {defaultPinnedDeviceMemoryLimit: 1e5000}",
+            ),
+            '"1e5000" is out of range: at most 9223372036854775807 bytes (8Ei - 1)',
+        ),
+    ],
+    ids=[
+        "kind-list",
+        "kind-object",
+        "name-list",
+        "not-utf8",
+        "alias",
+        "deep",
+        "long-integer",
+        "deep-in-claim",
+        "huge-exponent-in-claim",
+    ],
+)
+def test_hostile_documents_are_problems(text: str | bytes, expected: str) -> None:
+    problems = validate_config_document(text)
+    assert len(problems) == 1, problems
+    assert expected in problems[0], problems
+
+
+def claim_with(parameters: Any) -> str:
+    document = yaml.safe_load(CLAIM_WITH_FOO)
+    document["spec"]["devices"]["config"][0]["opaque"]["parameters"] = parameters
+    return yaml.safe_dump(document, allow_unicode=True)
+
+
+DOCUMENT_PIECES = [
+    CLAIM_WITH_FOO,
+    TEMPLATE % 50,
+    DEVICE_CLASS,
+    POD,
+    "---\n",
+    "kind: ResourceClaim\n",
+    "kind: [GpuConfig]\n",
+    "&a ",
+    "*a ",
+    "[",
+    "{",
+    "!!int ",
+    "9" * 25,
+    "\n",
+    ": ",
+    "- ",
+]
+documents = st.one_of(
+    st.text(max_size=200),
+    st.binary(max_size=200),
+    st.lists(st.sampled_from(DOCUMENT_PIECES), max_size=12).map("".join),
+    st.lists(st.sampled_from(DOCUMENT_PIECES), max_size=12).map(lambda p: "".join(p).encode()),
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
+        lambda children: (
+            st.lists(children, max_size=5)
+            | st.dictionaries(st.text(max_size=8), children, max_size=5)
+        ),
+        max_leaves=30,
+    ).map(claim_with),
+)
+
+
+@settings(
+    max_examples=200,
+    deadline=timedelta(milliseconds=500),
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(documents)
+def test_validate_config_document_of_anything_gives_problems(text: str | bytes) -> None:
+    problems = validate_config_document(text)
+    assert isinstance(problems, list)
+    assert all(isinstance(problem, str) and problem for problem in problems)
