@@ -13,6 +13,7 @@ the limits leave ample room for real ones and none for hostile ones.
 
 from __future__ import annotations
 
+import sys
 from typing import Final
 
 MAX_PARAMETERS_BYTES: Final = 10 * 1024
@@ -50,3 +51,24 @@ included) and keeps exact arithmetic on quantities small."""
 
 MAX_BYTES: Final = 2**63 - 1
 """A byte count (a memory limit): Kubernetes' int64 bound, 8Ei minus one byte."""
+
+MAX_OBJECT_NESTING: Final = 5_200
+"""How deep a Kubernetes object a user wrote can nest: 10 KiB of ``opaque.parameters``
+hold 5,120 levels of ``[[[…]]]``, and the API server stores them without looking
+inside. Every daemon must at least decode such an object (and then refuse it, per
+object): JSON and YAML decoders, kopf's and the kubernetes client's included, recurse
+once per level."""
+
+RECURSION_LIMIT: Final = 12_000
+"""Python frames allowed: room for MAX_OBJECT_NESTING levels of decoding (about two
+frames each) and for CEL selectors nested as deep as cel-go's parser allows."""
+
+
+def allow_nesting() -> None:
+    """Raise Python's recursion limit to ``RECURSION_LIMIT`` (never lower it).
+
+    Called by every entry point (both daemons, the CLI) and by the CEL compiler. The
+    C stack it needs, a few MiB at most, fits the 8 MiB main and thread stacks of Linux.
+    """
+    if sys.getrecursionlimit() < RECURSION_LIMIT:
+        sys.setrecursionlimit(RECURSION_LIMIT)

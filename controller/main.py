@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from drasil.api.limits import allow_nesting
 from drasil.controller.controller import Controller
 from drasil.controller.leader import LeaseElector, acquire, hold, pause
 from drasil.controller.metrics import ControllerMetrics
@@ -123,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"drasil-controller: {err}", file=sys.stderr)
         return 2
     setup_logging(log_format=opts.log_format, verbosity=opts.verbosity)
+    allow_nesting()  # objects users write may nest thousands of levels deep
     quiet_kopf(opts.verbosity)
     metrics = ControllerMetrics()
     liveness = Liveness()

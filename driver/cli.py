@@ -11,7 +11,7 @@ from typing import TextIO
 
 import yaml
 
-from drasil.api.limits import MAX_FILE_BYTES
+from drasil.api.limits import MAX_FILE_BYTES, allow_nesting
 from drasil.driver.claims.configcheck import validate_config_document
 from drasil.driver.devices import Device, Version
 from drasil.driver.discovery.backends import BACKENDS, open_backend
@@ -167,6 +167,7 @@ def _fault(args: argparse.Namespace, out: TextIO) -> int:
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     args = _parser().parse_args(argv)
     out = out or sys.stdout
+    allow_nesting()  # objects users write may nest thousands of levels deep
     try:
         if args.command == "discover":
             return _discover(args, out)

@@ -56,6 +56,19 @@ class InvalidName(ValueError):
     """A namespace or object name that Kubernetes could not have stored."""
 
 
+class ApiUnavailable(Exception):
+    """The API server did not answer: refused, unreachable, or no answer in time."""
+
+
+def _unavailable(host: str, err: Exception) -> ApiUnavailable:
+    reason = getattr(err, "reason", None) or err
+    if "timed out" in str(reason).lower():
+        return ApiUnavailable(
+            f"the API server at {host} did not answer within {API_TIMEOUT[1]:g} s"
+        )
+    return ApiUnavailable(f"the API server at {host} cannot be reached: {reason}")
+
+
 def with_timeouts(api_client: client.ApiClient) -> client.ApiClient:
     """``api_client`` with ``API_TIMEOUT`` on every request that sets no timeout.
 
@@ -160,6 +173,8 @@ class KubeApi:
         except ApiException as err:
             _or_none(err)
             return None
+        except urllib3.exceptions.HTTPError as err:
+            raise _unavailable(ac.configuration.host, err) from None
         if response.status == 404:
             return None
         if response.status >= 300:

@@ -6,6 +6,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from drasil.api.limits import allow_nesting
 from drasil.driver.discovery.backends import open_backend
 from drasil.driver.discovery.nvml import NvmlError
 from drasil.driver.discovery.simulated import ProfileSpecError
@@ -27,6 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"drasil-kubelet-plugin: {err}", file=sys.stderr)
         return 2
     setup_logging(log_format=opts.log_format, verbosity=opts.verbosity)
+    allow_nesting()  # objects users write may nest thousands of levels deep
     try:
         # Every thread is started under the block (NVML's, gRPC's, ours), so SIGTERM
         # always reaches the main thread waiting below; a signal that came during the

@@ -22,7 +22,6 @@ each half would be read with the other open beside it.
 from __future__ import annotations
 
 import operator
-import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +29,7 @@ from typing import Any
 from celpy.celparser import CELParseError, CELParser
 from celpy.evaluation import celbytes, celstr
 
+from drasil.api.limits import allow_nesting
 from drasil.driver.cel import functions as lib
 from drasil.driver.cel import operators as ops
 from drasil.driver.cel.values import (
@@ -95,10 +95,8 @@ accepts fits; beyond, the expression gets a compile error instead of exhausting
 the stack.
 """
 # The compiler and the compiled closures recurse a few Python frames per level of
-# the parse tree; this many frames fit MAX_NESTING with room for the caller's stack.
-_RECURSION_NEEDED = 10_000
-if sys.getrecursionlimit() < _RECURSION_NEEDED:
-    sys.setrecursionlimit(_RECURSION_NEEDED)
+# the parse tree: allow_nesting leaves room for MAX_NESTING levels.
+allow_nesting()
 
 
 def compile_expression(source: str, *, variables: Mapping[str, Fields]) -> Node:

@@ -106,6 +106,8 @@ def plan_prepare(claim: Mapping[str, Any], *, ref: ClaimRef, node: NodePool) -> 
 
 
 def _own_results(results: Sequence[AllocatedDevice], node: NodePool) -> list[AllocatedDevice]:
+    if not results:
+        raise PlanError(f"the claim's allocation has no device of driver {node.driver}")
     for result in results:
         if result.pool != node.pool or result.device not in node.devices:
             raise PlanError(

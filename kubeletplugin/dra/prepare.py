@@ -47,6 +47,7 @@ from drasil.driver.claims.plan import (
 )
 from drasil.driver.devices import Device
 from drasil.driver.files import FileLock, LockTimeoutError, crash_point
+from drasil.driver.kubeapi import ApiError, ApiUnavailable, InvalidName
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +158,9 @@ class Preparer:
                 message = "; ".join(err.problems)
                 log.warning("prepare failed", extra={**ref.log_fields(), "error": message})
                 return PrepareResult(error=f"invalid device config: {message}")
+            except Exception as err:  # a fault, not the claim's: still only this claim's answer
+                log.exception("prepare failed", extra=ref.log_fields())
+                return PrepareResult(error=fault_text(err, ref, action="prepare"))
         log.info("prepared", extra={**ref.log_fields(), "devices": _names(devices)})
         return PrepareResult(devices=devices)
 
@@ -220,9 +224,9 @@ class Preparer:
         with self._claim_locks.hold(ref.uid):
             try:
                 self._unprepare_locked(ref.uid)
-            except OSError as err:
+            except Exception as err:  # every claim of kubelet's call gets its own answer
                 log.error("unprepare failed", extra={**ref.log_fields(), "error": str(err)})
-                return f"unprepare of {ref.namespace}/{ref.name}: {err}"
+                return fault_text(err, ref, action="unprepare")
         log.info("unprepared", extra=ref.log_fields())
         return ""
 
@@ -251,3 +255,20 @@ def _usable(claim: Mapping[str, Any] | None, uid: str) -> bool:
 
 def _names(devices: Sequence[PreparedDevice]) -> str:
     return ",".join(d.device_name for d in devices)
+
+
+def fault_text(err: Exception, ref: ClaimRef, *, action: str) -> str:
+    """A fault worded for the operator who reads it in the Pod's events."""
+    what = f"{action} of ResourceClaim {ref.namespace}/{ref.name}"
+    if isinstance(err, ApiUnavailable | InvalidName):
+        return f"{what}: {err}"
+    if isinstance(err, ApiError):
+        return f"{what}: the API server answered {err.status} {err.reason}"
+    if isinstance(err, CdiSpecError):  # only a UID that cannot name a file gets here
+        return f"{what}: {err}"
+    if isinstance(err, OSError):
+        where = f" ({err.filename})" if err.filename else ""
+        return f"{what}: {err.strerror or err}{where}; kubelet retries the claim"
+    if isinstance(err, RecursionError):
+        return f"{what}: the ResourceClaim is nested too deeply to read"
+    return f"{what} failed unexpectedly ({type(err).__name__}: {err}); see the plugin's log"

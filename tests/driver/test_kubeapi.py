@@ -11,7 +11,7 @@ import pytest
 from kubernetes import client
 
 from drasil.driver import kubeapi
-from drasil.driver.kubeapi import InvalidName, KubeApi, checked_name
+from drasil.driver.kubeapi import ApiUnavailable, InvalidName, KubeApi, checked_name
 
 
 @pytest.mark.parametrize(
@@ -73,7 +73,29 @@ def test_every_request_times_out_against_a_hung_server(
         lambda: api.list_slices(driver="gpu.drasil.dev", pool="node-a"),
     ):
         started = time.monotonic()
-        with pytest.raises(Exception, match="timed out"):
+        with pytest.raises(Exception, match=r"timed out|did not answer within 0\.5 s"):
             call()
         # One read timeout, not four: a timed-out read is not retried.
         assert time.monotonic() - started < 2
+
+
+def test_the_claim_read_says_which_api_server_did_not_answer(
+    hung_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kubeapi, "API_TIMEOUT", (1.0, 0.5))
+    configuration = client.Configuration()
+    configuration.host = hung_server
+    api = KubeApi(client.ApiClient(configuration))
+    with pytest.raises(ApiUnavailable, match=f"the API server at {hung_server} did not answer"):
+        api.get_claim("default", "train")
+
+
+def test_a_refused_connection_is_unavailable() -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    configuration = client.Configuration()
+    configuration.host = f"http://127.0.0.1:{port}"
+    api = KubeApi(client.ApiClient(configuration))
+    with pytest.raises(ApiUnavailable, match="cannot be reached"):
+        api.get_claim("default", "train")

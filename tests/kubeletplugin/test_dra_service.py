@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +27,8 @@ from drasil.api.kubelet.dra.v1 import dra_pb2 as v1
 from drasil.api.kubelet.dra.v1 import dra_pb2_grpc as v1_grpc
 from drasil.api.kubelet.dra.v1beta1 import dra_pb2 as v1beta1
 from drasil.api.kubelet.dra.v1beta1 import dra_pb2_grpc as v1beta1_grpc
+from drasil.driver.cdi import claimspecs
+from drasil.driver.kubeapi import checked_name
 from drasil.kubeletplugin.dra.prepare import Preparer
 from drasil.kubeletplugin.dra.service import ClaimWork, DRAPluginV1, DRAPluginV1beta1
 from drasil.kubeletplugin.metrics import PluginMetrics
@@ -202,3 +206,103 @@ def test_v1beta1_answers_carry_no_v1_only_field_on_the_wire(tmp_path: Path) -> N
     (device,) = as_v1.claims[UID_SHARED].devices
     assert device.device_name == "gpu-0"
     assert not device.HasField("share_id")
+
+
+# ---- faults that are not the claim's: every claim still gets its own answer ----------
+
+
+@pytest.mark.parametrize("uid", ["", "a/b", "../evil"])
+def test_unprepare_of_a_uid_no_file_can_have_answers_that_claim_alone(
+    tmp_path: Path, uid: str
+) -> None:
+    reader = MemoryClaims(claim_json(UID_GOOD, result("gpu-1"), name="good", namespace="ml"))
+    with plugin(tmp_path, reader) as (_, _metrics, channel):
+        stub = v1_grpc.DRAPluginStub(channel)
+        good = claims_of(v1, ("ml", "good", UID_GOOD))
+        stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=good), timeout=DEADLINE)
+        both = claims_of(v1, ("ml", "good", UID_GOOD), ("ml", "evil", uid))
+
+        response = stub.NodeUnprepareResources(
+            v1.NodeUnprepareResourcesRequest(claims=both), timeout=DEADLINE
+        )
+
+        assert response.claims[UID_GOOD].error == ""
+        assert response.claims[uid].error.startswith("unprepare of ResourceClaim ml/evil: ")
+        assert "claimUID" in response.claims[uid].error
+        assert not spec_file(tmp_path, UID_GOOD).exists()
+
+
+def test_prepare_with_a_claim_name_no_claim_can_have(tmp_path: Path) -> None:
+    reader = MemoryClaims(claim_json(UID_GOOD, result("gpu-1"), name="good", namespace="ml"))
+    with plugin(tmp_path, reader) as (preparer, _metrics, channel):
+        preparer.claims = KubeNames(reader)
+        stub = v1_grpc.DRAPluginStub(channel)
+        both = claims_of(v1, ("ml", "good", UID_GOOD), ("ml", "good?watch=true", UID_BAD))
+
+        response = stub.NodePrepareResources(
+            v1.NodePrepareResourcesRequest(claims=both), timeout=DEADLINE
+        )
+
+        assert response.claims[UID_GOOD].error == ""
+        assert response.claims[UID_BAD].error == (
+            "prepare of ResourceClaim ml/good?watch=true: ResourceClaim name "
+            "'good?watch=true' is not a valid name: a DNS subdomain of at most 253 "
+            "characters (lower-case letters, digits, '-', '.')"
+        )
+        assert preparer.store.get(UID_BAD) is None  # nothing recorded for it
+
+
+def test_a_full_cdi_directory_fails_only_the_claims_that_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reader = MemoryClaims(
+        claim_json(UID_GOOD, result("gpu-1"), name="good", namespace="ml"),
+        claim_json(UID_BAD, result("gpu-2"), name="second", namespace="ml"),
+    )
+    with plugin(tmp_path, reader) as (_preparer, _metrics, channel):
+        stub = v1_grpc.DRAPluginStub(channel)
+        first = claims_of(v1, ("ml", "good", UID_GOOD))
+        stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=first), timeout=DEADLINE)
+
+        def full(path: Path, data: bytes, **_: Any) -> None:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+        monkeypatch.setattr(claimspecs, "write_atomic", full)
+        both = claims_of(v1, ("ml", "good", UID_GOOD), ("ml", "second", UID_BAD))
+
+        response = stub.NodePrepareResources(
+            v1.NodePrepareResourcesRequest(claims=both), timeout=DEADLINE
+        )
+
+        assert response.claims[UID_GOOD].error == ""  # prepared before: answered from state
+        error = response.claims[UID_BAD].error
+        assert error.startswith("prepare of ResourceClaim ml/second: ")
+        assert "No space left on device" in error
+        assert error.endswith("; kubelet retries the claim")
+
+
+def test_an_allocation_without_our_devices_records_nothing(tmp_path: Path) -> None:
+    other = result("nic-0", driver="net.example.com")
+    reader = MemoryClaims(claim_json(UID_BAD, other, name="nic", namespace="ml"))
+    with plugin(tmp_path, reader) as (preparer, _metrics, channel):
+        stub = v1_grpc.DRAPluginStub(channel)
+        response = stub.NodePrepareResources(
+            v1.NodePrepareResourcesRequest(claims=claims_of(v1, ("ml", "nic", UID_BAD))),
+            timeout=DEADLINE,
+        )
+        assert response.claims[UID_BAD].error == (
+            "the claim's allocation has no device of driver gpu.drasil.dev"
+        )
+        assert preparer.store.get(UID_BAD) is None
+
+
+class KubeNames:
+    """The claim reader with KubeApi's name check in front, as in the daemon."""
+
+    def __init__(self, reader: MemoryClaims) -> None:
+        self.reader = reader
+
+    def get_claim(self, namespace: str, name: str, *, cached: bool = False) -> Any:
+        checked_name(namespace, what="namespace", label=True)
+        checked_name(name, what="ResourceClaim name")
+        return self.reader.get_claim(namespace, name, cached=cached)
