@@ -12,6 +12,7 @@ Crash points (see ``drasil.driver.files``): ``checkpoint-mid-write``,
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -42,6 +43,8 @@ __all__ = [
     "LoadResult",
     "read_boot_id",
 ]
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE: Final = "checkpoint.json"
 BOOT_ID_PATH: Final = Path("/proc/sys/kernel/random/boot_id")
@@ -149,10 +152,32 @@ class CheckpointStore:
         claims. Every write renames a new file into place, so the inode tells.
         """
         with self._lock:
-            if self._current is not None and _signature(self.path) == self._seen:
+            current, signature = self._current, _signature(self.path)
+            if current is not None and signature == self._seen:
                 return False
-            self._load()
+            if current is None:
+                self._load()
+                return True
+            if signature is None:
+                # Deleted under us (a careless clean-up): memory mirrors what was on
+                # disk, so write it back rather than forget claims whose devices are
+                # still in use.
+                log.error("checkpoint file vanished; rewritten from memory", extra=self._where())
+                self._save(current)
+                return True
+            try:
+                self._load()
+            except CheckpointError as err:
+                moved = self._quarantine()
+                log.error(
+                    "checkpoint corrupted while running; quarantined and rewritten from memory",
+                    extra={**self._where(), "error": str(err), "moved_to": str(moved)},
+                )
+                self._save(current)
             return True
+
+    def _where(self) -> dict[str, str]:
+        return {"path": str(self.path)}
 
     def mark_started(
         self,

@@ -109,9 +109,12 @@ class KubeletPlugin:
         with FileLock(self.opts.state_dir / "checkpoint.lock", timeout=60):
             loaded = self.store.load_or_quarantine()
         self._report_load(loaded)
-        if loaded.outcome == LoadOutcome.QUARANTINED:
+        # A lost checkpoint is rebuilt like a corrupt one: the specs still in the CDI
+        # dir are claims whose devices containers may be using.
+        if loaded.outcome in (LoadOutcome.QUARANTINED, LoadOutcome.MISSING):
             rebuilt = reconcile.rebuild_from_specs(self.preparer)
-            log.warning("rebuilt checkpoint entries from CDI specs", extra={"claims": rebuilt})
+            if rebuilt:
+                log.warning("rebuilt checkpoint entries from CDI specs", extra={"claims": rebuilt})
         for uid in loaded.discarded:  # rebooted: whatever survived is stale now
             delete_claim_spec(self.opts.cdi_root, driver=self.opts.driver_name, claim_uid=uid)
         self.metrics.prepared_claims.set_function(lambda: len(self.store.claims()))

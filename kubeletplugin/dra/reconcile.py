@@ -20,6 +20,8 @@ from drasil.driver.cdi.claimspecs import (
     read_claim_spec,
     sweep_claim_spec_temps,
 )
+from drasil.driver.cdi.spec import CdiSpecError
+from drasil.driver.kubeapi import InvalidName
 from drasil.kubeletplugin.dra.prepare import ClaimReader, Preparer
 
 log = logging.getLogger(__name__)
@@ -33,7 +35,10 @@ def stale_claims(preparer: Preparer, claims: ClaimReader) -> list[str]:
         records = dict(preparer.store.claims())
     stale = []
     for uid, record in records.items():
-        claim = claims.get_claim(record.namespace, record.name)
+        try:
+            claim = claims.get_claim(record.namespace, record.name)
+        except InvalidName:  # a record no claim can match (a damaged checkpoint)
+            claim = None
         if claim is None or claim.get("metadata", {}).get("uid") != uid:
             stale.append(uid)
     return stale
@@ -44,7 +49,11 @@ def reconcile(preparer: Preparer, claims: ClaimReader) -> int:
     cleaned = 0
     for uid in stale_claims(preparer, claims):
         log.info("unpreparing stale claim", extra={"claimUID": uid})
-        preparer.unprepare_uid(uid)
+        try:
+            preparer.unprepare_uid(uid)
+        except CdiSpecError:  # a UID no spec file can carry: only the record to drop
+            with preparer.claim_lock(uid), preparer.state_lock():
+                preparer.store.remove(uid)
         cleaned += 1
     cleaned += _leaked_specs(preparer)
     # Temp files of writes that crashed for claims nobody asks about again.

@@ -324,3 +324,40 @@ def test_file_lock_excludes_within_one_process(tmp_path: Path) -> None:
         with pytest.raises(RuntimeError, match="already locked"):
             first.acquire()
     assert lock_path.exists()  # never deleted: see FileLock
+
+
+# --- the file changed under a running plugin -----------------------------------------
+
+
+def test_a_file_deleted_while_running_is_written_back_from_memory(
+    prepared: CheckpointStore, path: Path
+) -> None:
+    path.unlink()
+
+    assert prepared.reload_if_changed()
+
+    assert list(prepared.claims()) == [UID]  # the devices stay reserved
+    assert list(store_at(path).load().checkpoint.claims) == [UID]
+
+
+def test_a_file_corrupted_while_running_is_quarantined_and_written_back(
+    prepared: CheckpointStore, path: Path
+) -> None:
+    path.write_bytes(b"{not json")
+
+    assert prepared.reload_if_changed()
+
+    assert list(prepared.claims()) == [UID]
+    assert list(store_at(path).load().checkpoint.claims) == [UID]
+    (moved,) = path.parent.glob(f"{CHECKPOINT_FILE}.corrupt-*")
+    assert moved.read_bytes() == b"{not json"
+
+
+def test_a_file_replaced_by_another_instance_is_read(prepared: CheckpointStore, path: Path) -> None:
+    other = store_at(path)
+    other.load()
+    other.mark_started(UID2, namespace="n", name="c")
+
+    assert prepared.reload_if_changed()
+
+    assert sorted(prepared.claims()) == sorted([UID, UID2])

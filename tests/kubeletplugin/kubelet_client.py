@@ -27,6 +27,7 @@ from drasil.driver.claims.plan import ClaimRef
 from drasil.driver.devices import Device
 from drasil.driver.discovery.nodedevices import discover
 from drasil.driver.discovery.simulated import simulated_library
+from drasil.driver.kubeapi import checked_name
 from drasil.kubeletplugin.dra.prepare import Preparer
 from drasil.kubeletplugin.sockets import UnixSocketServer
 
@@ -153,6 +154,18 @@ class MemoryClaims:
         if cached and key in self.stale:
             return self.stale[key]
         return self._claims.get(key)
+
+
+class KubeNames:
+    """The claim reader with KubeApi's name check in front, as in the daemon."""
+
+    def __init__(self, reader: MemoryClaims) -> None:
+        self.reader = reader
+
+    def get_claim(self, namespace: str, name: str, *, cached: bool = False) -> Any:
+        checked_name(namespace, what="namespace", label=True)
+        checked_name(name, what="ResourceClaim name")
+        return self.reader.get_claim(namespace, name, cached=cached)
 
 
 class FileClaims:

@@ -14,6 +14,7 @@ import grpc
 import pytest
 from kubelet_client import (
     DEADLINE,
+    KubeNames,
     MemoryClaims,
     claim_json,
     make_preparer,
@@ -28,7 +29,6 @@ from drasil.api.kubelet.dra.v1 import dra_pb2_grpc as v1_grpc
 from drasil.api.kubelet.dra.v1beta1 import dra_pb2 as v1beta1
 from drasil.api.kubelet.dra.v1beta1 import dra_pb2_grpc as v1beta1_grpc
 from drasil.driver.cdi import claimspecs
-from drasil.driver.kubeapi import checked_name
 from drasil.kubeletplugin.dra.prepare import Preparer
 from drasil.kubeletplugin.dra.service import ClaimWork, DRAPluginV1, DRAPluginV1beta1
 from drasil.kubeletplugin.metrics import PluginMetrics
@@ -294,15 +294,3 @@ def test_an_allocation_without_our_devices_records_nothing(tmp_path: Path) -> No
             "the claim's allocation has no device of driver gpu.drasil.dev"
         )
         assert preparer.store.get(UID_BAD) is None
-
-
-class KubeNames:
-    """The claim reader with KubeApi's name check in front, as in the daemon."""
-
-    def __init__(self, reader: MemoryClaims) -> None:
-        self.reader = reader
-
-    def get_claim(self, namespace: str, name: str, *, cached: bool = False) -> Any:
-        checked_name(namespace, what="namespace", label=True)
-        checked_name(name, what="ResourceClaim name")
-        return self.reader.get_claim(namespace, name, cached=cached)

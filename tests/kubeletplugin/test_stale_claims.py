@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from kubelet_client import (
+    KubeNames,
     MemoryClaims,
     claim_json,
     make_preparer,
@@ -181,3 +182,19 @@ def test_rebuild_skips_a_spec_whose_claim_uid_does_not_match(tmp_path: Path) -> 
     preparer = lose_checkpoint(tmp_path, reader)
     assert rebuild_from_specs(preparer) == 0
     assert preparer.store.claims() == {}
+
+
+def test_a_record_no_claim_can_match_does_not_stop_the_pass(tmp_path: Path) -> None:
+    claim = claim_json(UID_A, result("gpu-0"), name="x")
+    reader = MemoryClaims(claim)
+    preparer = make_preparer(tmp_path, reader)
+    preparer.prepare(ref_of(claim))
+    with preparer.state_lock():
+        preparer.store.mark_started("../../evil", namespace="a/b", name="../evil")
+        preparer.store.mark_started(UID_B, namespace="default", name="gone")
+    names = KubeNames(reader)
+
+    assert reconcile(preparer, names) == 2
+
+    assert sorted(preparer.store.claims()) == [UID_A]
+    assert spec_file(tmp_path, UID_A).is_file()
