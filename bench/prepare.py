@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from e2e import build
+from e2e import binaries
 from e2e.cluster import Cluster
 from e2e.kube import Kube
 from e2e.pluginproc import DRIVER, ClaimId, KubeletClient, PluginProcess
@@ -150,7 +150,7 @@ def throughput(kubelet: KubeletClient, claims: list[ClaimId], inflight: int) -> 
 
 def kubelet_client(plugin: PluginProcess, claims: list[ClaimId]) -> dict[str, Any]:
     """The same runs from the Go client, in one process: its JSON."""
-    binary = build.ensure_binaries(["drasil-kubelet-client"])["drasil-kubelet-client"]
+    binary = binaries.ensure_binaries(["drasil-kubelet-client"])["drasil-kubelet-client"]
     done = subprocess.run(
         [
             str(binary),

@@ -22,7 +22,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from e2e import versions
-from e2e.build import BuildError
+from e2e.binaries import BuildError
 from e2e.cluster import Cluster, ClusterError
 from e2e.cluster.node import Node, NodeError
 from e2e.kube import Kube, NotYet, gone, wait_for
@@ -58,7 +58,7 @@ def start_cluster() -> Cluster:
     say(f"starting a cluster with a node in {cluster.run_dir} (the first run builds: minutes)")
     started = time.monotonic()
     cluster.up(with_node=True)
-    cluster._save_state(demo=True)
+    cluster.save_state(demo=True)
     say(f"cluster and node up in {time.monotonic() - started:.1f}s")
     return cluster
 

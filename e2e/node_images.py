@@ -34,7 +34,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from e2e import build, paths, versions
+from e2e import binaries, paths, versions
 
 # Bump when the layout written here changes: every archive is rebuilt.
 FORMAT = 2
@@ -211,7 +211,7 @@ def _run(step: str, cmd: list[str], *, cwd: Path | None = None) -> bytes:
     return done.stdout
 
 
-def _download_deb(package: str, into: Path, out: build.Writer) -> Path:
+def _download_deb(package: str, into: Path, out: binaries.Writer) -> Path:
     """`apt-get download` (no install, no root needed for the file); runs
     `apt-get update` once first if the package lists are empty or stale."""
     if shutil.which("apt-get") is None:
@@ -314,12 +314,12 @@ def _archive_name(image: str, suffix: str = "") -> str:
     return f"{repo}-{tag}{suffix}.oci.tar"
 
 
-def ensure_images(*, out: build.Writer | None = None) -> dict[str, Image]:
+def ensure_images(*, out: binaries.Writer | None = None) -> dict[str, Image]:
     """The pause and test image archives ("pause", "test"), built if missing or stale.
 
-    Raises ImageError (or build.BuildError for the pause binary) naming the step."""
+    Raises ImageError (or binaries.BuildError for the pause binary) naming the step."""
     progress = out if out is not None else sys.stderr
-    pause_bin = build.ensure_binaries(["drasil-pause"], out=progress)["drasil-pause"]
+    pause_bin = binaries.ensure_binaries(["drasil-pause"], out=progress)["drasil-pause"]
     pause_digest = hashlib.sha256(pause_bin.read_bytes()).hexdigest()
     pause_recipe = _recipe(versions.PAUSE_IMAGE, pause_digest)
     # The test image's real input (the .deb) is only known after downloading it; the
@@ -356,7 +356,7 @@ def ensure_images(*, out: build.Writer | None = None) -> dict[str, Image]:
             debs = images_dir() / "debs"
             shutil.rmtree(debs, ignore_errors=True)
             debs.mkdir()
-            build.ensure_host_tools(["dpkg-deb"], out=progress)
+            binaries.ensure_host_tools(["dpkg-deb"], out=progress)
             deb = _download_deb(versions.BUSYBOX_DEBIAN_PACKAGE, debs, progress)
             deb_version = _deb_version(deb)
             data = oci_archive(
@@ -388,6 +388,6 @@ def ensure_images(*, out: build.Writer | None = None) -> dict[str, Image]:
 
 
 @contextlib.contextmanager
-def _lock(out: build.Writer) -> Iterator[None]:
-    with build.build_lock(paths.version_dir(), out):
+def _lock(out: binaries.Writer) -> Iterator[None]:
+    with binaries.build_lock(paths.version_dir(), out):
         yield

@@ -7,6 +7,9 @@ from pathlib import Path
 
 from e2e import versions
 
+# The checkout this harness runs from (the folder with e2e/, bench/, charts/).
+CHECKOUT = Path(__file__).resolve().parent.parent
+
 
 def cache_root() -> Path:
     """`$DRASIL_CACHE_DIR`, else `$XDG_CACHE_HOME/drasil`, else `~/.cache/drasil`."""

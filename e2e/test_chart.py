@@ -24,7 +24,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from drasil.kubeletplugin.options import parse_options
-from e2e import build, versions
+from e2e import binaries, versions
 from e2e.kube import Kube
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,7 +46,7 @@ NOT_SERVED_HERE = {"monitoring.coreos.com/v1/ServiceMonitor"}
 
 @functools.cache
 def helm_binary() -> Path:
-    return build.ensure_binaries(["helm"])["helm"]
+    return binaries.ensure_binaries(["helm"])["helm"]
 
 
 @functools.cache
@@ -117,7 +117,7 @@ def render(
 def kubectl_run(
     kubeconfig: Path, *args: str, stdin: str | None = None, check: bool = True
 ) -> subprocess.CompletedProcess[str]:
-    binary = build.ensure_binaries(["kubectl"])["kubectl"]
+    binary = binaries.ensure_binaries(["kubectl"])["kubectl"]
     result = subprocess.run(
         [str(binary), f"--kubeconfig={kubeconfig}", *args],
         input=stdin,

@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from e2e import versions
-from e2e.cluster.control_plane import free_ports
+from e2e.cluster.host import free_ports
 from e2e.cluster.node import Node
 from e2e.image import LocalImage, build_image, import_image
 from e2e.kube import Kube, NotYet, gone, wait_for

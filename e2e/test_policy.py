@@ -30,7 +30,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e.cluster.control_plane import free_ports
+from e2e.cluster.host import free_ports
 from e2e.image import build_image, image_env, sandbox_command, unpack
 from e2e.kube import Kube, NotYet, wait_for
 from e2e.test_chart import crd_installed, dump, kubectl_run, render

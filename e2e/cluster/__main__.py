@@ -7,20 +7,16 @@ import shlex
 import sys
 from pathlib import Path
 
-from e2e.build import BuildError
-from e2e.cluster.control_plane import Cluster, ClusterError
+from e2e.binaries import BuildError
+from e2e.cluster import rundir
+from e2e.cluster.control_plane import Cluster
 from e2e.cluster.node import DEFAULT_PROFILE, NodeError, describe
+from e2e.cluster.rundir import ClusterError
 
 
 def _pick(run_dir: Path | None) -> Cluster:
-    if run_dir is not None:
-        if not run_dir.is_dir():
-            raise ClusterError(f"no run directory {run_dir}")
-        return Cluster(run_dir)
-    cluster = Cluster.latest()
-    if cluster is None:
-        raise ClusterError("no cluster run found; start one with `python -m e2e.cluster up`")
-    return cluster
+    """The run of --run-dir, else the newest of this checkout (never another's)."""
+    return Cluster(rundir.pick(run_dir))
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -102,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     ):
         p = sub.add_parser(name, help=text)
         p.add_argument(
-            "--run-dir", type=Path, help="the run to act on (default: the most recent one)"
+            "--run-dir",
+            type=Path,
+            help="the run to act on (default: the most recent one started from this checkout)",
         )
         p.set_defaults(func=func)
     args = parser.parse_args(argv)
