@@ -50,20 +50,6 @@ class BuildError(RuntimeError):
         super().__init__("\n".join(lines))
 
 
-def _read_stamp(bin_dir: Path) -> dict[str, dict[str, object]]:
-    try:
-        data = json.loads((bin_dir / STAMP_NAME).read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def _up_to_date(binary: Binary, bin_dir: Path, stamp: Mapping[str, Mapping[str, object]]) -> bool:
     entry = stamp.get(binary.name)
     path = binary.path(bin_dir.parent)
@@ -157,7 +143,7 @@ def _prepare_module(module: GoModule, work_dir: Path) -> Path:
     for name, content in module.files.items():
         target = mod_dir / name
         if not target.exists() or target.read_text() != content:
-            _write_atomic(target, content)
+            paths.write_atomic(target, content)
     return mod_dir
 
 
@@ -228,13 +214,13 @@ def ensure_binaries(
     result = {b.name: b.path(paths.version_dir()) for b in todo}
 
     # Fast path, no lock and no Go: everything is installed and current.
-    stamp = _read_stamp(bin_dir)
+    stamp = paths.read_stamp(bin_dir / STAMP_NAME)
     if all(_up_to_date(b, bin_dir, stamp) for b in todo):
         return result
 
     with build_lock(paths.version_dir(), progress):
         bin_dir.mkdir(parents=True, exist_ok=True)
-        stamp = _read_stamp(bin_dir)  # another build may have finished meanwhile
+        stamp = paths.read_stamp(bin_dir / STAMP_NAME)  # another build may have finished meanwhile
         stale = [b for b in todo if not _up_to_date(b, bin_dir, stamp)]
         if not stale:
             return result
@@ -256,7 +242,7 @@ def ensure_binaries(
                 "seconds": round(seconds, 1),
                 "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             }
-            _write_atomic(bin_dir / STAMP_NAME, json.dumps(stamp, indent=2, sort_keys=True))
+            paths.write_atomic(bin_dir / STAMP_NAME, json.dumps(stamp, indent=2, sort_keys=True))
             print(
                 f"e2e.build:   {binary.name} built in {seconds:.1f}s ({size / 2**20:.0f} MiB)",
                 file=progress,
