@@ -32,12 +32,12 @@ import pytest
 import yaml
 
 from e2e import versions
+from e2e.chart import CHART, crd_exists, helm
 from e2e.cluster.host import free_ports
 from e2e.cluster.node import Node
 from e2e.image import LocalImage, build_image, import_image
 from e2e.kube import Kube, NotYet, gone, wait_for
 from e2e.pods import container_env, pod, wait_running
-from e2e.test_chart import CHART, crd_exists, helm
 
 DRIVER = "gpu.install.drasil.dev"
 CLASS = "install.drasil.dev"

@@ -30,10 +30,10 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from e2e.chart import crd_installed, dump, kubectl_run, render
 from e2e.cluster.host import free_ports
 from e2e.image import build_image, image_env, sandbox_command, unpack
 from e2e.kube import Kube, NotYet, wait_for
-from e2e.test_chart import crd_installed, dump, kubectl_run, render
 
 OUR_DRIVER = "gpu.drasil.dev"
 OTHER_DRIVER = "gpu.other.example.com"
