@@ -33,6 +33,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from kubernetes import client
+
 from e2e import binaries
 from e2e.cluster import Cluster
 from e2e.kube import Kube
@@ -63,7 +65,7 @@ def cluster_kubeconfig() -> Iterator[Path]:
 
 def make_claims(kube: Kube, count: int) -> list[ClaimId]:
     """Claims allocated to gpu-0..gpu-<count-1> of the bench node."""
-    kube.core.create_namespace({"metadata": {"name": NAMESPACE}})
+    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
     res = kube.resource("resource.k8s.io/v1", "ResourceClaim")
     claims = []
     for i in range(count):

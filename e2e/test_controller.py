@@ -11,6 +11,7 @@ gpu.drasil.dev never show up in the counts asserted here.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -223,7 +224,7 @@ def pools(kube: Kube) -> Iterator[Callable[..., dict[str, Any]]]:
         kube.delete(POOL_API, "DevicePool", name)
     for name in made:
         wait_for(
-            lambda n=name: not pool_slices(kube, n) or NotYet(pool_slices(kube, n)),
+            functools.partial(_no_pool_slices, kube, name),
             timeout=30,
             what=f"the slices of DevicePool {name} to go",
         )
@@ -253,6 +254,12 @@ def pool_slices(kube: Kube, pool: str, driver: str = DRIVER) -> list[dict[str, A
         field_selector=f"spec.driver={driver},spec.pool.name={pool}"
     )
     return [dict(i.to_dict()) for i in items.items]
+
+
+def _no_pool_slices(kube: Kube, pool: str) -> bool | NotYet:
+    """For wait_for: True once DevicePool `pool` has no slices left."""
+    left = pool_slices(kube, pool)
+    return not left or NotYet(left)
 
 
 def ready_condition(kube: Kube, name: str) -> dict[str, Any] | None:

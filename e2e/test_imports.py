@@ -58,7 +58,7 @@ def import_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for module, path in files.items():
         own = {*_ancestors(module), module}
-        targets = set()
+        targets: set[str] = set()
         for name in _imported(module, path):
             if name in files:
                 targets.update(n for n in (*_ancestors(name), name) if n in files)

@@ -22,6 +22,7 @@ local cluster needs, all ordinary chart values:
 
 from __future__ import annotations
 
+import functools
 import secrets
 import urllib.request
 from collections.abc import Iterator
@@ -123,6 +124,11 @@ def _plugin_pods(kube: Kube, namespace: str, release: str) -> list[Any]:
     return list(kube.core.list_namespaced_pod(namespace, label_selector=selector).items)
 
 
+def _pod(kube: Kube, namespace: str, name: str) -> Any:
+    """The Pod as the API server has it (its status and metadata are set)."""
+    return kube.core.read_namespaced_pod(name, namespace)
+
+
 def _ready(pod: Any) -> bool:
     conditions = pod.status.conditions or []
     return any(c.type == "Ready" and c.status == "True" for c in conditions)
@@ -188,7 +194,7 @@ def _workload(kube: Kube, namespace: str, node: Node) -> str:
 
 def _running_with_gpu(kube: Kube, namespace: str, name: str) -> str:
     def running() -> Any:
-        pod = kube.core.read_namespaced_pod(name, namespace)
+        pod = _pod(kube, namespace, name)
         if pod.status.phase != "Running":
             return NotYet({"phase": pod.status.phase, "conditions": str(pod.status.conditions)})
         log = kube.core.read_namespaced_pod_log(name, namespace)
@@ -292,7 +298,7 @@ def test_install_upgrade_uninstall(
     # A workload gets a GPU through the chart's driver.
     first = _workload(kube, namespace, node)
     first_gpu = _running_with_gpu(kube, namespace, first)
-    first_uid = kube.core.read_namespaced_pod(first, namespace).metadata.uid
+    first_uid = _pod(kube, namespace, first).metadata.uid
 
     # Upgrade with a changed value: the DaemonSet rolls, the workload keeps running.
     _helm(
@@ -316,7 +322,7 @@ def test_install_upgrade_uninstall(
     wait_for(rolled, timeout=TIMEOUT, what="the DaemonSet to roll to the upgraded Pod")
     (upgraded,) = _plugin_pods(kube, namespace, release)
     assert "--v=2" in upgraded.spec.containers[0].args
-    still = kube.core.read_namespaced_pod(first, namespace)
+    still = _pod(kube, namespace, first)
     assert still.metadata.uid == first_uid
     assert still.status.phase == "Running"
     assert still.status.container_statuses[0].restart_count == 0
@@ -345,8 +351,8 @@ def test_install_upgrade_uninstall(
     for obj in objects:
         meta = obj["metadata"]
         wait_for(
-            lambda o=obj, m=meta: gone(
-                kube, o["apiVersion"], o["kind"], m["name"], m.get("namespace")
+            functools.partial(
+                gone, kube, obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace")
             ),
             timeout=60,
             what=f"{obj['kind']} {meta['name']} to be removed by helm uninstall",

@@ -12,6 +12,7 @@ made with real tokens of the two service accounts from the TokenRequest API:
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import secrets
@@ -114,6 +115,13 @@ def _claims(token: str) -> dict[str, Any]:
     return dict(json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))))
 
 
+def _issued(request: client.AuthenticationV1TokenRequest) -> str:
+    """The token the API server issued for a TokenRequest."""
+    if request.status is None or not request.status.token:
+        raise AssertionError(f"TokenRequest answered without a token: {request}")
+    return request.status.token
+
+
 def pod_bound_token(kube: Kube, namespace: str, sa: str, node: str) -> str:
     """A token of `sa` bound to a (never running) Pod on `node`: it carries the node."""
     pod = kube.create(
@@ -142,8 +150,7 @@ def pod_bound_token(kube: Kube, namespace: str, sa: str, node: str) -> str:
             ),
         )
     )
-    token = kube.core.create_namespaced_service_account_token(sa, namespace, request)
-    value: str = token.status.token
+    value = _issued(kube.core.create_namespaced_service_account_token(sa, namespace, request))
     assert _claims(value)["kubernetes.io"]["node"]["name"] == node
     return value
 
@@ -152,9 +159,7 @@ def unbound_token(kube: Kube, namespace: str, sa: str) -> str:
     request = client.AuthenticationV1TokenRequest(
         spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=600)
     )
-    value: str = kube.core.create_namespaced_service_account_token(
-        sa, namespace, request
-    ).status.token
+    value = _issued(kube.core.create_namespaced_service_account_token(sa, namespace, request))
     assert "node" not in _claims(value)["kubernetes.io"]
     return value
 
@@ -224,7 +229,7 @@ def denied(call: Callable[[], Any]) -> str:
     with pytest.raises(ApiException) as err:
         call()
     assert err.value.status == 403, err.value.body
-    body = json.loads(err.value.body)
+    body = json.loads(err.value.body or "")
     return str(body["message"])
 
 
@@ -300,12 +305,17 @@ def _policy_status(kube: Kube, name: str) -> dict[str, Any]:
     return dict(policy.get("status") or {})
 
 
+def _checked_status(kube: Kube, name: str) -> dict[str, Any] | NotYet:
+    """For wait_for: the status of policy `name` once the API server has written one."""
+    return _policy_status(kube, name) or NotYet("no status yet")
+
+
 def test_policies_type_check_cleanly(kube: Kube, install: Install) -> None:
     """The API server type-checks the CEL of a policy against ResourceSlice's schema
     in the background; a warning there means an expression can fail at run time."""
     for name in (install.plugin_policy, install.controller_policy):
         status = wait_for(
-            lambda n=name: _policy_status(kube, n) or NotYet("no status yet"),
+            functools.partial(_checked_status, kube, name),
             timeout=60,
             what=f"type checking of {name}",
         )
@@ -467,6 +477,8 @@ def _can(
         )
     )
     result = client.AuthorizationV1Api(kube.api).create_subject_access_review(review)
+    if result.status is None:
+        raise AssertionError(f"SubjectAccessReview answered without a status: {result}")
     return bool(result.status.allowed)
 
 
