@@ -28,6 +28,7 @@ from e2e.cluster.node import Node, NodeError
 from e2e.kube import Kube, NotYet, gone, wait_for
 from e2e.node_images import ImageError
 from e2e.pluginproc import DRIVER, GPU_CLASS
+from e2e.pods import template
 
 NAMESPACE = "drasil-demo"
 POD = "gpu-demo"
@@ -84,21 +85,7 @@ def apply_objects(kube: Kube, node: Node) -> None:
         what=f"the previous Pod {NAMESPACE}/{POD} deleted",
     )
     kube.delete(RESOURCE, "ResourceClaimTemplate", TEMPLATE, NAMESPACE)
-    kube.create(
-        {
-            "apiVersion": RESOURCE,
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": TEMPLATE},
-            "spec": {
-                "spec": {
-                    "devices": {
-                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]
-                    }
-                }
-            },
-        },
-        NAMESPACE,
-    )
+    template(kube, NAMESPACE, name=TEMPLATE)
     kube.create(
         {
             "apiVersion": "v1",

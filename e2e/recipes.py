@@ -20,15 +20,9 @@ GO_SOURCES = Path(__file__).resolve().parent / "go"
 
 
 @dataclass(frozen=True)
-class GoModule:
-    """A directory with our go.mod (and a main.go where needed) to build from."""
-
-    name: str
-    files: Mapping[str, str]
-
-
-@dataclass(frozen=True)
 class Binary:
+    """What `go build` makes of `package` in `module`, and where it is installed."""
+
     name: str
     module: GoModule
     package: str
@@ -61,6 +55,14 @@ class Binary:
 
     def path(self, version_dir: Path) -> Path:
         return version_dir / self.subdir / self.name
+
+
+@dataclass(frozen=True)
+class GoModule:
+    """A directory with our go.mod (and a main.go where needed) to build from."""
+
+    name: str
+    files: Mapping[str, str]
 
 
 def _go_mod(name: str, require: str | None = None) -> str:

@@ -34,7 +34,7 @@ from drasil.api.devicepool import API_VERSION as POOL_API
 from drasil.api.devicepool import CRD_NAME, crd_manifest
 from drasil.driver.explain.claims import explain_from_api
 from drasil.driver.kubeapi import KubeApi
-from e2e.kube import Kube, NotYet, gone, wait_for
+from e2e.kube import Kube, NotYet, gone, pending_pod, wait_for
 
 RESOURCE = "resource.k8s.io/v1"
 TOKEN = secrets.token_hex(3)
@@ -319,27 +319,6 @@ def claim_template(
     }
 
 
-def pod(name: str, *, template: str | None = None, claim: str | None = None) -> dict[str, Any]:
-    source = {"resourceClaimTemplateName": template} if template else {"resourceClaimName": claim}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "terminationGracePeriodSeconds": 0,
-            "automountServiceAccountToken": False,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.invalid/never-pulled:1",
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
-            "resourceClaims": [{"name": "gpu", **source}],
-        },
-    }
-
-
 def pod_claim(kube: Kube, namespace: str, pod_name: str) -> Any:
     obj = kube.get("v1", "Pod", pod_name, namespace)
     statuses = (obj.get("status") or {}).get("resourceClaimStatuses") or []
@@ -418,7 +397,7 @@ def test_devicepool_becomes_slices_the_scheduler_allocates_from(
     assert status["publishedSlices"] == [slices[0]["metadata"]["name"]]
 
     kube.create(claim_template("remote-gpu"), namespace)
-    kube.create(pod("worker", template="remote-gpu"), namespace)
+    kube.create(pending_pod("worker", template="remote-gpu"), namespace)
 
     def allocated() -> Any:
         claim = pod_claim(kube, namespace, "worker")
@@ -530,7 +509,7 @@ def test_invalid_opaque_config_gets_an_event_naming_the_field(
     manifest.write_text(json.dumps(body, separators=(",", ":")))
     kubectl("create", "-f", str(manifest))
     claim = kube.get(RESOURCE, "ResourceClaim", "bad-sharing", namespace)
-    waiting = kube.create(pod("user", claim="bad-sharing"), namespace)
+    waiting = kube.create(pending_pod("user", claim="bad-sharing"), namespace)
 
     expected = (
         'spec.devices.config[0].opaque.parameters.sharing.strategy: unsupported value "Foo": '
@@ -584,7 +563,7 @@ def test_unmatched_selector_is_explained_within_30s(
     wait_ready(kube, "rack-d", "True")
     kube.create(claim_template("h200", H200), namespace)
     started = time.monotonic()
-    waiting = kube.create(pod("trainer", template="h200"), namespace)
+    waiting = kube.create(pending_pod("trainer", template="h200"), namespace)
     claim = wait_for(lambda: pod_claim(kube, namespace, "trainer"), timeout=30, what="the claim")
 
     # The default --explain-after (10 s) applies; 30 s from the Pod's creation on.
@@ -646,7 +625,7 @@ def test_gpus_spread_over_nodes_are_explained(
     template = claim_template("pair")
     template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] = 2
     kube.create(template, namespace)
-    kube.create(pod("pair-trainer", template="pair"), namespace)
+    kube.create(pending_pod("pair-trainer", template="pair"), namespace)
     claim, event = unsatisfiable(kube, namespace, "pair-trainer")
 
     assert event.message == (
@@ -673,7 +652,7 @@ def test_a_pods_node_selector_that_rules_out_the_free_gpus_is_explained(
     kube.create(node_slice(with_gpu, [gpu("gpu-0")]))
     make_node(f"e2e-sel-{TOKEN}-cpu", labels={"team": "b"})
     kube.create(claim_template("one"), namespace)
-    waiting = pod("team-b-trainer", template="one")
+    waiting = pending_pod("team-b-trainer", template="one")
     waiting["spec"]["nodeSelector"] = {"team": "b"}
     kube.create(waiting, namespace)
     claim, event = unsatisfiable(kube, namespace, "team-b-trainer")

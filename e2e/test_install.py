@@ -38,7 +38,7 @@ from e2e.cluster.host import free_ports
 from e2e.cluster.node import Node
 from e2e.image import LocalImage, build_image, import_image
 from e2e.kube import Kube, NotYet, gone, wait_for
-from e2e.pods import container_env, pod, wait_running
+from e2e.pods import container_env, pod, template, wait_running
 
 DRIVER = "gpu.install.drasil.dev"
 CLASS = "install.drasil.dev"
@@ -150,22 +150,7 @@ def _published(kube: Kube, node: Node) -> Any:
 
 
 def _workload(kube: Kube, namespace: str, node: Node) -> str:
-    name = f"w-{secrets.token_hex(3)}"
-    kube.create(
-        {
-            "apiVersion": RESOURCE,
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name},
-            "spec": {
-                "spec": {
-                    "devices": {
-                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": CLASS}}]
-                    }
-                }
-            },
-        },
-        namespace,
-    )
+    name = template(kube, namespace, device_class=CLASS, name=f"w-{secrets.token_hex(3)}")
     kube.create(
         {
             "apiVersion": "v1",

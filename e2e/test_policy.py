@@ -185,6 +185,14 @@ def as_token(kubeconfig: Path, token: str, tmp_path: Path, name: str) -> Kube:
     return Kube(path)
 
 
+def as_daemon(
+    kube: Kube, kubeconfig: Path, namespace: str, sa: str, node: str, tmp_path: Path
+) -> Kube:
+    """API clients of a daemon's Pod on `node`: a token of `sa` bound to a Pod there."""
+    token = pod_bound_token(kube, namespace, sa, node)
+    return as_token(kubeconfig, token, tmp_path, sa)
+
+
 def slice_body(
     name: str,
     *,
@@ -332,8 +340,7 @@ def test_plugin_writes_only_its_own_nodes_slices_of_our_driver(
     tmp_path: Path,
 ) -> None:
     node_a, node_b = nodes
-    token = pod_bound_token(kube, namespace, install.plugin_sa, node_a)
-    plugin = as_token(kubeconfig, token, tmp_path, "plugin")
+    plugin = as_daemon(kube, kubeconfig, namespace, install.plugin_sa, node_a, tmp_path)
     policy = install.plugin_policy
     wait_until_enforced(plugin, slice_body(slices.name("probe"), node=node_b), policy)
 
@@ -404,8 +411,7 @@ def test_controller_cannot_write_node_slices(
     tmp_path: Path,
 ) -> None:
     node_a, _ = nodes
-    token = pod_bound_token(kube, namespace, install.controller_sa, node_a)
-    controller = as_token(kubeconfig, token, tmp_path, "controller")
+    controller = as_daemon(kube, kubeconfig, namespace, install.controller_sa, node_a, tmp_path)
     policy = install.controller_policy
     wait_until_enforced(controller, slice_body(slices.name("probe"), node=node_a), policy)
 
@@ -483,58 +489,49 @@ def _can(
 
 
 R = "resource.k8s.io"
-PLUGIN_RIGHTS = [
-    # (verb, group, resource, subresource, namespaced, allowed)
-    ("get", R, "resourceclaims", "", True, True),
-    ("list", R, "resourceclaims", "", True, False),
-    ("watch", R, "resourceclaims", "", True, False),
-    ("update", R, "resourceclaims", "status", True, False),
-    ("list", R, "resourceslices", "", False, True),
-    ("create", R, "resourceslices", "", False, True),
-    ("update", R, "resourceslices", "", False, True),
-    ("delete", R, "resourceslices", "", False, True),
-    ("patch", R, "resourceslices", "", False, False),
-    ("deletecollection", R, "resourceslices", "", False, False),
-    ("get", "", "nodes", "", False, True),
-    ("list", "", "nodes", "", False, False),
-    ("update", "", "nodes", "", False, False),
-    ("create", "", "events", "", True, True),
-    ("update", "", "events", "", True, False),
-    ("get", "", "secrets", "", True, False),
-    ("list", "", "pods", "", True, False),
-    ("create", "drasil.dev", "devicepools", "", False, False),
-    ("get", R, "deviceclasses", "", False, False),
-]
-CONTROLLER_RIGHTS = [
-    ("watch", "drasil.dev", "devicepools", "", False, True),
-    ("patch", "drasil.dev", "devicepools", "", False, True),
-    ("create", "drasil.dev", "devicepools", "", False, False),
-    ("delete", "drasil.dev", "devicepools", "", False, False),
-    ("patch", "drasil.dev", "devicepools", "status", False, True),
-    ("create", R, "resourceslices", "", False, True),
-    ("delete", R, "resourceslices", "", False, True),
-    ("deletecollection", R, "resourceslices", "", False, False),
-    ("watch", R, "resourceclaims", "", True, True),
-    ("update", R, "resourceclaims", "", True, False),
-    ("patch", R, "resourceclaims", "status", True, True),
-    ("update", R, "resourceclaims", "status", True, False),
-    ("list", R, "resourceclaimtemplates", "", True, True),
-    ("create", R, "resourceclaimtemplates", "", True, False),
-    ("list", R, "deviceclasses", "", False, True),
-    ("create", R, "deviceclasses", "", False, False),
-    ("watch", "", "pods", "", True, True),
-    ("delete", "", "pods", "", True, False),
-    ("create", "", "events", "", True, True),
-    ("patch", "", "events", "", True, False),
-    ("get", "", "secrets", "", True, False),
-    ("list", "", "nodes", "", False, True),
-    ("watch", "", "nodes", "", False, False),
-    ("patch", "", "nodes", "", False, False),
-]
+Rights = list[tuple[str, str, str, str, bool, bool]]
+
+
+def _rights(*resources: tuple[str, str, str, bool, str, str]) -> Rights:
+    """(verb, group, resource, subresource, namespaced, allowed) of each verb, from
+    (group, resource, subresource, namespaced, allowed verbs, refused verbs)."""
+    return [
+        (verb, group, resource, sub, namespaced, allowed)
+        for group, resource, sub, namespaced, granted, refused in resources
+        for verbs, allowed in ((granted, True), (refused, False))
+        for verb in verbs.split()
+    ]
+
+
+PLUGIN_RIGHTS = _rights(
+    # (group, resource, subresource, namespaced, allowed verbs, refused verbs)
+    (R, "resourceclaims", "", True, "get", "list watch"),
+    (R, "resourceclaims", "status", True, "", "update"),
+    (R, "resourceslices", "", False, "list create update delete", "patch deletecollection"),
+    ("", "nodes", "", False, "get", "list update"),
+    ("", "events", "", True, "create", "update"),
+    ("", "secrets", "", True, "", "get"),
+    ("", "pods", "", True, "", "list"),
+    ("drasil.dev", "devicepools", "", False, "", "create"),
+    (R, "deviceclasses", "", False, "", "get"),
+)
+CONTROLLER_RIGHTS = _rights(
+    ("drasil.dev", "devicepools", "", False, "watch patch", "create delete"),
+    ("drasil.dev", "devicepools", "status", False, "patch", ""),
+    (R, "resourceslices", "", False, "create delete", "deletecollection"),
+    (R, "resourceclaims", "", True, "watch", "update"),
+    (R, "resourceclaims", "status", True, "patch", "update"),
+    (R, "resourceclaimtemplates", "", True, "list", "create"),
+    (R, "deviceclasses", "", False, "list", "create"),
+    ("", "pods", "", True, "watch", "delete"),
+    ("", "events", "", True, "create", "patch"),
+    ("", "secrets", "", True, "", "get"),
+    ("", "nodes", "", False, "list", "watch patch"),
+)
 
 
 def test_rbac_grants_each_daemon_only_what_it_needs(kube: Kube, install: Install) -> None:
-    def check(user: str, table: list[tuple[str, str, str, str, bool, bool]]) -> Any:
+    def check(user: str, table: Rights) -> Any:
         wrong = []
         for verb, group, resource, sub, namespaced, allowed in table:
             ns = "default" if namespaced else ""
