@@ -6,25 +6,22 @@ replicas take turns through the Lease; and nothing of kopf's or ours is ever wri
 onto ResourceClaims, Pods or ResourceSlices.
 
 Each run uses a driver name of its own, so slices other e2e tests publish for
-gpu.drasil.dev never show up in the counts asserted here.
+gpu.drasil.dev never show up in the counts asserted here. (Over 600 lines: the tests
+share the fixtures and helpers around one controller process, e2e.controllerproc.)
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 import secrets
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.request import urlopen
 
 import pytest
 from kubernetes import client
@@ -34,6 +31,7 @@ from drasil.api.devicepool import API_VERSION as POOL_API
 from drasil.api.devicepool import CRD_NAME, crd_manifest
 from drasil.driver.explain.claims import explain_from_api
 from drasil.driver.kubeapi import KubeApi
+from e2e.controllerproc import ControllerProcess
 from e2e.kube import Kube, NotYet, gone, pending_pod, wait_for
 
 RESOURCE = "resource.k8s.io/v1"
@@ -42,98 +40,6 @@ DRIVER = f"ctl-{TOKEN}.drasil.dev"
 H200 = f'device.attributes["{DRIVER}"].productName == "NVIDIA H200"'
 CONFIG_API = "resource.drasil.dev/v1beta1"
 OURS = re.compile(r"kopf|drasil", re.IGNORECASE)
-
-
-# --- the controller as a process -----------------------------------------------------
-
-
-@dataclass
-class ControllerProcess:
-    """``drasil-controller`` with JSON logs in a file; metrics on a free port."""
-
-    kubeconfig: Path
-    log_path: Path
-    driver: str
-    lease: str
-    identity: str
-    args: list[str] = field(default_factory=list)
-    proc: subprocess.Popen[bytes] | None = None
-
-    def command(self) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "drasil.controller.main",
-            f"--driver-name={self.driver}",
-            f"--kubeconfig={self.kubeconfig}",
-            "--metrics-addr=127.0.0.1:0",
-            "--health-addr=",
-            "--log-format=json",
-            f"--leader-elect-lease-name={self.lease}",
-            "--leader-elect-namespace=default",
-            f"--leader-elect-identity={self.identity}",
-            "--leader-elect-lease-duration=4",
-            "--leader-elect-renew-deadline=3",
-            "--leader-elect-retry-period=1",
-            *self.args,
-        ]
-
-    def start(self) -> None:
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=log, env=os.environ)
-
-    def logs(self) -> list[dict[str, Any]]:
-        lines = self.log_path.read_text().splitlines() if self.log_path.exists() else []
-        out = []
-        for line in lines:
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                out.append({"msg": line})
-        return out
-
-    def tail(self, lines: int = 40) -> str:
-        text = self.log_path.read_text() if self.log_path.exists() else "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def wait_logged(self, message: str, *, timeout: float = 30) -> dict[str, Any]:
-        def logged() -> Any:
-            if not self.alive():
-                raise AssertionError(f"controller exited:\n{self.tail()}")
-            found = [entry for entry in self.logs() if entry.get("msg") == message]
-            return found[-1] if found else NotYet(self.tail(5))
-
-        result: dict[str, Any] = wait_for(logged, timeout=timeout, what=f"log {message!r}")
-        return result
-
-    def metrics(self) -> dict[str, float]:
-        address = self.wait_logged("serving HTTP")["address"]
-        with urlopen(f"http://{address}/metrics", timeout=5) as response:
-            text = response.read().decode()
-        samples = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                samples[name] = float(value)
-        return samples
-
-    def kill(self) -> None:
-        if self.alive():
-            assert self.proc is not None
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.alive():
-            assert self.proc is not None
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
 
 # --- fixtures --------------------------------------------------------------------------

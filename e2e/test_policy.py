@@ -7,6 +7,8 @@ made with real tokens of the two service accounts from the TokenRequest API:
 - the kubelet plugin's token is bound to a Pod on node A, so it carries the node claim
   (user extra authentication.kubernetes.io/node-name = A), as its DaemonSet Pod's would;
 - the controller's token likewise (its Pods run on nodes too; the claim must not help it).
+
+(Over 600 lines: every test shares the installed objects, tokens and slices above.)
 """
 
 from __future__ import annotations
