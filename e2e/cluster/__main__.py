@@ -19,10 +19,26 @@ def _pick(run_dir: Path | None) -> Cluster:
     return Cluster(rundir.pick(run_dir))
 
 
+def _fresh(run_dir: Path | None) -> Path | None:
+    """`up --run-dir DIR`: DIR, made if missing, and empty (None: a new run dir under
+    the cache)."""
+    if run_dir is None:
+        return None
+    run_dir = run_dir.resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if any(run_dir.iterdir()):
+        raise ClusterError(f"{run_dir} is not empty; `up --run-dir` needs a new directory")
+    return run_dir
+
+
+def _run_dir_arg(args: argparse.Namespace) -> str:
+    return f" --run-dir {shlex.quote(str(args.run_dir))}" if args.run_dir else ""
+
+
 def _up(args: argparse.Namespace) -> int:
     if args.device_plugin and not args.with_node:
         raise ClusterError("--device-plugin needs --with-node (it runs beside that kubelet)")
-    cluster = Cluster(out=sys.stderr)
+    cluster = Cluster(_fresh(args.run_dir), out=sys.stderr)
     print(f"e2e.cluster: run dir {cluster.run_dir}", file=sys.stderr)
     seconds = cluster.up(with_node=args.with_node, node_profile=args.profile)
     if args.device_plugin and cluster.node is not None:
@@ -34,7 +50,7 @@ def _up(args: argparse.Namespace) -> int:
     print(
         f"e2e.cluster: up in {seconds:.1f}s; API server {cluster.server}\n"
         f"e2e.cluster: logs in {cluster.logs_dir}\n"
-        f"e2e.cluster: export $(.venv/bin/python -m e2e.cluster env)   "
+        f"e2e.cluster: export $(.venv/bin/python -m e2e.cluster env{_run_dir_arg(args)})   "
         f"# then kubectl, or pytest e2e against it",
         file=sys.stderr,
     )
@@ -89,6 +105,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="with --with-node: also run the plugin in device-plugin mode, so the node "
         "advertises drasil.dev/gpu in its capacity (docs/device-plugin.md)",
+    )
+    up.add_argument(
+        "--run-dir",
+        type=Path,
+        help="a new or empty directory to run in (default: a new one under the cache); "
+        "down, status and env then find it only with --run-dir",
     )
     up.set_defaults(func=_up)
     for name, func, text in (
