@@ -29,6 +29,7 @@ lint: $(STAMP) .mypy-path
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	MYPYPATH=.mypy-path $(BIN)/mypy $(addprefix -p drasil.,$(PACKAGES))
+	MYPYPATH=.mypy-path $(BIN)/mypy e2e bench
 	$(BIN)/lint-imports
 
 unit: $(STAMP)

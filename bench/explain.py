@@ -30,6 +30,8 @@ from typing import Any
 
 import celpy
 from celpy import celtypes
+from celpy.adapter import json_to_cel
+from celpy.evaluation import CELEvalError
 
 from drasil.driver.cel.selectors import (
     CelDeviceCache,
@@ -181,7 +183,7 @@ def _celpy_map(domains: Mapping[str, Mapping[str, Any]]) -> Any:
         inner = celtypes.MapType()
         for key, value in values.items():
             plain = isinstance(value, bool | int | str)
-            inner[celtypes.StringType(key)] = celpy.json_to_cel(value) if plain else value
+            inner[celtypes.StringType(key)] = json_to_cel(value) if plain else value
         converted[celtypes.StringType(domain)] = inner
     return converted
 
@@ -189,7 +191,7 @@ def _celpy_map(domains: Mapping[str, Mapping[str, Any]]) -> Any:
 def _celpy_matches(program: Any, activation: Mapping[str, Any]) -> bool:
     try:
         result = program.evaluate(activation)
-    except celpy.CELEvalError:
+    except CELEvalError:
         return False
     return isinstance(result, celtypes.BoolType) and bool(result)
 

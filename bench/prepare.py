@@ -33,7 +33,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from e2e import build
+from kubernetes import client
+
+from e2e import binaries
 from e2e.cluster import Cluster
 from e2e.kube import Kube
 from e2e.pluginproc import DRIVER, ClaimId, KubeletClient, PluginProcess
@@ -63,7 +65,7 @@ def cluster_kubeconfig() -> Iterator[Path]:
 
 def make_claims(kube: Kube, count: int) -> list[ClaimId]:
     """Claims allocated to gpu-0..gpu-<count-1> of the bench node."""
-    kube.core.create_namespace({"metadata": {"name": NAMESPACE}})
+    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
     res = kube.resource("resource.k8s.io/v1", "ResourceClaim")
     claims = []
     for i in range(count):
@@ -150,7 +152,7 @@ def throughput(kubelet: KubeletClient, claims: list[ClaimId], inflight: int) -> 
 
 def kubelet_client(plugin: PluginProcess, claims: list[ClaimId]) -> dict[str, Any]:
     """The same runs from the Go client, in one process: its JSON."""
-    binary = build.ensure_binaries(["drasil-kubelet-client"])["drasil-kubelet-client"]
+    binary = binaries.ensure_binaries(["drasil-kubelet-client"])["drasil-kubelet-client"]
     done = subprocess.run(
         [
             str(binary),

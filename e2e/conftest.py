@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from e2e import build, node_images
+from e2e import binaries, build
 from e2e.cluster import Cluster
 from e2e.cluster.node import Node
 from e2e.kube import Kube, NotYet, gone, wait_for
@@ -42,16 +42,28 @@ def _keep() -> bool:
     return os.environ.get(KEEP_ENV, "") not in ("", "0", "false", "no")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "pure: an e2e/ test that needs no cluster and nothing built (e.g. the import "
+        "graph); it does not get the e2e marker and starts no build",
+    )
+
+
+def _needs_harness(item: pytest.Item) -> bool:
+    return E2E_DIR in Path(str(item.path)).parents and item.get_closest_marker("pure") is None
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if E2E_DIR in Path(str(item.path)).parents:
+        if _needs_harness(item):
             item.add_marker(pytest.mark.e2e)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Build the binaries before the first test: a cold build takes minutes, more than
     the per-test timeout, which would otherwise count it against the first test."""
-    if not any(E2E_DIR in Path(str(i.path)).parents for i in session.items):
+    if not any(_needs_harness(i) for i in session.items):
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     stream = getattr(reporter, "_tw", None)
@@ -66,9 +78,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             pass
 
     try:
-        build.ensure_binaries(out=_Out())
-        build.ensure_host_tools(build.HOST_TOOLS, out=_Out())
-        node_images.ensure_images(out=_Out())
+        build.ensure_all(out=_Out())
     except Exception as e:  # reported by every e2e test through the cluster fixture
         session.config.stash[BUILD_ERROR] = e
 
@@ -179,7 +189,7 @@ def kube(kubeconfig: Path) -> Kube:
 @pytest.fixture(scope="session")
 def kubectl(kubeconfig: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
     """Run the built kubectl against the cluster under test: kubectl("get", "nodes")."""
-    binary = build.ensure_binaries(["kubectl"])["kubectl"]
+    binary = binaries.ensure_binaries(["kubectl"])["kubectl"]
 
     def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

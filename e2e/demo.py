@@ -22,12 +22,13 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from e2e import versions
-from e2e.build import BuildError
+from e2e.binaries import BuildError
 from e2e.cluster import Cluster, ClusterError
 from e2e.cluster.node import Node, NodeError
 from e2e.kube import Kube, NotYet, gone, wait_for
 from e2e.node_images import ImageError
 from e2e.pluginproc import DRIVER, GPU_CLASS
+from e2e.pods import template
 
 NAMESPACE = "drasil-demo"
 POD = "gpu-demo"
@@ -58,7 +59,7 @@ def start_cluster() -> Cluster:
     say(f"starting a cluster with a node in {cluster.run_dir} (the first run builds: minutes)")
     started = time.monotonic()
     cluster.up(with_node=True)
-    cluster._save_state(demo=True)
+    cluster.save_state(demo=True)
     say(f"cluster and node up in {time.monotonic() - started:.1f}s")
     return cluster
 
@@ -84,21 +85,7 @@ def apply_objects(kube: Kube, node: Node) -> None:
         what=f"the previous Pod {NAMESPACE}/{POD} deleted",
     )
     kube.delete(RESOURCE, "ResourceClaimTemplate", TEMPLATE, NAMESPACE)
-    kube.create(
-        {
-            "apiVersion": RESOURCE,
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": TEMPLATE},
-            "spec": {
-                "spec": {
-                    "devices": {
-                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]
-                    }
-                }
-            },
-        },
-        NAMESPACE,
-    )
+    template(kube, NAMESPACE, name=TEMPLATE)
     kube.create(
         {
             "apiVersion": "v1",

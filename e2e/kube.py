@@ -85,6 +85,32 @@ def gone(kube: Kube, api_version: str, kind: str, name: str, namespace: str | No
     return NotYet(obj.get("metadata"))
 
 
+def pending_pod(
+    name: str, *, template: str | None = None, claim: str | None = None
+) -> dict[str, Any]:
+    """A Pod for the Nodes of `Kube.make_node`, with one claim `gpu` (from `template`,
+    else the claim `claim`): it is scheduled and bound, never run, so its image is
+    never pulled."""
+    source = {"resourceClaimTemplateName": template} if template else {"resourceClaimName": claim}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "automountServiceAccountToken": False,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.invalid/never-pulled:1",
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "gpu", **source}],
+        },
+    }
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 

@@ -1,11 +1,16 @@
-"""Where the harness keeps what it builds and what each cluster run writes."""
+"""Where the harness keeps what it builds and what each cluster run writes, and how it
+writes there (atomically) and reads its stamps."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 from e2e import versions
+
+# The checkout this harness runs from (the folder with e2e/, bench/, charts/).
+CHECKOUT = Path(__file__).resolve().parent.parent
 
 
 def cache_root() -> Path:
@@ -39,3 +44,23 @@ def work_dir() -> Path:
 def runs_dir() -> Path:
     """One directory per `cluster up`: PKI, kubeconfigs, etcd data, logs, pid files."""
     return e2e_root() / "runs"
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Replace `path` with `data` at once: a reader sees the old file or the new one."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    if isinstance(data, str):
+        tmp.write_text(data)
+    else:
+        tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def read_stamp(path: Path) -> dict[str, dict[str, object]]:
+    """A stamp file of the cache (what each cached item was built from); empty when it
+    is missing or unreadable."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

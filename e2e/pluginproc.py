@@ -25,7 +25,7 @@ from drasil.api.kubelet.dra.v1beta1 import dra_pb2 as dra_v1beta1_pb2
 from drasil.api.kubelet.dra.v1beta1 import dra_pb2_grpc as dra_v1beta1_grpc
 from drasil.api.kubelet.pluginregistration import registration_pb2, registration_pb2_grpc
 from drasil.kubeletplugin.deviceplugin.resources import socket_name
-from e2e.cluster import procs
+from e2e import procs
 
 DRIVER = "gpu.drasil.dev"
 # kubelet hard-codes this directory (and its kubelet.sock) whatever its --root-dir.
@@ -66,7 +66,7 @@ class PluginProcess:
     # --root-dir, whose plugins_registry/ and plugins/ the plugin uses as they are.
     cdi_dir: Path | None = None  # default <root>/cdi
     log_file: Path | None = None  # default <root>/plugin.log
-    # "<pid> <start time>" (e2e.cluster.procs) so that another process (`python -m
+    # "<pid> <start time>" (e2e.procs) so that another process (`python -m
     # e2e.cluster down`, a test attached to a running node) can stop or kill it.
     pid_file: Path | None = None
     detach: bool = False  # own session: outlives the process that started it

@@ -20,17 +20,24 @@ COMMAND = "env | sort; trap 'exit 0' TERM; sleep 3600 & wait"
 POD_TIMEOUT = 120
 
 
-def template(kube: Kube, namespace: str, *, config: dict[str, Any] | None = None) -> str:
-    """A ResourceClaimTemplate for one GPU of gpu.drasil.dev (with `config` as its opaque
-    GpuConfig parameters); its name."""
+def template(
+    kube: Kube,
+    namespace: str,
+    *,
+    config: dict[str, Any] | None = None,
+    device_class: str = DRIVER,
+    name: str | None = None,
+) -> str:
+    """A ResourceClaimTemplate for one GPU of `device_class` (default gpu.drasil.dev,
+    with `config` as its opaque GpuConfig parameters); its name."""
     devices: dict[str, Any] = {
-        "requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]
+        "requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]
     }
     if config is not None:
         devices["config"] = [
             {"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": config}}
         ]
-    name = f"gpu-{secrets.token_hex(3)}"
+    name = name or f"gpu-{secrets.token_hex(3)}"
     kube.create(
         {
             "apiVersion": RESOURCE,

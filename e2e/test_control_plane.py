@@ -13,8 +13,8 @@ from kubernetes import client
 
 from e2e import versions
 from e2e.cluster import Cluster
-from e2e.cluster.procs import read_pid_file
 from e2e.kube import Kube
+from e2e.procs import read_pid_file
 
 
 def _own(cluster: Cluster | None) -> Cluster:

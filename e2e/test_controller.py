@@ -6,24 +6,22 @@ replicas take turns through the Lease; and nothing of kopf's or ours is ever wri
 onto ResourceClaims, Pods or ResourceSlices.
 
 Each run uses a driver name of its own, so slices other e2e tests publish for
-gpu.drasil.dev never show up in the counts asserted here.
+gpu.drasil.dev never show up in the counts asserted here. (Over 600 lines: the tests
+share the fixtures and helpers around one controller process, e2e.controllerproc.)
 """
 
 from __future__ import annotations
 
+import functools
 import json
-import os
 import re
 import secrets
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.request import urlopen
 
 import pytest
 from kubernetes import client
@@ -33,7 +31,8 @@ from drasil.api.devicepool import API_VERSION as POOL_API
 from drasil.api.devicepool import CRD_NAME, crd_manifest
 from drasil.driver.explain.fromapi import explain_from_api
 from drasil.driver.kubeapi import KubeApi
-from e2e.kube import Kube, NotYet, gone, wait_for
+from e2e.controllerproc import ControllerProcess
+from e2e.kube import Kube, NotYet, gone, pending_pod, wait_for
 
 RESOURCE = "resource.k8s.io/v1"
 TOKEN = secrets.token_hex(3)
@@ -41,98 +40,6 @@ DRIVER = f"ctl-{TOKEN}.drasil.dev"
 H200 = f'device.attributes["{DRIVER}"].productName == "NVIDIA H200"'
 CONFIG_API = "resource.drasil.dev/v1beta1"
 OURS = re.compile(r"kopf|drasil", re.IGNORECASE)
-
-
-# --- the controller as a process -----------------------------------------------------
-
-
-@dataclass
-class ControllerProcess:
-    """``drasil-controller`` with JSON logs in a file; metrics on a free port."""
-
-    kubeconfig: Path
-    log_path: Path
-    driver: str
-    lease: str
-    identity: str
-    args: list[str] = field(default_factory=list)
-    proc: subprocess.Popen[bytes] | None = None
-
-    def command(self) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "drasil.controller.main",
-            f"--driver-name={self.driver}",
-            f"--kubeconfig={self.kubeconfig}",
-            "--metrics-addr=127.0.0.1:0",
-            "--health-addr=",
-            "--log-format=json",
-            f"--leader-elect-lease-name={self.lease}",
-            "--leader-elect-namespace=default",
-            f"--leader-elect-identity={self.identity}",
-            "--leader-elect-lease-duration=4",
-            "--leader-elect-renew-deadline=3",
-            "--leader-elect-retry-period=1",
-            *self.args,
-        ]
-
-    def start(self) -> None:
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=log, env=os.environ)
-
-    def logs(self) -> list[dict[str, Any]]:
-        lines = self.log_path.read_text().splitlines() if self.log_path.exists() else []
-        out = []
-        for line in lines:
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                out.append({"msg": line})
-        return out
-
-    def tail(self, lines: int = 40) -> str:
-        text = self.log_path.read_text() if self.log_path.exists() else "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def wait_logged(self, message: str, *, timeout: float = 30) -> dict[str, Any]:
-        def logged() -> Any:
-            if not self.alive():
-                raise AssertionError(f"controller exited:\n{self.tail()}")
-            found = [entry for entry in self.logs() if entry.get("msg") == message]
-            return found[-1] if found else NotYet(self.tail(5))
-
-        result: dict[str, Any] = wait_for(logged, timeout=timeout, what=f"log {message!r}")
-        return result
-
-    def metrics(self) -> dict[str, float]:
-        address = self.wait_logged("serving HTTP")["address"]
-        with urlopen(f"http://{address}/metrics", timeout=5) as response:
-            text = response.read().decode()
-        samples = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                samples[name] = float(value)
-        return samples
-
-    def kill(self) -> None:
-        if self.alive():
-            assert self.proc is not None
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.alive():
-            assert self.proc is not None
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
 
 # --- fixtures --------------------------------------------------------------------------
@@ -223,7 +130,7 @@ def pools(kube: Kube) -> Iterator[Callable[..., dict[str, Any]]]:
         kube.delete(POOL_API, "DevicePool", name)
     for name in made:
         wait_for(
-            lambda n=name: not pool_slices(kube, n) or NotYet(pool_slices(kube, n)),
+            functools.partial(_no_pool_slices, kube, name),
             timeout=30,
             what=f"the slices of DevicePool {name} to go",
         )
@@ -253,6 +160,12 @@ def pool_slices(kube: Kube, pool: str, driver: str = DRIVER) -> list[dict[str, A
         field_selector=f"spec.driver={driver},spec.pool.name={pool}"
     )
     return [dict(i.to_dict()) for i in items.items]
+
+
+def _no_pool_slices(kube: Kube, pool: str) -> bool | NotYet:
+    """For wait_for: True once DevicePool `pool` has no slices left."""
+    left = pool_slices(kube, pool)
+    return not left or NotYet(left)
 
 
 def ready_condition(kube: Kube, name: str) -> dict[str, Any] | None:
@@ -309,27 +222,6 @@ def claim_template(
         "kind": "ResourceClaimTemplate",
         "metadata": {"name": name},
         "spec": {"spec": {"devices": devices}},
-    }
-
-
-def pod(name: str, *, template: str | None = None, claim: str | None = None) -> dict[str, Any]:
-    source = {"resourceClaimTemplateName": template} if template else {"resourceClaimName": claim}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "terminationGracePeriodSeconds": 0,
-            "automountServiceAccountToken": False,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.invalid/never-pulled:1",
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
-            "resourceClaims": [{"name": "gpu", **source}],
-        },
     }
 
 
@@ -411,7 +303,7 @@ def test_devicepool_becomes_slices_the_scheduler_allocates_from(
     assert status["publishedSlices"] == [slices[0]["metadata"]["name"]]
 
     kube.create(claim_template("remote-gpu"), namespace)
-    kube.create(pod("worker", template="remote-gpu"), namespace)
+    kube.create(pending_pod("worker", template="remote-gpu"), namespace)
 
     def allocated() -> Any:
         claim = pod_claim(kube, namespace, "worker")
@@ -523,7 +415,7 @@ def test_invalid_opaque_config_gets_an_event_naming_the_field(
     manifest.write_text(json.dumps(body, separators=(",", ":")))
     kubectl("create", "-f", str(manifest))
     claim = kube.get(RESOURCE, "ResourceClaim", "bad-sharing", namespace)
-    waiting = kube.create(pod("user", claim="bad-sharing"), namespace)
+    waiting = kube.create(pending_pod("user", claim="bad-sharing"), namespace)
 
     expected = (
         'spec.devices.config[0].opaque.parameters.sharing.strategy: unsupported value "Foo": '
@@ -577,7 +469,7 @@ def test_unmatched_selector_is_explained_within_30s(
     wait_ready(kube, "rack-d", "True")
     kube.create(claim_template("h200", H200), namespace)
     started = time.monotonic()
-    waiting = kube.create(pod("trainer", template="h200"), namespace)
+    waiting = kube.create(pending_pod("trainer", template="h200"), namespace)
     claim = wait_for(lambda: pod_claim(kube, namespace, "trainer"), timeout=30, what="the claim")
 
     # The default --explain-after (10 s) applies; 30 s from the Pod's creation on.
@@ -639,7 +531,7 @@ def test_gpus_spread_over_nodes_are_explained(
     template = claim_template("pair")
     template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] = 2
     kube.create(template, namespace)
-    kube.create(pod("pair-trainer", template="pair"), namespace)
+    kube.create(pending_pod("pair-trainer", template="pair"), namespace)
     claim, event = unsatisfiable(kube, namespace, "pair-trainer")
 
     assert event.message == (
@@ -666,7 +558,7 @@ def test_a_pods_node_selector_that_rules_out_the_free_gpus_is_explained(
     kube.create(node_slice(with_gpu, [gpu("gpu-0")]))
     make_node(f"e2e-sel-{TOKEN}-cpu", labels={"team": "b"})
     kube.create(claim_template("one"), namespace)
-    waiting = pod("team-b-trainer", template="one")
+    waiting = pending_pod("team-b-trainer", template="one")
     waiting["spec"]["nodeSelector"] = {"team": "b"}
     kube.create(waiting, namespace)
     claim, event = unsatisfiable(kube, namespace, "team-b-trainer")

@@ -22,6 +22,7 @@ local cluster needs, all ordinary chart values:
 
 from __future__ import annotations
 
+import functools
 import secrets
 import urllib.request
 from collections.abc import Iterator
@@ -32,12 +33,12 @@ import pytest
 import yaml
 
 from e2e import versions
-from e2e.cluster.control_plane import free_ports
+from e2e.chart import CHART, crd_exists, helm
+from e2e.cluster.host import free_ports
 from e2e.cluster.node import Node
 from e2e.image import LocalImage, build_image, import_image
 from e2e.kube import Kube, NotYet, gone, wait_for
-from e2e.pods import container_env, pod, wait_running
-from e2e.test_chart import CHART, crd_exists, helm
+from e2e.pods import container_env, pod, template, wait_running
 
 DRIVER = "gpu.install.drasil.dev"
 CLASS = "install.drasil.dev"
@@ -123,6 +124,11 @@ def _plugin_pods(kube: Kube, namespace: str, release: str) -> list[Any]:
     return list(kube.core.list_namespaced_pod(namespace, label_selector=selector).items)
 
 
+def _pod(kube: Kube, namespace: str, name: str) -> Any:
+    """The Pod as the API server has it (its status and metadata are set)."""
+    return kube.core.read_namespaced_pod(name, namespace)
+
+
 def _ready(pod: Any) -> bool:
     conditions = pod.status.conditions or []
     return any(c.type == "Ready" and c.status == "True" for c in conditions)
@@ -144,22 +150,7 @@ def _published(kube: Kube, node: Node) -> Any:
 
 
 def _workload(kube: Kube, namespace: str, node: Node) -> str:
-    name = f"w-{secrets.token_hex(3)}"
-    kube.create(
-        {
-            "apiVersion": RESOURCE,
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name},
-            "spec": {
-                "spec": {
-                    "devices": {
-                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": CLASS}}]
-                    }
-                }
-            },
-        },
-        namespace,
-    )
+    name = template(kube, namespace, device_class=CLASS, name=f"w-{secrets.token_hex(3)}")
     kube.create(
         {
             "apiVersion": "v1",
@@ -188,7 +179,7 @@ def _workload(kube: Kube, namespace: str, node: Node) -> str:
 
 def _running_with_gpu(kube: Kube, namespace: str, name: str) -> str:
     def running() -> Any:
-        pod = kube.core.read_namespaced_pod(name, namespace)
+        pod = _pod(kube, namespace, name)
         if pod.status.phase != "Running":
             return NotYet({"phase": pod.status.phase, "conditions": str(pod.status.conditions)})
         log = kube.core.read_namespaced_pod_log(name, namespace)
@@ -292,7 +283,7 @@ def test_install_upgrade_uninstall(
     # A workload gets a GPU through the chart's driver.
     first = _workload(kube, namespace, node)
     first_gpu = _running_with_gpu(kube, namespace, first)
-    first_uid = kube.core.read_namespaced_pod(first, namespace).metadata.uid
+    first_uid = _pod(kube, namespace, first).metadata.uid
 
     # Upgrade with a changed value: the DaemonSet rolls, the workload keeps running.
     _helm(
@@ -316,7 +307,7 @@ def test_install_upgrade_uninstall(
     wait_for(rolled, timeout=TIMEOUT, what="the DaemonSet to roll to the upgraded Pod")
     (upgraded,) = _plugin_pods(kube, namespace, release)
     assert "--v=2" in upgraded.spec.containers[0].args
-    still = kube.core.read_namespaced_pod(first, namespace)
+    still = _pod(kube, namespace, first)
     assert still.metadata.uid == first_uid
     assert still.status.phase == "Running"
     assert still.status.container_statuses[0].restart_count == 0
@@ -345,8 +336,8 @@ def test_install_upgrade_uninstall(
     for obj in objects:
         meta = obj["metadata"]
         wait_for(
-            lambda o=obj, m=meta: gone(
-                kube, o["apiVersion"], o["kind"], m["name"], m.get("namespace")
+            functools.partial(
+                gone, kube, obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace")
             ),
             timeout=60,
             what=f"{obj['kind']} {meta['name']} to be removed by helm uninstall",

@@ -308,8 +308,7 @@ def test_claims_deleted_while_the_plugin_was_down_are_cleaned_up(
     ref, _ = allocated_pod_claim(kube, namespace, node)
     assert KubeletClient(plugin).prepare([ref]).claims[ref.uid].error == ""
     plugin.kill()
-    for pod in kube.core.list_namespaced_pod(namespace).items:
-        kube.core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
+    kube.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
     kube.delete(RESOURCE, "ResourceClaim", ref.name, namespace)
     wait_for(
         lambda: NotYet("claim still there") if _exists(kube, ref, namespace) else True,

@@ -7,11 +7,14 @@ made with real tokens of the two service accounts from the TokenRequest API:
 - the kubelet plugin's token is bound to a Pod on node A, so it carries the node claim
   (user extra authentication.kubernetes.io/node-name = A), as its DaemonSet Pod's would;
 - the controller's token likewise (its Pods run on nodes too; the claim must not help it).
+
+(Over 600 lines: every test shares the installed objects, tokens and slices above.)
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import secrets
@@ -30,10 +33,10 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e.cluster.control_plane import free_ports
+from e2e.chart import crd_installed, dump, kubectl_run, render
+from e2e.cluster.host import free_ports
 from e2e.image import build_image, image_env, sandbox_command, unpack
 from e2e.kube import Kube, NotYet, wait_for
-from e2e.test_chart import crd_installed, dump, kubectl_run, render
 
 OUR_DRIVER = "gpu.drasil.dev"
 OTHER_DRIVER = "gpu.other.example.com"
@@ -114,6 +117,13 @@ def _claims(token: str) -> dict[str, Any]:
     return dict(json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))))
 
 
+def _issued(request: client.AuthenticationV1TokenRequest) -> str:
+    """The token the API server issued for a TokenRequest."""
+    if request.status is None or not request.status.token:
+        raise AssertionError(f"TokenRequest answered without a token: {request}")
+    return request.status.token
+
+
 def pod_bound_token(kube: Kube, namespace: str, sa: str, node: str) -> str:
     """A token of `sa` bound to a (never running) Pod on `node`: it carries the node."""
     pod = kube.create(
@@ -142,8 +152,7 @@ def pod_bound_token(kube: Kube, namespace: str, sa: str, node: str) -> str:
             ),
         )
     )
-    token = kube.core.create_namespaced_service_account_token(sa, namespace, request)
-    value: str = token.status.token
+    value = _issued(kube.core.create_namespaced_service_account_token(sa, namespace, request))
     assert _claims(value)["kubernetes.io"]["node"]["name"] == node
     return value
 
@@ -152,9 +161,7 @@ def unbound_token(kube: Kube, namespace: str, sa: str) -> str:
     request = client.AuthenticationV1TokenRequest(
         spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=600)
     )
-    value: str = kube.core.create_namespaced_service_account_token(
-        sa, namespace, request
-    ).status.token
+    value = _issued(kube.core.create_namespaced_service_account_token(sa, namespace, request))
     assert "node" not in _claims(value)["kubernetes.io"]
     return value
 
@@ -178,6 +185,14 @@ def as_token(kubeconfig: Path, token: str, tmp_path: Path, name: str) -> Kube:
         )
     )
     return Kube(path)
+
+
+def as_daemon(
+    kube: Kube, kubeconfig: Path, namespace: str, sa: str, node: str, tmp_path: Path
+) -> Kube:
+    """API clients of a daemon's Pod on `node`: a token of `sa` bound to a Pod there."""
+    token = pod_bound_token(kube, namespace, sa, node)
+    return as_token(kubeconfig, token, tmp_path, sa)
 
 
 def slice_body(
@@ -224,7 +239,7 @@ def denied(call: Callable[[], Any]) -> str:
     with pytest.raises(ApiException) as err:
         call()
     assert err.value.status == 403, err.value.body
-    body = json.loads(err.value.body)
+    body = json.loads(err.value.body or "")
     return str(body["message"])
 
 
@@ -300,12 +315,17 @@ def _policy_status(kube: Kube, name: str) -> dict[str, Any]:
     return dict(policy.get("status") or {})
 
 
+def _checked_status(kube: Kube, name: str) -> dict[str, Any] | NotYet:
+    """For wait_for: the status of policy `name` once the API server has written one."""
+    return _policy_status(kube, name) or NotYet("no status yet")
+
+
 def test_policies_type_check_cleanly(kube: Kube, install: Install) -> None:
     """The API server type-checks the CEL of a policy against ResourceSlice's schema
     in the background; a warning there means an expression can fail at run time."""
     for name in (install.plugin_policy, install.controller_policy):
         status = wait_for(
-            lambda n=name: _policy_status(kube, n) or NotYet("no status yet"),
+            functools.partial(_checked_status, kube, name),
             timeout=60,
             what=f"type checking of {name}",
         )
@@ -322,8 +342,7 @@ def test_plugin_writes_only_its_own_nodes_slices_of_our_driver(
     tmp_path: Path,
 ) -> None:
     node_a, node_b = nodes
-    token = pod_bound_token(kube, namespace, install.plugin_sa, node_a)
-    plugin = as_token(kubeconfig, token, tmp_path, "plugin")
+    plugin = as_daemon(kube, kubeconfig, namespace, install.plugin_sa, node_a, tmp_path)
     policy = install.plugin_policy
     wait_until_enforced(plugin, slice_body(slices.name("probe"), node=node_b), policy)
 
@@ -394,8 +413,7 @@ def test_controller_cannot_write_node_slices(
     tmp_path: Path,
 ) -> None:
     node_a, _ = nodes
-    token = pod_bound_token(kube, namespace, install.controller_sa, node_a)
-    controller = as_token(kubeconfig, token, tmp_path, "controller")
+    controller = as_daemon(kube, kubeconfig, namespace, install.controller_sa, node_a, tmp_path)
     policy = install.controller_policy
     wait_until_enforced(controller, slice_body(slices.name("probe"), node=node_a), policy)
 
@@ -467,62 +485,55 @@ def _can(
         )
     )
     result = client.AuthorizationV1Api(kube.api).create_subject_access_review(review)
+    if result.status is None:
+        raise AssertionError(f"SubjectAccessReview answered without a status: {result}")
     return bool(result.status.allowed)
 
 
 R = "resource.k8s.io"
-PLUGIN_RIGHTS = [
-    # (verb, group, resource, subresource, namespaced, allowed)
-    ("get", R, "resourceclaims", "", True, True),
-    ("list", R, "resourceclaims", "", True, False),
-    ("watch", R, "resourceclaims", "", True, False),
-    ("update", R, "resourceclaims", "status", True, False),
-    ("list", R, "resourceslices", "", False, True),
-    ("create", R, "resourceslices", "", False, True),
-    ("update", R, "resourceslices", "", False, True),
-    ("delete", R, "resourceslices", "", False, True),
-    ("patch", R, "resourceslices", "", False, False),
-    ("deletecollection", R, "resourceslices", "", False, False),
-    ("get", "", "nodes", "", False, True),
-    ("list", "", "nodes", "", False, False),
-    ("update", "", "nodes", "", False, False),
-    ("create", "", "events", "", True, True),
-    ("update", "", "events", "", True, False),
-    ("get", "", "secrets", "", True, False),
-    ("list", "", "pods", "", True, False),
-    ("create", "drasil.dev", "devicepools", "", False, False),
-    ("get", R, "deviceclasses", "", False, False),
-]
-CONTROLLER_RIGHTS = [
-    ("watch", "drasil.dev", "devicepools", "", False, True),
-    ("patch", "drasil.dev", "devicepools", "", False, True),
-    ("create", "drasil.dev", "devicepools", "", False, False),
-    ("delete", "drasil.dev", "devicepools", "", False, False),
-    ("patch", "drasil.dev", "devicepools", "status", False, True),
-    ("create", R, "resourceslices", "", False, True),
-    ("delete", R, "resourceslices", "", False, True),
-    ("deletecollection", R, "resourceslices", "", False, False),
-    ("watch", R, "resourceclaims", "", True, True),
-    ("update", R, "resourceclaims", "", True, False),
-    ("patch", R, "resourceclaims", "status", True, True),
-    ("update", R, "resourceclaims", "status", True, False),
-    ("list", R, "resourceclaimtemplates", "", True, True),
-    ("create", R, "resourceclaimtemplates", "", True, False),
-    ("list", R, "deviceclasses", "", False, True),
-    ("create", R, "deviceclasses", "", False, False),
-    ("watch", "", "pods", "", True, True),
-    ("delete", "", "pods", "", True, False),
-    ("create", "", "events", "", True, True),
-    ("patch", "", "events", "", True, False),
-    ("get", "", "secrets", "", True, False),
-    ("list", "", "nodes", "", False, True),
-    ("watch", "", "nodes", "", False, False),
-    ("patch", "", "nodes", "", False, False),
-]
+Rights = list[tuple[str, str, str, str, bool, bool]]
+
+
+def _rights(*resources: tuple[str, str, str, bool, str, str]) -> Rights:
+    """(verb, group, resource, subresource, namespaced, allowed) of each verb, from
+    (group, resource, subresource, namespaced, allowed verbs, refused verbs)."""
+    return [
+        (verb, group, resource, sub, namespaced, allowed)
+        for group, resource, sub, namespaced, granted, refused in resources
+        for verbs, allowed in ((granted, True), (refused, False))
+        for verb in verbs.split()
+    ]
+
+
+PLUGIN_RIGHTS = _rights(
+    # (group, resource, subresource, namespaced, allowed verbs, refused verbs)
+    (R, "resourceclaims", "", True, "get", "list watch"),
+    (R, "resourceclaims", "status", True, "", "update"),
+    (R, "resourceslices", "", False, "list create update delete", "patch deletecollection"),
+    ("", "nodes", "", False, "get", "list update"),
+    ("", "events", "", True, "create", "update"),
+    ("", "secrets", "", True, "", "get"),
+    ("", "pods", "", True, "", "list"),
+    ("drasil.dev", "devicepools", "", False, "", "create"),
+    (R, "deviceclasses", "", False, "", "get"),
+)
+CONTROLLER_RIGHTS = _rights(
+    ("drasil.dev", "devicepools", "", False, "watch patch", "create delete"),
+    ("drasil.dev", "devicepools", "status", False, "patch", ""),
+    (R, "resourceslices", "", False, "create delete", "deletecollection"),
+    (R, "resourceclaims", "", True, "watch", "update"),
+    (R, "resourceclaims", "status", True, "patch", "update"),
+    (R, "resourceclaimtemplates", "", True, "list", "create"),
+    (R, "deviceclasses", "", False, "list", "create"),
+    ("", "pods", "", True, "watch", "delete"),
+    ("", "events", "", True, "create", "patch"),
+    ("", "secrets", "", True, "", "get"),
+    ("", "nodes", "", False, "list", "watch patch"),
+)
 
 
 def test_rbac_grants_each_daemon_only_what_it_needs(kube: Kube, install: Install) -> None:
-    def check(user: str, table: list[tuple[str, str, str, str, bool, bool]]) -> Any:
+    def check(user: str, table: Rights) -> Any:
         wrong = []
         for verb, group, resource, sub, namespaced, allowed in table:
             ns = "default" if namespaced else ""

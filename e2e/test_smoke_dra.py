@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from e2e.kube import Kube, NotYet, gone, wait_for
+from e2e.kube import Kube, NotYet, gone, pending_pod, wait_for
 
 DRIVER = "smoke.example.com"
 NODE = "e2e-node-1"
@@ -108,27 +108,6 @@ def _claim_template(name: str, selector: str) -> dict[str, Any]:
     }
 
 
-def _pod(name: str, template: str) -> dict[str, Any]:
-    # No kubelet runs, so the image is never pulled; the pod only has to be scheduled.
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "terminationGracePeriodSeconds": 0,
-            "automountServiceAccountToken": False,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.invalid/never-pulled:1",
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
-        },
-    }
-
-
 def _claim_of(kube: Kube, namespace: str, pod_name: str) -> Any:
     """The ResourceClaim the controller made from the pod's template, once it exists."""
     pod = kube.get("v1", "Pod", pod_name, namespace)
@@ -146,7 +125,7 @@ def test_claim_from_template_is_allocated_reserved_and_pod_bound(
         _claim_template("smoke-gpu", f'device.attributes["{DRIVER}"].model == "smoke-a"'),
         namespace,
     )
-    pod = kube.create(_pod("smoke", "smoke-gpu"), namespace)
+    pod = kube.create(pending_pod("smoke", template="smoke-gpu"), namespace)
 
     claim = wait_for(
         lambda: _claim_of(kube, namespace, "smoke"),
@@ -198,7 +177,7 @@ def test_pod_whose_claim_matches_no_device_stays_pending_with_reason(
         _claim_template("no-such-gpu", f'device.attributes["{DRIVER}"].model == "no-such-model"'),
         namespace,
     )
-    kube.create(_pod("unmatched", "no-such-gpu"), namespace)
+    kube.create(pending_pod("unmatched", template="no-such-gpu"), namespace)
 
     def unschedulable() -> Any:
         p = kube.get("v1", "Pod", "unmatched", namespace)

@@ -1,14 +1,21 @@
-"""`python -m e2e.cluster up|down|status|env` and the `Cluster` API the fixtures use."""
+"""`python -m e2e.cluster up|down|status|env` and the `Cluster` API the fixtures use.
+
+- `rundir`: one run's directory and state, and finding the runs of this checkout;
+- `control_plane`: `Cluster`, etcd and the Kubernetes control plane of a run;
+- `node`, `nodeconfig`: the run's real node (containerd, kubelet, the plugin), its files;
+- `host`: what a run changes on this machine (mounts, cgroups, bridge, ports, sockets);
+- `pki`: the run's CA, certificates and kubeconfigs.
+"""
 
 from e2e.cluster.control_plane import (
     COMPONENTS,
     Cluster,
-    ClusterError,
     ClusterStatus,
     ComponentStatus,
     running_cluster,
 )
 from e2e.cluster.node import NODE_NAME, Node, NodeError
+from e2e.cluster.rundir import ClusterError
 
 __all__ = [
     "COMPONENTS",

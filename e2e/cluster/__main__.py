@@ -7,26 +7,38 @@ import shlex
 import sys
 from pathlib import Path
 
-from e2e.build import BuildError
-from e2e.cluster.control_plane import Cluster, ClusterError
+from e2e.binaries import BuildError
+from e2e.cluster import rundir
+from e2e.cluster.control_plane import Cluster
 from e2e.cluster.node import DEFAULT_PROFILE, NodeError, describe
+from e2e.cluster.rundir import ClusterError
 
 
 def _pick(run_dir: Path | None) -> Cluster:
-    if run_dir is not None:
-        if not run_dir.is_dir():
-            raise ClusterError(f"no run directory {run_dir}")
-        return Cluster(run_dir)
-    cluster = Cluster.latest()
-    if cluster is None:
-        raise ClusterError("no cluster run found; start one with `python -m e2e.cluster up`")
-    return cluster
+    """The run of --run-dir, else the newest of this checkout (never another's)."""
+    return Cluster(rundir.pick(run_dir))
+
+
+def _fresh(run_dir: Path | None) -> Path | None:
+    """`up --run-dir DIR`: DIR, made if missing, and empty (None: a new run dir under
+    the cache)."""
+    if run_dir is None:
+        return None
+    run_dir = run_dir.resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if any(run_dir.iterdir()):
+        raise ClusterError(f"{run_dir} is not empty; `up --run-dir` needs a new directory")
+    return run_dir
+
+
+def _run_dir_arg(args: argparse.Namespace) -> str:
+    return f" --run-dir {shlex.quote(str(args.run_dir))}" if args.run_dir else ""
 
 
 def _up(args: argparse.Namespace) -> int:
     if args.device_plugin and not args.with_node:
         raise ClusterError("--device-plugin needs --with-node (it runs beside that kubelet)")
-    cluster = Cluster(out=sys.stderr)
+    cluster = Cluster(_fresh(args.run_dir), out=sys.stderr)
     print(f"e2e.cluster: run dir {cluster.run_dir}", file=sys.stderr)
     seconds = cluster.up(with_node=args.with_node, node_profile=args.profile)
     if args.device_plugin and cluster.node is not None:
@@ -38,7 +50,7 @@ def _up(args: argparse.Namespace) -> int:
     print(
         f"e2e.cluster: up in {seconds:.1f}s; API server {cluster.server}\n"
         f"e2e.cluster: logs in {cluster.logs_dir}\n"
-        f"e2e.cluster: export $(.venv/bin/python -m e2e.cluster env)   "
+        f"e2e.cluster: export $(.venv/bin/python -m e2e.cluster env{_run_dir_arg(args)})   "
         f"# then kubectl, or pytest e2e against it",
         file=sys.stderr,
     )
@@ -94,6 +106,12 @@ def main(argv: list[str] | None = None) -> int:
         help="with --with-node: also run the plugin in device-plugin mode, so the node "
         "advertises drasil.dev/gpu in its capacity (docs/device-plugin.md)",
     )
+    up.add_argument(
+        "--run-dir",
+        type=Path,
+        help="a new or empty directory to run in (default: a new one under the cache); "
+        "down, status and env then find it only with --run-dir",
+    )
     up.set_defaults(func=_up)
     for name, func, text in (
         ("down", _down, "stop everything a run started"),
@@ -102,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     ):
         p = sub.add_parser(name, help=text)
         p.add_argument(
-            "--run-dir", type=Path, help="the run to act on (default: the most recent one)"
+            "--run-dir",
+            type=Path,
+            help="the run to act on (default: the most recent one started from this checkout)",
         )
         p.set_defaults(func=func)
     args = parser.parse_args(argv)

@@ -1,65 +1,39 @@
 """A real Kubernetes control plane on 127.0.0.1: etcd, kube-apiserver,
 kube-controller-manager and kube-scheduler, with DRA enabled.
 
-Each `Cluster` owns one run directory (`<cache>/e2e/runs/<id>/`, see `e2e.paths`):
-
-    cluster.json          ports, binaries, state, how long `up` took
-    admin.kubeconfig      system:masters; what `env` prints and the tests use
-    kubeconfigs/          one per component (and any made by write_kubeconfig)
-    pki/                  CA, serving and client certs, service-account key
-    logs/<component>.log  everything each component printed
-    pids/<component>.pid  `<pid> <start time>` of what `up` started
-    etcd-data/            removed by `down`
-
-All listeners bind to 127.0.0.1 on ports picked free at `up`, so clusters run side by side.
+Each `Cluster` owns one run directory (`e2e.cluster.rundir`: its layout, its state
+file, finding runs again). All listeners bind to 127.0.0.1 on ports picked free at
+`up`, so clusters run side by side.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
-import socket
 import ssl
 import sys
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from e2e import build, node_images, paths, versions
-from e2e.cluster import pki, procs
+from e2e import binaries, node_images, paths, procs, recipes, versions
+from e2e.cluster import pki, rundir
+from e2e.cluster.host import free_ports, mounts_under
 from e2e.cluster.node import DEFAULT_PROFILE, NODE_NAME, Node, NodeError
-from e2e.cluster.node import mounts_under as node_mounts
+from e2e.cluster.rundir import STATE_FILE, ClusterError, Ports, RunDir, http_get
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 SERVICE_CIDR = "10.0.0.0/24"
 KUBERNETES_SERVICE_IP = "10.0.0.1"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
-STATE_FILE = "cluster.json"
 KEEP_STOPPED_RUNS = 20
-LOG_TAIL_LINES = 30
 # The node-lifecycle controller marks a Node NotReady (and taints it) when its kubelet
 # stops heartbeating. Test Nodes have no kubelet, so the grace period outlives any test
 # run; Nodes with a real kubelet still get their not-ready taint removed once Ready.
 NODE_GRACE_PERIOD = "8760h"
-
-
-class ClusterError(RuntimeError):
-    """The control plane could not be started, checked or stopped; says what and why."""
-
-
-@dataclass(frozen=True)
-class Ports:
-    etcd_client: int
-    etcd_peer: int
-    apiserver: int
-    controller_manager: int
-    scheduler: int
 
 
 @dataclass(frozen=True)
@@ -93,80 +67,32 @@ class ClusterStatus:
         return "\n".join(lines)
 
 
-def free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports: all sockets stay bound until every port is picked."""
-    with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(count):
-            s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
-    return ports
-
-
-def _tail(path: Path, n: int = LOG_TAIL_LINES) -> str:
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError as e:
-        return f"(cannot read {path}: {e})"
-    return "\n".join(lines[-n:])
-
-
-def _get(url: str, context: ssl.SSLContext | None, timeout: float = 2.0) -> tuple[int, str]:
-    """(status, body) of a GET; (0, reason) when nothing answers."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout, context=context) as resp:
-            return resp.status, resp.read().decode(errors="replace")
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode(errors="replace")
-    except (OSError, ssl.SSLError) as e:
-        return 0, str(getattr(e, "reason", e))
-
-
-def _runs() -> list[tuple[float, Path, dict[str, Any]]]:
-    """(created, run dir, state) of every run, oldest first."""
-    root = paths.runs_dir()
-    found = []
-    for d in root.iterdir() if root.is_dir() else ():
-        try:
-            state = json.loads((d / STATE_FILE).read_text())
-        except (OSError, ValueError):
-            continue
-        found.append((float(state.get("created", 0.0)), d, state))
-    found.sort(key=lambda t: t[0])
-    return found
-
-
-def _live(run_dir: Path) -> bool:
-    """Whether any process this run started still runs."""
-    for pid_file in (run_dir / "pids").glob("*.pid"):
-        proc = procs.read_pid_file(pid_file)
-        if proc is not None and proc.alive():
-            return True
-    return False
-
-
 def _prune_stopped_runs() -> None:
+    """Clean up after runs of any checkout that nobody took down, and drop all but the
+    newest KEEP_STOPPED_RUNS stopped runs."""
     # Stopped: taken down, failed, or whose processes all died without a `down` (e.g. the
     # Python that started them was killed); not one another `up` is starting right now.
     settled = time.time() - 600
+    found = rundir.runs()
     stopped = [
-        (d, s)
-        for created, d, s in _runs()
-        if s.get("state") in ("down", "failed") or (created < settled and not _live(d))
+        r
+        for r in found
+        if r.state.get("state") in ("down", "failed")
+        or (r.created < settled and not rundir.live(r.path))
     ]
-    for created, d, state in _runs():
-        node = state.get("node") or {}
+    for r in found:
+        node = r.state.get("node") or {}
         # A node whose processes all died without `down` (the Python that started it was
         # SIGKILLed, so they died with it): its Pods' processes (the shims' children),
         # mounts, cgroups and bridge are still there. "up" means its processes ran.
-        dead = node.get("state") == "up" or (node.get("state") == "starting" and created < settled)
-        if dead and not _live(d):
+        state = node.get("state")
+        dead = state == "up" or (state == "starting" and r.created < settled)
+        if dead and not rundir.live(r.path):
             with contextlib.suppress(Exception):
-                Node(Cluster(d)).down(grace=2.0)
-    for d, _ in stopped[:-KEEP_STOPPED_RUNS]:
-        if not node_mounts(d):  # rmtree must never walk into a mount
-            shutil.rmtree(d, ignore_errors=True)
+                Node(RunDir(r.path)).down(grace=2.0)
+    for r in stopped[:-KEEP_STOPPED_RUNS]:
+        if not mounts_under(r.path):  # rmtree must never walk into a mount
+            shutil.rmtree(r.path, ignore_errors=True)
     # Run dirs of an `up` that failed before it wrote any state (e.g. the build failed).
     hour_ago = time.time() - 3600
     for d in paths.runs_dir().iterdir():
@@ -176,57 +102,17 @@ def _prune_stopped_runs() -> None:
 
 
 def _new_run_dir() -> Path:
-    root = paths.runs_dir()
-    root.mkdir(parents=True, exist_ok=True)
+    paths.runs_dir().mkdir(parents=True, exist_ok=True)
     _prune_stopped_runs()
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    for n in range(1000):
-        d = root / f"{stamp}-{os.getpid()}-{n}"
-        try:
-            d.mkdir()
-        except FileExistsError:
-            continue
-        return d
-    raise ClusterError(f"cannot create a run directory under {root}")
+    return rundir.new_run_dir()
 
 
-def stop_strays(
-    bin_dir: Path, run_dir: Path, *, grace: float, names: Collection[str] | None = None
-) -> list[str]:
-    """Stop what `_strays` finds (only binaries called `names`, if given); returns
-    those still running."""
-    leftovers = []
-    for pid in _strays(bin_dir, run_dir, names):
-        start = procs.start_time(pid)
-        if start is not None and not procs.stop(procs.Proc(f"pid {pid}", pid, start), grace=grace):
-            leftovers.append(f"pid {pid}")
-    return leftovers
-
-
-def _strays(bin_dir: Path, run_dir: Path, names: Collection[str] | None = None) -> list[int]:
-    """Pids running one of our binaries with our run dir in their arguments: a process
-    of this run that has no pid file (`down` must not leave it behind)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            exe = os.readlink(entry / "exe")
-            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        if not exe.startswith(f"{bin_dir}/") or str(run_dir) not in cmdline:
-            continue
-        if names is None or Path(exe.removesuffix(" (deleted)")).name in names:
-            found.append(int(entry.name))
-    return found
-
-
-class Cluster:
+class Cluster(RunDir):
     """One control plane and its run directory.
 
     `Cluster()` makes a new run directory; `Cluster(run_dir)` attaches to an existing one
-    (for `down`, `status`, `env` from another process); `Cluster.latest()` finds the newest.
+    (for `down`, `status`, `env` from another process); `Cluster.latest()` finds the
+    newest run of this checkout.
     """
 
     def __init__(
@@ -236,84 +122,22 @@ class Cluster:
         die_with_parent: bool = False,
         out: TextIO | None = None,
     ) -> None:
-        self.run_dir = Path(run_dir) if run_dir is not None else _new_run_dir()
-        self.die_with_parent = die_with_parent
-        self._out = out
+        super().__init__(
+            run_dir if run_dir is not None else _new_run_dir(),
+            die_with_parent=die_with_parent,
+            out=out,
+        )
         self._procs: dict[str, procs.Proc] = {}
         self._node: Node | None = None
 
-    # -- where things are -------------------------------------------------------------
-
-    @property
-    def kubeconfig(self) -> Path:
-        return self.run_dir / "admin.kubeconfig"
-
-    @property
-    def pki_dir(self) -> Path:
-        return self.run_dir / "pki"
-
-    @property
-    def logs_dir(self) -> Path:
-        return self.run_dir / "logs"
-
-    @property
-    def pids_dir(self) -> Path:
-        return self.run_dir / "pids"
-
-    @property
-    def kubeconfigs_dir(self) -> Path:
-        return self.run_dir / "kubeconfigs"
-
-    @property
-    def etcd_data_dir(self) -> Path:
-        return self.run_dir / "etcd-data"
-
-    def log(self, component: str) -> Path:
-        return self.logs_dir / f"{component}.log"
-
-    def state(self) -> dict[str, Any]:
-        try:
-            data = json.loads((self.run_dir / STATE_FILE).read_text())
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
-
-    @property
-    def server(self) -> str:
-        return f"https://127.0.0.1:{self.ports.apiserver}"
-
-    @property
-    def ports(self) -> Ports:
-        raw = self.state().get("ports")
-        if not raw:
-            raise ClusterError(f"{self.run_dir} has no {STATE_FILE} with ports: never started?")
-        return Ports(**raw)
-
-    def bin(self, name: str) -> Path:
-        """A binary of the pinned release (the one this cluster runs, if it ran)."""
-        return Path(self.state().get("bin_dir") or paths.bin_dir()) / name
-
     @classmethod
     def latest(cls) -> Cluster | None:
-        """The newest run with a process still running, else the newest run at all."""
-        runs = _runs()
-        live = [d for _, d, s in runs if s.get("state") not in ("down", "failed") and _live(d)]
-        if live:
-            return cls(live[-1])
-        return cls(runs[-1][1]) if runs else None
+        """The newest run of this checkout with a process still running, else its
+        newest run at all (see `rundir.latest`)."""
+        found = rundir.latest()
+        return cls(found) if found is not None else None
 
     # -- lifecycle --------------------------------------------------------------------
-
-    def _say(self, msg: str) -> None:
-        if self._out is not None:
-            print(f"e2e.cluster: {msg}", file=self._out, flush=True)
-
-    def _save_state(self, **changes: Any) -> None:
-        state = self.state()
-        state.update(changes)
-        tmp = self.run_dir / f".{STATE_FILE}.tmp"
-        tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
-        os.replace(tmp, self.run_dir / STATE_FILE)
 
     def _component_env(self) -> dict[str, str]:
         # Nothing of the caller's environment leaks in (etcd reads ETCD_* variables).
@@ -328,17 +152,12 @@ class Cluster:
             name,
             argv,
             log=self.log(name),
-            pid_file=self.pids_dir / f"{name}.pid",
+            pid_file=self.pid_file(name),
             env=self._component_env(),
             die_with_parent=self.die_with_parent,
         )
         self._procs[name] = proc
         return proc
-
-    def _client_context(self) -> ssl.SSLContext:
-        ctx = ssl.create_default_context(cafile=str(self.pki_dir / "ca.crt"))
-        ctx.load_cert_chain(str(self.pki_dir / "admin.crt"), str(self.pki_dir / "admin.key"))
-        return ctx
 
     @staticmethod
     def _unverified_context() -> ssl.SSLContext:
@@ -353,11 +172,11 @@ class Cluster:
         ports = self.ports
 
         def etcd() -> tuple[bool, str]:
-            code, body = _get(f"http://127.0.0.1:{ports.etcd_client}/health", None)
+            code, body = http_get(f"http://127.0.0.1:{ports.etcd_client}/health", None)
             return code == 200 and '"true"' in body, f"/health: {code or body}"
 
         def apiserver() -> tuple[bool, str]:
-            code, body = _get(f"{self.server}/readyz", self._client_context())
+            code, body = self.api_get("/readyz")
             if code == 200:
                 return True, "/readyz: ok"
             failing = [ln for ln in body.splitlines() if "failed" in ln]
@@ -365,7 +184,8 @@ class Cluster:
 
         def healthz(port: int) -> Callable[[], tuple[bool, str]]:
             def check() -> tuple[bool, str]:
-                code, body = _get(f"https://127.0.0.1:{port}/healthz", self._unverified_context())
+                url = f"https://127.0.0.1:{port}/healthz"
+                code, body = http_get(url, self._unverified_context())
                 return code == 200, f"/healthz: {code or body}"
 
             return check
@@ -378,21 +198,15 @@ class Cluster:
         }
 
     def _wait(self, what: str, check: Callable[[], tuple[bool, str]], timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        last = ""
-        while True:
-            for proc in self._procs.values():
-                if not proc.alive():
-                    raise ClusterError(
-                        f"{proc.name} exited while waiting for {what}; "
-                        f"last lines of {self.log(proc.name)}:\n{_tail(self.log(proc.name))}"
-                    )
-            ok, last = check()
-            if ok:
-                return
-            if time.monotonic() > deadline:
-                raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}: {last}")
-            time.sleep(0.1)
+        procs.wait_until(
+            what,
+            check,
+            timeout,
+            watching=self._procs.values(),
+            log=self.log,
+            error=ClusterError,
+            interval=0.1,
+        )
 
     def _write_pki(self, ports: Ports) -> None:
         ca = pki.CertificateAuthority.create(self.pki_dir)
@@ -437,20 +251,6 @@ class Cluster:
             pki.write_kubeconfig(
                 target, server=server, ca=ca.pair, client=client, user=cn, cluster="drasil-e2e"
             )
-
-    def write_kubeconfig(self, name: str, *, user: str, groups: Sequence[str] = ()) -> Path:
-        """A kubeconfig for any identity, e.g. `system:node:<node>` in `system:nodes`
-        for a kubelet, with a client cert from this run's CA."""
-        ca = pki.CertificateAuthority.load(self.pki_dir)
-        client = ca.issue(name, common_name=user, organizations=groups, client=True)
-        return pki.write_kubeconfig(
-            self.kubeconfigs_dir / f"{name}.kubeconfig",
-            server=self.server,
-            ca=ca.pair,
-            client=client,
-            user=user,
-            cluster="drasil-e2e",
-        )
 
     def _argv(self, name: str, bins: dict[str, Path], ports: Ports) -> list[str]:
         p = self.pki_dir
@@ -568,12 +368,12 @@ class Cluster:
             seconds = node.start(name=name, profile=profile, timeout=timeout)
         except BaseException as e:
             problems = node.down()
-            self._save_state(node={**(self.state().get("node") or {}), "state": "failed"})
+            self.save_state(node={**(self.state().get("node") or {}), "state": "failed"})
             if isinstance(e, NodeError):
                 extra = f"\n(and after stopping it: {', '.join(problems)})" if problems else ""
                 raise ClusterError(f"node {name}: {e}{extra}") from e
             raise
-        self._say(f"node {name} up in {seconds:.1f}s")
+        self.say(f"node {name} up in {seconds:.1f}s")
         return node
 
     def up(
@@ -592,9 +392,9 @@ class Cluster:
         if self.state().get("state") in ("starting", "up"):
             raise ClusterError(f"{self.run_dir} is already {self.state()['state']}")
         started = time.monotonic()
-        progress = self._out if self._out is not None else sys.stderr
-        bins = build.ensure_binaries(
-            [*COMPONENTS, "kubectl", *(build.NODE_BINARY_NAMES if with_node else ())],
+        progress = self.out if self.out is not None else sys.stderr
+        bins = binaries.ensure_binaries(
+            [*COMPONENTS, "kubectl", *(recipes.NODE_BINARY_NAMES if with_node else ())],
             out=progress,
         )
         if with_node:
@@ -603,7 +403,7 @@ class Cluster:
         ports = Ports(*free_ports(5))
         for d in (self.pki_dir, self.logs_dir, self.pids_dir, self.kubeconfigs_dir):
             d.mkdir(parents=True, exist_ok=True)
-        self._save_state(
+        self.save_state(
             kubernetes=versions.KUBERNETES,
             etcd=versions.ETCD,
             created=time.time(),
@@ -611,6 +411,7 @@ class Cluster:
             ports=asdict(ports),
             server=f"https://127.0.0.1:{ports.apiserver}",
             kubeconfig=str(self.kubeconfig),
+            checkout=str(paths.CHECKOUT),
             state="starting",
         )
         try:
@@ -621,14 +422,14 @@ class Cluster:
             def left() -> float:
                 return max(deadline - time.monotonic(), 1.0)
 
-            self._say(f"starting etcd on 127.0.0.1:{ports.etcd_client}")
+            self.say(f"starting etcd on 127.0.0.1:{ports.etcd_client}")
             self._start("etcd", self._argv("etcd", bins, ports))
             self._wait("etcd /health", checks["etcd"], left())
-            self._say(f"starting kube-apiserver on {self.server}")
+            self.say(f"starting kube-apiserver on {self.server}")
             self._start("kube-apiserver", self._argv("kube-apiserver", bins, ports))
             self._wait("kube-apiserver /readyz", checks["kube-apiserver"], left())
             for name in ("kube-controller-manager", "kube-scheduler"):
-                self._say(f"starting {name}")
+                self.say(f"starting {name}")
                 self._start(name, self._argv(name, bins, ports))
             self._wait(
                 "kube-controller-manager /healthz", checks["kube-controller-manager"], left()
@@ -638,36 +439,33 @@ class Cluster:
             self._wait("ServiceAccount default/default", self._default_sa_exists, left())
         except BaseException:
             # Also on KeyboardInterrupt: nothing we started may outlive a failed `up`.
-            self._save_state(state="failed")
+            self.save_state(state="failed")
             with contextlib.suppress(ClusterError):
                 self.down()
-            self._save_state(state="failed")
+            self.save_state(state="failed")
             raise
         seconds = time.monotonic() - started
-        self._save_state(state="up", up_seconds=round(seconds, 2), build_seconds=round(built, 2))
+        self.save_state(state="up", up_seconds=round(seconds, 2), build_seconds=round(built, 2))
         if with_node:
             try:
                 self.start_node(profile=node_profile)
             except BaseException:
                 with contextlib.suppress(ClusterError):
                     self.down()
-                self._save_state(state="failed")
+                self.save_state(state="failed")
                 raise
             seconds = time.monotonic() - started
-            self._save_state(up_seconds=round(seconds, 2))
+            self.save_state(up_seconds=round(seconds, 2))
         return seconds
 
     def _default_sa_exists(self) -> tuple[bool, str]:
-        code, body = _get(
-            f"{self.server}/api/v1/namespaces/default/serviceaccounts/default",
-            self._client_context(),
-        )
+        code, body = self.api_get("/api/v1/namespaces/default/serviceaccounts/default")
         return code == 200, f"GET serviceaccounts/default: {code or body}"
 
     def _known_procs(self) -> list[procs.Proc]:
         found = []
         for name in COMPONENTS:
-            proc = self._procs.get(name) or procs.read_pid_file(self.pids_dir / f"{name}.pid")
+            proc = self._procs.get(name) or procs.read_pid_file(self.pid_file(name))
             if proc is not None:
                 found.append(proc)
         return found
@@ -685,7 +483,7 @@ class Cluster:
             if not procs.stop(proc, grace=grace):
                 leftovers.append(f"{proc.name} (pid {proc.pid})")
         # Anything else still naming our run dir was started by us too.
-        leftovers += stop_strays(self.bin("etcd").parent, self.run_dir, grace=grace)
+        leftovers += procs.stop_strays(self.bin("etcd").parent, self.run_dir, grace=grace)
         if leftovers:
             raise ClusterError(f"still running after down: {', '.join(leftovers)}")
         self._procs.clear()
@@ -693,14 +491,14 @@ class Cluster:
             pid_file.unlink(missing_ok=True)
         shutil.rmtree(self.etcd_data_dir, ignore_errors=True)
         if self.state():
-            self._save_state(state="down")
+            self.save_state(state="down")
 
     def status(self) -> ClusterStatus:
         state = self.state()
         checks = self._health_checks() if state.get("ports") else {}
         components = []
         for name in COMPONENTS:
-            proc = procs.read_pid_file(self.pids_dir / f"{name}.pid")
+            proc = procs.read_pid_file(self.pid_file(name))
             alive = proc is not None and proc.alive()
             healthy, detail = checks[name]() if alive and name in checks else (False, "")
             components.append(

@@ -1,8 +1,10 @@
-"""Start and stop the cluster's processes by pid, safely across CLI invocations.
+"""Start and stop the harness's processes by pid, safely across CLI invocations.
 
 A pid file holds `<pid> <start time>` (field 22 of /proc/<pid>/stat, clock ticks since
 boot). A pid is only ever signalled when both still match, so a recycled pid that now
-belongs to someone else's process is never touched.
+belongs to someone else's process is never touched. Processes a run started without a
+pid file (containerd's shims) are found by their binary and the run dir in their
+arguments (`stop_strays`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,3 +139,73 @@ def stop(proc: Proc, *, grace: float) -> bool:
             return True
         time.sleep(0.05)
     return not proc.alive()
+
+
+def tail(path: Path, n: int = 30) -> str:
+    """The last `n` lines of a log, or why it cannot be read."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError as e:
+        return f"(cannot read {path}: {e})"
+    return "\n".join(lines[-n:])
+
+
+def wait_until(
+    what: str,
+    check: Callable[[], tuple[bool, str]],
+    timeout: float,
+    *,
+    watching: Iterable[Proc],
+    log: Callable[[str], Path],
+    error: Callable[[str], Exception],
+    interval: float,
+) -> None:
+    """Call `check` (ok, detail) until ok. Raises `error(message)` when one of
+    `watching` exits first (with the tail of its `log(name)`) or after `timeout`."""
+    deadline = time.monotonic() + timeout
+    watched = list(watching)
+    while True:
+        for proc in watched:
+            if not proc.alive():
+                raise error(
+                    f"{proc.name} exited while waiting for {what}; "
+                    f"last lines of {log(proc.name)}:\n{tail(log(proc.name))}"
+                )
+        ok, last = check()
+        if ok:
+            return
+        if time.monotonic() > deadline:
+            raise error(f"timed out after {timeout:.0f}s waiting for {what}: {last}")
+        time.sleep(interval)
+
+
+def strays(bin_dir: Path, run_dir: Path, names: Collection[str] | None = None) -> list[int]:
+    """Pids running one of our binaries with our run dir in their arguments: a process
+    of this run that has no pid file (`down` must not leave it behind)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            exe = os.readlink(entry / "exe")
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if not exe.startswith(f"{bin_dir}/") or str(run_dir) not in cmdline:
+            continue
+        if names is None or Path(exe.removesuffix(" (deleted)")).name in names:
+            found.append(int(entry.name))
+    return found
+
+
+def stop_strays(
+    bin_dir: Path, run_dir: Path, *, grace: float, names: Collection[str] | None = None
+) -> list[str]:
+    """Stop what `strays` finds (only binaries called `names`, if given); returns
+    those still running."""
+    leftovers = []
+    for pid in strays(bin_dir, run_dir, names):
+        start = start_time(pid)
+        if start is not None and not stop(Proc(f"pid {pid}", pid, start), grace=grace):
+            leftovers.append(f"pid {pid}")
+    return leftovers

@@ -1,0 +1,149 @@
+"""The Helm chart (charts/drasil) as the e2e tests use it: the pinned helm (never
+against a cluster), rendering it, applying with the pinned kubectl, and its CRD."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import subprocess
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+from e2e import binaries, paths, versions
+from e2e.kube import Kube
+
+CHART = paths.CHECKOUT / "charts" / "drasil"
+# One file, whatever its name (issue 5 regenerates it from the API types).
+(CRD,) = sorted((CHART / "crds").glob("*.yaml"))
+RELEASE = "drasil"
+
+
+@functools.cache
+def helm_binary() -> Path:
+    return binaries.ensure_binaries(["helm"])["helm"]
+
+
+@functools.cache
+def _helm_home() -> Path:
+    # helm keeps repositories, plugins and caches under these; a test must not read or
+    # change the developer's own.
+    home = Path(os.environ.get("TMPDIR", "/tmp")) / f"drasil-e2e-helm-{os.getuid()}"
+    home.mkdir(parents=True, exist_ok=True)
+    return home
+
+
+def helm(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run the pinned helm. It never sees KUBECONFIG: nothing here talks to a cluster."""
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG" and not k.startswith("HELM_")}
+    home = _helm_home()
+    env |= {
+        "HELM_CACHE_HOME": str(home / "cache"),
+        "HELM_CONFIG_HOME": str(home / "config"),
+        "HELM_DATA_HOME": str(home / "data"),
+        "KUBECONFIG": str(home / "no-cluster.kubeconfig"),
+    }
+    result = subprocess.run(
+        [str(helm_binary()), *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"helm {' '.join(args)} failed ({result.returncode}):\n{result.stderr}{result.stdout}"
+        )
+    return result
+
+
+def values_args(values_file: Path | None, sets: Iterable[str] = ()) -> list[str]:
+    args = ["-f", str(values_file)] if values_file is not None else []
+    for s in sets:
+        args += ["--set", s]
+    return args
+
+
+def render(
+    *,
+    namespace: str,
+    values_file: Path | None = None,
+    sets: Iterable[str] = (),
+    release: str = RELEASE,
+    include_crds: bool = False,
+) -> list[dict[str, Any]]:
+    """`helm template` as a list of objects."""
+    kube_version = versions.KUBERNETES.lstrip("v")
+    args = [
+        "template",
+        release,
+        str(CHART),
+        f"--namespace={namespace}",
+        f"--kube-version={kube_version}",
+        *values_args(values_file, sets),
+    ]
+    if include_crds:
+        args.append("--include-crds")
+    out = helm(*args).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def kubectl_run(
+    kubeconfig: Path, *args: str, stdin: str | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    binary = binaries.ensure_binaries(["kubectl"])["kubectl"]
+    result = subprocess.run(
+        [str(binary), f"--kubeconfig={kubeconfig}", *args],
+        input=stdin,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"kubectl {' '.join(args)} failed ({result.returncode}):\n"
+            f"{result.stderr}{result.stdout}"
+        )
+    return result
+
+
+def dump(objs: Iterable[dict[str, Any]]) -> str:
+    return yaml.safe_dump_all(list(objs), sort_keys=False)
+
+
+def crd_exists(kube: Kube) -> bool:
+    """Whether the DevicePool CRD is installed (a test puts back what it found)."""
+    crds = kube.resource("apiextensions.k8s.io/v1", "CustomResourceDefinition")
+    try:
+        crds.get(name="devicepools.drasil.dev")
+    except ApiException as e:
+        if e.status != 404:
+            raise
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def crd_installed(kube: Kube, kubeconfig: Path) -> Iterator[dict[str, Any]]:
+    """The chart's CRD applied for real (DevicePools need it served); removed afterwards
+    unless it was there before."""
+    existed = crd_exists(kube)
+    kubectl_run(kubeconfig, "apply", "--server-side", "-f", str(CRD))
+    kubectl_run(
+        kubeconfig,
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/devicepools.drasil.dev",
+    )
+    try:
+        yield yaml.safe_load(CRD.read_text())
+    finally:
+        if not existed:
+            kubectl_run(kubeconfig, "delete", "--ignore-not-found", "-f", str(CRD))
