@@ -5,7 +5,7 @@
 #
 #   docker build -t <registry>/drasil:0.1.0 .
 #
-# Tests build the same layout without a Docker engine or a registry: e2e/image.py (see
+# Tests build the same layout without a Docker engine or a registry: e2e/image/ (see
 # its docstring for what differs: the Python build underneath, and pinned versions).
 #
 # The default user is 65532 (non-root). The chart's controller runs as that user on a

@@ -28,13 +28,13 @@ from e2e.cluster.node import Node, NodeError
 from e2e.kube import Kube, NotYet, gone, wait_for
 from e2e.node_images import ImageError
 from e2e.pluginproc import DRIVER, GPU_CLASS
-from e2e.pods import template
+from e2e.pods import device_variable, template, visible_uuids
 
 NAMESPACE = "drasil-demo"
 POD = "gpu-demo"
 TEMPLATE = "one-gpu"
 RESOURCE = "resource.k8s.io/v1"
-SHOWN_ENV = ("NVIDIA_VISIBLE_DEVICES", "DRASIL_SHARING_STRATEGY")
+SHOWN_SETTING = "SHARING_STRATEGY"
 
 
 def say(msg: str) -> None:
@@ -134,7 +134,7 @@ def wait_ran(kube: Kube) -> dict[str, Any]:
 def container_saw(kube: Kube) -> dict[str, str]:
     def printed() -> Any:
         log = kube.core.read_namespaced_pod_log(POD, NAMESPACE)
-        return log if "NVIDIA_VISIBLE_DEVICES=" in log else NotYet(log)
+        return log if "PATH=" in log else NotYet(log)
 
     log: str = wait_for(printed, timeout=60, what=f"the log of {NAMESPACE}/{POD}")
     return dict(line.split("=", 1) for line in log.splitlines() if "=" in line)
@@ -161,12 +161,14 @@ def report(kube: Kube, cluster: Cluster, node: Node) -> str:
             if d["name"] == result["device"]:
                 uuid = d["attributes"]["uuid"]["string"]
     saw = container_saw(kube)
-    seen = ", ".join(f"{k}={saw[k]}" for k in SHOWN_ENV if k in saw)
+    variable = device_variable(result["device"])
+    shown = (variable, f"{variable}_{SHOWN_SETTING}")
+    seen = ", ".join(f"{k}={saw[k]}" for k in shown if k in saw)
     rows = [
         ["POD", "CLAIM", "DEVICE", "UUID", "THE CONTAINER SAW"],
         [f"{NAMESPACE}/{POD}", claim_name, f"{result['pool']}/{result['device']}", uuid, seen],
     ]
-    ok = saw.get("NVIDIA_VISIBLE_DEVICES") == uuid
+    ok = visible_uuids(saw) == [uuid]
     verdict = (
         "The container got exactly the allocated GPU (kubelet -> drasil -> CDI -> containerd)."
         if ok

@@ -3,6 +3,7 @@ that prints its env, wait until it runs, read what the container saw, delete it.
 
 from __future__ import annotations
 
+import re
 import secrets
 from typing import Any
 
@@ -105,15 +106,33 @@ def wait_running(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
     return result
 
 
-def container_env(kube: Kube, namespace: str, name: str) -> dict[str, str]:
+def container_env(kube: Kube, namespace: str, name: str, *, container: str = "c") -> dict[str, str]:
     """The env the container printed at start (its log)."""
 
     def printed() -> Any:
-        log = kube.core.read_namespaced_pod_log(name, namespace, container="c")
+        log = kube.core.read_namespaced_pod_log(name, namespace, container=container)
         return log if "PATH=" in log else NotYet(log)
 
     log: str = wait_for(printed, timeout=60, what=f"the env in the log of {namespace}/{name}")
     return dict(line.split("=", 1) for line in log.splitlines() if "=" in line)
+
+
+_DEVICE_VARIABLE = re.compile(r"DRASIL_DEVICE_[A-Z0-9_]+")
+
+
+def visible_uuids(env: dict[str, str]) -> list[str]:
+    """The device UUIDs a container was given (its ``DRASIL_DEVICE_<NAME>`` variables),
+    sorted; settings variables hold no UUID."""
+    return sorted(
+        value
+        for name, value in env.items()
+        if _DEVICE_VARIABLE.fullmatch(name) and value.startswith(("GPU-", "MIG-"))
+    )
+
+
+def device_variable(device: str) -> str:
+    """``gpu-3`` -> ``DRASIL_DEVICE_GPU_3``, as the CDI spec names it."""
+    return "DRASIL_DEVICE_" + re.sub(r"[^A-Za-z0-9_]", "_", device).upper()
 
 
 def events(kube: Kube, namespace: str, name: str) -> list[str]:

@@ -38,7 +38,7 @@ from e2e.cluster.host import free_ports
 from e2e.cluster.node import Node
 from e2e.image import LocalImage, build_image, import_image
 from e2e.kube import Kube, NotYet, gone, wait_for
-from e2e.pods import container_env, pod, template, wait_running
+from e2e.pods import container_env, pod, template, visible_uuids, wait_running
 
 DRIVER = "gpu.install.drasil.dev"
 CLASS = "install.drasil.dev"
@@ -183,11 +183,12 @@ def _running_with_gpu(kube: Kube, namespace: str, name: str) -> str:
         if pod.status.phase != "Running":
             return NotYet({"phase": pod.status.phase, "conditions": str(pod.status.conditions)})
         log = kube.core.read_namespaced_pod_log(name, namespace)
-        return ("DRASIL_VISIBLE_DEVICES=" in log and log) or NotYet(log)
+        return ("PATH=" in log and log) or NotYet(log)
 
     log: str = wait_for(running, timeout=TIMEOUT, what=f"Pod {name} to run with its GPU")
-    assert f"DRASIL_CLAIM_NAMESPACE={namespace}" in log
-    return next(line for line in log.splitlines() if line.startswith("DRASIL_VISIBLE_DEVICES="))
+    env = dict(line.split("=", 1) for line in log.splitlines() if "=" in line)
+    (uuid,) = visible_uuids(env)
+    return uuid
 
 
 def _delete_pod(kube: Kube, namespace: str, name: str) -> None:

@@ -23,7 +23,7 @@ from referencing.jsonschema import DRAFT7
 
 from e2e.kube import Kube, NotYet, wait_for
 from e2e.pluginproc import DRIVER, GPU_CLASS, ClaimId, KubeletClient, PluginProcess
-from e2e.pods import template
+from e2e.pods import device_variable, template
 
 RESOURCE = "resource.k8s.io/v1"
 CDI_SCHEMA_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "cdi-schema"
@@ -173,8 +173,8 @@ def test_slices_are_accepted_allocated_and_prepared(
     spec = json.loads(cdi_file(plugin, ref.uid).read_text())
     cdi_validator.validate(spec)
     assert f"{spec['kind']}={spec['devices'][0]['name']}" == expected_id
-    env = spec["containerEdits"]["env"]
-    assert any(e.startswith("NVIDIA_VISIBLE_DEVICES=GPU-") for e in env)
+    env = spec["devices"][0]["containerEdits"]["env"]
+    assert any(e.startswith(f"{device_variable(result['device'])}=GPU-") for e in env)
     assert checkpoint_claims(plugin)[ref.uid]["state"] == "PrepareCompleted"
 
     # kubelet may call again (its own restart): same answer.
@@ -231,8 +231,9 @@ def test_sharing_config_reaches_the_cdi_env(
     assert KubeletClient(plugin).prepare([ref]).claims[ref.uid].error == ""
     spec = json.loads(cdi_file(plugin, ref.uid).read_text())
     env = spec["devices"][0]["containerEdits"]["env"]
-    assert "DRASIL_SHARING_STRATEGY=TimeSlicing" in env
-    assert "DRASIL_TIMESLICE_INTERVAL=Long" in env
+    variable = device_variable(spec["devices"][0]["name"].removeprefix(f"{ref.uid}-"))
+    assert f"{variable}_SHARING_STRATEGY=TimeSlicing" in env
+    assert f"{variable}_TIMESLICE_INTERVAL=Long" in env
 
 
 def test_unknown_claim_gets_a_per_claim_error(plugin: PluginProcess) -> None:

@@ -24,9 +24,11 @@ from e2e.pods import (
     container_env,
     delete_pod,
     device_uuid,
+    device_variable,
     events,
     pod,
     template,
+    visible_uuids,
     wait_running,
 )
 
@@ -102,8 +104,7 @@ def prepared_in(node: Node, namespace: str) -> dict[str, Any]:
     }
     for spec in node.cdi_dir.glob("*.json"):
         data = json.loads(spec.read_text())
-        env = data.get("containerEdits", {}).get("env", [])
-        if f"DRASIL_CLAIM_NAMESPACE={namespace}" in env:
+        if data.get("annotations", {}).get("drasil.dev/claim-namespace") == namespace:
             held[spec.name] = "CDI spec"
     return held
 
@@ -181,11 +182,12 @@ def test_pod_sees_its_gpu_and_delete_unprepares(kube: Kube, ns: str, node: Node)
     assert uuid.startswith("GPU-")
 
     # What the container saw is what our CDI spec says, for the allocated device.
-    assert env["NVIDIA_VISIBLE_DEVICES"] == uuid
-    assert env["DRASIL_VISIBLE_DEVICES"] == uuid
-    assert env["DRASIL_CLAIM_UID"] == uid
+    assert visible_uuids(env) == [uuid]
+    assert env[device_variable(device)] == uuid
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
     spec = json.loads(cdi_spec(node, uid).read_text())
-    assert f"NVIDIA_VISIBLE_DEVICES={uuid}" in spec["containerEdits"]["env"]
+    assert f"{device_variable(device)}={uuid}" in spec["devices"][0]["containerEdits"]["env"]
+    assert spec["annotations"]["drasil.dev/claim-uid"] == uid
     assert checkpoint(node)[uid]["state"] == "PrepareCompleted"
     # kubelet itself called NodePrepareResources and got our CDI device back.
     (line,) = kubelet_prepared(node, uid)[:1]
@@ -203,8 +205,8 @@ def test_two_pods_get_distinct_gpus(kube: Kube, ns: str, node: Node) -> None:
     first, second = (gpu_pod(kube, ns, node) for _ in range(2))
     devices = {allocated_device(kube, first[1]), allocated_device(kube, second[1])}
     assert len(devices) == 2
-    seen = {first[2]["NVIDIA_VISIBLE_DEVICES"], second[2]["NVIDIA_VISIBLE_DEVICES"]}
-    assert seen == {device_uuid(kube, node, d) for d in devices}
+    seen = visible_uuids(first[2]) + visible_uuids(second[2])
+    assert sorted(seen) == sorted(device_uuid(kube, node, d) for d in devices)
 
 
 def test_one_claim_shared_by_two_pods(kube: Kube, ns: str, node: Node) -> None:
@@ -227,12 +229,12 @@ def test_one_claim_shared_by_two_pods(kube: Kube, ns: str, node: Node) -> None:
     uid = claim["metadata"]["uid"]
     assert len(claim["status"]["reservedFor"]) == 2
     uuid = device_uuid(kube, node, allocated_device(kube, claim))
-    assert [container_env(kube, ns, n)["NVIDIA_VISIBLE_DEVICES"] for n in names] == [uuid, uuid]
+    assert [visible_uuids(container_env(kube, ns, n)) for n in names] == [[uuid], [uuid]]
 
     # Prepared once for the node; stays while one Pod still uses it.
     delete_pod(kube, ns, names[0])
     assert cdi_spec(node, uid).exists()
-    assert container_env(kube, ns, names[1])["NVIDIA_VISIBLE_DEVICES"] == uuid
+    assert visible_uuids(container_env(kube, ns, names[1])) == [uuid]
     delete_pod(kube, ns, names[1])
     wait_unprepared(node, uid)
 
@@ -243,9 +245,10 @@ def test_time_slicing_config_reaches_the_container(kube: Kube, ns: str, node: No
         "kind": "GpuConfig",
         "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}},
     }
-    _, _, env = gpu_pod(kube, ns, node, config=config)
-    assert env["DRASIL_SHARING_STRATEGY"] == "TimeSlicing"
-    assert env["DRASIL_TIMESLICE_INTERVAL"] == "Long"
+    _, claim, env = gpu_pod(kube, ns, node, config=config)
+    variable = device_variable(allocated_device(kube, claim))
+    assert env[f"{variable}_SHARING_STRATEGY"] == "TimeSlicing"
+    assert env[f"{variable}_TIMESLICE_INTERVAL"] == "Long"
 
 
 def test_invalid_config_is_reported_in_the_pods_events(kube: Kube, ns: str, node: Node) -> None:
@@ -324,7 +327,7 @@ def test_new_pod_gets_a_device_soon_after_kubelet_restart(
     )
     wait_running(kube, ns, name)
     env = container_env(kube, ns, name)
-    assert env["NVIDIA_VISIBLE_DEVICES"] != device_uuid(kube, node, allocated_device(kube, claim))
+    assert visible_uuids(env) != [device_uuid(kube, node, allocated_device(kube, claim))]
 
 
 def test_plugin_killed_and_restarted_leaks_nothing(kube: Kube, ns: str, node: Node) -> None:
@@ -348,8 +351,8 @@ def test_plugin_killed_and_restarted_leaks_nothing(kube: Kube, ns: str, node: No
     assert wait_running(kube, ns, keep)["status"]["containerStatuses"][0]["restartCount"] == 0
 
     _, _, env = gpu_pod(kube, ns, node)
-    assert env["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")
-    assert env["NVIDIA_VISIBLE_DEVICES"] != keep_env["NVIDIA_VISIBLE_DEVICES"]
+    assert [u[:4] for u in visible_uuids(env)] == ["GPU-"]
+    assert visible_uuids(env) != visible_uuids(keep_env)
 
 
 def test_extended_resource_gets_a_device_through_dra(kube: Kube, ns: str, node: Node) -> None:
@@ -360,5 +363,5 @@ def test_extended_resource_gets_a_device_through_dra(kube: Kube, ns: str, node: 
         claim["metadata"]["annotations"]["resource.kubernetes.io/extended-resource-claim"] == "true"
     )
     uuid = device_uuid(kube, node, allocated_device(kube, claim))
-    assert container_env(kube, ns, name)["NVIDIA_VISIBLE_DEVICES"] == uuid
+    assert visible_uuids(container_env(kube, ns, name)) == [uuid]
     assert checkpoint(node)[claim["metadata"]["uid"]]["state"] == "PrepareCompleted"
