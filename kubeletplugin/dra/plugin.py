@@ -131,12 +131,17 @@ class KubeletPlugin:
             log.info("node rebooted; prepared state discarded", extra={"detail": loaded.detail})
 
     def _node_event(self, reason: str, message: str) -> None:
-        try:
-            uid = self.api.get_node_uid(self.opts.node_name) or ""
-            involved = {"kind": "Node", "name": self.opts.node_name, "uid": uid}
-            self.api.post_event(involved=involved, reason=reason, message=message)
-        except Exception as err:  # the API may be away; the log line above stays
-            log.warning("could not post node event", extra={"error": str(err)})
+        # In the background: an API server that hangs must not keep the plugin from
+        # serving the claims it can answer from its own state.
+        def post() -> None:
+            try:
+                uid = self.api.get_node_uid(self.opts.node_name) or ""
+                involved = {"kind": "Node", "name": self.opts.node_name, "uid": uid}
+                self.api.post_event(involved=involved, reason=reason, message=message)
+            except Exception as err:  # the API may be away; the log line stays
+                log.warning("could not post node event", extra={"error": str(err)})
+
+        threading.Thread(target=post, name="node-event", daemon=True).start()
 
     def _start_servers(self) -> None:
         work = ClaimWork(self.preparer, self.metrics)

@@ -107,6 +107,11 @@ class _KeyedLocks:
                     self._locks[key] = (lock, users - 1)
 
 
+API_READERS = 16
+"""Prepares that may wait for the API server at once: half of the DRA socket's 32
+gRPC threads (``drasil.kubeletplugin.sockets``)."""
+
+
 @dataclass
 class Preparer:
     """Prepares and unprepares claims for one node's pool of one driver."""
@@ -119,8 +124,10 @@ class Preparer:
     cdi_root: Path
     state_dir: Path
     common_edits: ContainerEdits = field(default_factory=ContainerEdits)
+    api_readers: int = API_READERS
 
     def __post_init__(self) -> None:
+        self._api_slots = threading.BoundedSemaphore(self.api_readers)
         self._claim_locks = _KeyedLocks()
         self._state_thread_lock = threading.Lock()
         self._state_file_lock = self.state_dir / "checkpoint.lock"
@@ -202,6 +209,20 @@ class Preparer:
         return spec is not None
 
     def _read_claim(self, ref: ClaimRef) -> Mapping[str, Any]:
+        # A hung API server holds each reader for a whole request timeout; past
+        # api_readers of them a prepare fails at once, so that gRPC threads stay free
+        # for unprepare, health and prepares answered from the checkpoint.
+        if not self._api_slots.acquire(blocking=False):
+            raise PrepareError(
+                f"{self.api_readers} prepares are already waiting for the API server; "
+                "kubelet retries this claim"
+            )
+        try:
+            return self._read_claim_from_api(ref)
+        finally:
+            self._api_slots.release()
+
+    def _read_claim_from_api(self, ref: ClaimRef) -> Mapping[str, Any]:
         # The claim was allocated and reserved long before kubelet calls us, so the
         # cache almost always has it; anything unexpected is read again, fresh.
         claim = self.claims.get_claim(ref.namespace, ref.name, cached=True)

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubelet_client import (
@@ -477,3 +479,49 @@ def test_a_stuck_peer_instance_gives_a_claim_error(
     with FileLock(tmp_path / "state" / "checkpoint.lock"):  # another instance holds it
         outcome = preparer.prepare(ref_of(claim))
     assert "still locked" in outcome.error
+
+
+# ---- an API server that hangs --------------------------------------------------------
+
+
+class HangingClaims:
+    """A claim reader whose reads block until released (a SIGSTOPped API server)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.waiting = threading.Semaphore(0)
+
+    def get_claim(self, namespace: str, name: str, *, cached: bool = False) -> Any:
+        self.waiting.release()
+        self.release.wait(DEADLINE)
+        return None
+
+
+def test_prepares_waiting_for_a_hung_api_server_are_bounded(tmp_path: Path) -> None:
+    claim = claim_json(UID_A, result("gpu-0"))
+    preparer, _ = setup(tmp_path, claim)
+    assert preparer.prepare(ref_of(claim)).error == ""  # one claim prepared before the hang
+    hanging = HangingClaims()
+    preparer.claims = hanging
+    refs = [ClaimRef("ml", f"c-{i}", f"{i:08x}-0000-4000-8000-000000000000") for i in range(16)]
+    threads = [threading.Thread(target=preparer.prepare, args=(r,)) for r in refs]
+    for thread in threads:
+        thread.start()
+    for _ in refs:
+        assert hanging.waiting.acquire(timeout=DEADLINE)  # all 16 wait for the API server
+
+    started = time.monotonic()
+    refused = preparer.prepare(ClaimRef("ml", "late", "ffffffff-0000-4000-8000-000000000000"))
+    again = preparer.prepare(ref_of(claim))  # answered from the checkpoint
+    unprepared = preparer.unprepare(ref_of(claim))  # needs no API server
+    elapsed = time.monotonic() - started
+
+    hanging.release.set()
+    for thread in threads:
+        thread.join()
+    assert refused.error == (
+        "16 prepares are already waiting for the API server; kubelet retries this claim"
+    )
+    assert again.error == ""
+    assert unprepared == ""
+    assert elapsed < 2
