@@ -4,6 +4,7 @@ against a cluster), rendering it, applying with the pinned kubectl, and its CRD.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from e2e import binaries, paths, versions
@@ -147,3 +149,74 @@ def crd_installed(kube: Kube, kubeconfig: Path) -> Iterator[dict[str, Any]]:
     finally:
         if not existed:
             kubectl_run(kubeconfig, "delete", "--ignore-not-found", "-f", str(CRD))
+
+
+def token_kubeconfig(kubeconfig: Path, token: str, path: Path, name: str) -> Path:
+    """A kubeconfig at `path` that authenticates with `token` against the cluster of
+    `kubeconfig`."""
+    config = yaml.safe_load(kubeconfig.read_text())
+    context = next(c for c in config["contexts"] if c["name"] == config["current-context"])
+    cluster = next(c for c in config["clusters"] if c["name"] == context["context"]["cluster"])
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [cluster],
+                "users": [{"name": name, "user": {"token": token}}],
+                "contexts": [{"name": name, "context": {"cluster": cluster["name"], "user": name}}],
+                "current-context": name,
+            }
+        )
+    )
+    return path
+
+
+_RBAC_KINDS = frozenset(
+    {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ChartIdentity:
+    """A daemon's identity as the chart makes it: its service account's token in a
+    kubeconfig, its RBAC applied, and the Lease its Role lets it hold."""
+
+    kubeconfig: Path
+    namespace: str
+    lease: str
+
+
+@contextlib.contextmanager
+def controller_identity(
+    kube: Kube, kubeconfig: Path, *, release: str, driver: str, directory: Path
+) -> Iterator[ChartIdentity]:
+    """The chart's controller RBAC for `driver`, applied in a namespace of its own, and
+    a kubeconfig with a token of the controller's service account; removed after."""
+    namespace = f"{release}-system"
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    objs = [
+        o
+        for o in render(namespace=namespace, release=release, sets=[f"driverName={driver}"])
+        if o["kind"] in _RBAC_KINDS
+        and o["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "controller"
+    ]
+    try:
+        for obj in objs:
+            kube.create(obj, namespace)
+        sa = next(o["metadata"]["name"] for o in objs if o["kind"] == "ServiceAccount")
+        role = next(o for o in objs if o["kind"] == "Role")
+        request = client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
+        )
+        issued = kube.core.create_namespaced_service_account_token(sa, namespace, request)
+        token = issued.status.token if issued.status is not None else None
+        assert token, f"no token issued for {namespace}/{sa}"
+        path = token_kubeconfig(kubeconfig, token, directory / f"{sa}.kubeconfig", sa)
+        lease = role["rules"][0]["resourceNames"][0]
+        yield ChartIdentity(kubeconfig=path, namespace=namespace, lease=lease)
+    finally:
+        for obj in objs:
+            if obj["kind"].startswith("Cluster"):
+                kube.delete(obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
+        kube.delete("v1", "Namespace", namespace)

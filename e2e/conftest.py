@@ -29,6 +29,16 @@ from e2e import binaries, build
 from e2e.cluster import Cluster
 from e2e.cluster.node import Node
 from e2e.kube import Kube, NotYet, gone, wait_for
+from e2e.pluginproc import DRIVER
+from e2e.pods import (
+    EXTENDED_CLASS,
+    EXTENDED_RESOURCE,
+    NODE_GPU_SELECTOR,
+    POD_TIMEOUT,
+    RESOURCE,
+    delete_pod,
+    prepared_in,
+)
 
 E2E_DIR = Path(__file__).parent
 KUBECONFIG_ENV = "DRASIL_E2E_KUBECONFIG"
@@ -259,3 +269,48 @@ def make_node(kube: Kube) -> Iterator[Callable[..., dict[str, Any]]]:
             timeout=30,
             what=f"Node {name} to be deleted",
         )
+
+
+# --- the node's GPUs for the node tests (test_node, test_container_view) -------------
+
+
+@pytest.fixture(scope="module")
+def gpu_class(kube: Kube, node: Node) -> Iterator[str]:
+    """DeviceClass gpu.drasil.dev (as in test_kubeletplugin) and one that maps the
+    extended resource drasil.dev/gpu to the same devices."""
+    classes = {
+        DRIVER: {"selectors": [{"cel": {"expression": NODE_GPU_SELECTOR}}]},
+        EXTENDED_CLASS: {
+            "selectors": [{"cel": {"expression": NODE_GPU_SELECTOR}}],
+            "extendedResourceName": EXTENDED_RESOURCE,
+        },
+    }
+    for name, spec in classes.items():
+        kube.delete(RESOURCE, "DeviceClass", name)
+        kube.create(
+            {
+                "apiVersion": RESOURCE,
+                "kind": "DeviceClass",
+                "metadata": {"name": name},
+                "spec": spec,
+            }
+        )
+    yield DRIVER
+    for name in classes:
+        kube.delete(RESOURCE, "DeviceClass", name)
+
+
+@pytest.fixture
+def ns(namespace: str, kube: Kube, node: Node, gpu_class: str) -> Iterator[str]:
+    """The test's namespace; afterwards its Pods are deleted and the test waits until
+    the node unprepared every claim of it: no CDI spec, no checkpoint entry left."""
+    yield namespace
+    for item in kube.core.list_namespaced_pod(namespace).items:
+        assert item.metadata is not None
+        assert item.metadata.name is not None
+        delete_pod(kube, namespace, item.metadata.name)
+    wait_for(
+        lambda: NotYet(prepared_in(node, namespace)) if prepared_in(node, namespace) else True,
+        timeout=POD_TIMEOUT,
+        what=f"the node to unprepare every claim of {namespace}",
+    )

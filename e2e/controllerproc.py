@@ -25,6 +25,7 @@ class ControllerProcess:
     driver: str
     lease: str
     identity: str
+    lease_namespace: str = "default"
     args: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
 
@@ -39,7 +40,7 @@ class ControllerProcess:
             "--health-addr=",
             "--log-format=json",
             f"--leader-elect-lease-name={self.lease}",
-            "--leader-elect-namespace=default",
+            f"--leader-elect-namespace={self.lease_namespace}",
             f"--leader-elect-identity={self.identity}",
             "--leader-elect-lease-duration=4",
             "--leader-elect-renew-deadline=3",

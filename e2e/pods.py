@@ -3,8 +3,10 @@ that prints its env, wait until it runs, read what the container saw, delete it.
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
+from pathlib import Path
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -19,6 +21,9 @@ RESOURCE = "resource.k8s.io/v1"
 # which would make every deletion take the whole grace period).
 COMMAND = "env | sort; trap 'exit 0' TERM; sleep 3600 & wait"
 POD_TIMEOUT = 120
+NODE_GPU_SELECTOR = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "gpu"'
+EXTENDED_CLASS = f"extended.{DRIVER}"
+EXTENDED_RESOURCE = "drasil.dev/gpu"
 
 
 def template(
@@ -177,3 +182,32 @@ def delete_pod(kube: Kube, namespace: str, name: str, *, wait: bool = True) -> N
             timeout=POD_TIMEOUT,
             what=f"Pod {namespace}/{name} deleted",
         )
+
+
+# --- what the node holds -----------------------------------------------------------
+
+
+def checkpoint(node: Node) -> dict[str, Any]:
+    path = node.plugin.state_dir / "checkpoint.json"
+    if not path.exists():
+        return {}
+    claims: dict[str, Any] = json.loads(path.read_text()).get("claims", {})
+    return claims
+
+
+def cdi_spec(node: Node, uid: str) -> Path:
+    return node.cdi_dir / f"k8s.{DRIVER}-claim_{uid}.json"
+
+
+def prepared_in(node: Node, namespace: str) -> dict[str, Any]:
+    """Claims of `namespace` the node still holds: checkpoint entries and CDI files."""
+    held = {
+        uid: c.get("state")
+        for uid, c in checkpoint(node).items()
+        if c.get("namespace") == namespace
+    }
+    for spec in node.cdi_dir.glob("*.json"):
+        data = json.loads(spec.read_text())
+        if data.get("annotations", {}).get("drasil.dev/claim-namespace") == namespace:
+            held[spec.name] = "CDI spec"
+    return held

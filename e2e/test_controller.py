@@ -31,6 +31,7 @@ from drasil.api.devicepool import API_VERSION as POOL_API
 from drasil.api.devicepool import CRD_NAME, crd_manifest
 from drasil.driver.explain.fromapi import explain_from_api
 from drasil.driver.kubeapi import KubeApi
+from e2e.chart import ChartIdentity, controller_identity
 from e2e.controllerproc import ControllerProcess
 from e2e.kube import Kube, NotYet, gone, pending_pod, wait_for
 
@@ -84,15 +85,32 @@ def device_class(kube: Kube) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
+def identity(
+    kube: Kube, kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ChartIdentity]:
+    """The controller's service account with the chart's RBAC for DRIVER: the tests see
+    what a permission the chart lacks would break."""
+    directory = tmp_path_factory.mktemp("identity")
+    with controller_identity(
+        kube, kubeconfig, release=f"ctl-{TOKEN}", driver=DRIVER, directory=directory
+    ) as made:
+        yield made
+
+
+@pytest.fixture(scope="module")
 def controller(
-    crd: None, device_class: str, kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+    crd: None,
+    device_class: str,
+    identity: ChartIdentity,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ControllerProcess]:
     """One controller for the driver of this module, leading its own Lease."""
     proc = ControllerProcess(
-        kubeconfig=kubeconfig,
+        kubeconfig=identity.kubeconfig,
         log_path=tmp_path_factory.mktemp("controller") / "controller.log",
         driver=DRIVER,
-        lease=f"drasil-e2e-{TOKEN}",
+        lease=identity.lease,
+        lease_namespace=identity.namespace,
         identity=f"e2e-{TOKEN}",
     )
     proc.start()
@@ -577,9 +595,9 @@ def test_a_pods_node_selector_that_rules_out_the_free_gpus_is_explained(
 # --- two replicas ----------------------------------------------------------------------
 
 
-def lease_holder(kube: Kube, name: str) -> str | None:
+def lease_holder(kube: Kube, name: str, namespace: str) -> str | None:
     try:
-        lease = kube.get("coordination.k8s.io/v1", "Lease", name, "default")
+        lease = kube.get("coordination.k8s.io/v1", "Lease", name, namespace)
     except ApiException as err:
         if err.status == 404:
             return None
@@ -591,13 +609,28 @@ def test_two_replicas_only_the_leader_publishes_and_the_other_takes_over(
     kube: Kube, crd: None, kubeconfig: Path, tmp_path: Path, pools: Callable[..., dict[str, Any]]
 ) -> None:
     driver = f"ha-{TOKEN}.drasil.dev"
-    lease = f"drasil-ha-{TOKEN}"
+    with controller_identity(
+        kube, kubeconfig, release=f"ha-{TOKEN}", driver=driver, directory=tmp_path
+    ) as ha:
+        _two_replicas(kube, ha, driver=driver, tmp_path=tmp_path, pools=pools)
+
+
+def _two_replicas(
+    kube: Kube,
+    ha: ChartIdentity,
+    *,
+    driver: str,
+    tmp_path: Path,
+    pools: Callable[..., dict[str, Any]],
+) -> None:
+    lease = ha.lease
     replicas = [
         ControllerProcess(
-            kubeconfig=kubeconfig,
+            kubeconfig=ha.kubeconfig,
             log_path=tmp_path / f"replica-{name}.log",
             driver=driver,
             lease=lease,
+            lease_namespace=ha.namespace,
             identity=f"replica-{name}",
         )
         for name in ("a", "b")
@@ -612,7 +645,7 @@ def test_two_replicas_only_the_leader_publishes_and_the_other_takes_over(
         wait_for(lambda: pool_slices(kube, "ha-pool", driver), timeout=30, what="slices of ha-pool")
         wait_ready(kube, "ha-pool", "True")
 
-        assert lease_holder(kube, lease) == "replica-a"
+        assert lease_holder(kube, lease, ha.namespace) == "replica-a"
         metrics_a, metrics_b = a.metrics(), b.metrics()
         assert metrics_a["drasil_controller_leader"] == 1
         assert metrics_a['drasil_controller_pool_publishes_total{result="published"}'] >= 1
@@ -622,7 +655,7 @@ def test_two_replicas_only_the_leader_publishes_and_the_other_takes_over(
 
         a.kill()
         b.wait_logged("leading", timeout=30)
-        assert lease_holder(kube, lease) == "replica-b"
+        assert lease_holder(kube, lease, ha.namespace) == "replica-b"
         kube.dyn.resources.get(api_version=POOL_API, kind="DevicePool").patch(
             name="ha-pool",
             body={"spec": {"devices": [gpu("remote-0"), gpu("remote-1")]}},
@@ -640,4 +673,84 @@ def test_two_replicas_only_the_leader_publishes_and_the_other_takes_over(
         for replica in replicas:
             replica.stop()
             print(f"{replica.identity} log:\n{replica.tail()}")
-        kube.delete("coordination.k8s.io/v1", "Lease", lease, "default")
+        kube.delete("coordination.k8s.io/v1", "Lease", lease, ha.namespace)
+
+
+# --- hostile claims: one Event each, and the controller keeps serving ----------------
+
+
+def _claim_file(tmp_path: Path, namespace: str, name: str, devices_json: str) -> Path:
+    # Written as text: json.dumps would recurse into the deep parameters like the
+    # decoders this test is about.
+    manifest = tmp_path / f"{name}.json"
+    manifest.write_text(
+        f'{{"apiVersion":"{RESOURCE}","kind":"ResourceClaim",'
+        f'"metadata":{{"name":"{name}","namespace":"{namespace}"}},'
+        f'"spec":{{"devices":{devices_json}}}}}'
+    )
+    return manifest
+
+
+def _devices_json(parameters: str, *, selector: str | None = None) -> str:
+    selectors = (
+        f',"selectors":[{{"cel":{{"expression":{json.dumps(selector)}}}}}]' if selector else ""
+    )
+    return (
+        f'{{"requests":[{{"name":"gpu","exactly":{{"deviceClassName":"{DRIVER}"{selectors}}}}}],'
+        f'"config":[{{"requests":["gpu"],"opaque":{{"driver":"{DRIVER}",'
+        f'"parameters":{parameters}}}}}]}}'
+    )
+
+
+def test_hostile_claims_cost_one_event_each_and_the_controller_keeps_serving(
+    kube: Kube,
+    namespace: str,
+    controller: ControllerProcess,
+    kubectl: Callable[..., Any],
+    tmp_path: Path,
+    pools: Callable[..., dict[str, Any]],
+) -> None:
+    deep = '{"apiVersion":"%s","kind":"GpuConfig","x":%s}' % (  # noqa: UP031
+        CONFIG_API,
+        "[" * 3000 + "]" * 3000,
+    )
+    huge = (
+        f'{{"apiVersion":"{CONFIG_API}","kind":"GpuConfig","sharing":{{"strategy":"MPS",'
+        '"mps":{"defaultPinnedDeviceMemoryLimit":"1e999999"}}}'
+    )
+    for name, parameters in (("deep", deep), ("huge", huge)):
+        kubectl(
+            "create", "-f", str(_claim_file(tmp_path, namespace, name, _devices_json(parameters)))
+        )
+
+    deep_event = wait_event(kube, namespace, _uid(kube, namespace, "deep"), "InvalidDeviceConfig")
+    assert "nested too deeply" in deep_event.message
+    huge_event = wait_event(kube, namespace, _uid(kube, namespace, "huge"), "InvalidDeviceConfig")
+    assert "sharing.mps.defaultPinnedDeviceMemoryLimit" in huge_event.message
+    assert "out of range" in huge_event.message
+
+    # A selector as deep as the API server accepts, and one over the runtime cost
+    # limit, are explained like any other: an Event, not a crash.
+    wide = gpu("wide-0")  # 31 attributes: five nested exists cost 31^5 > 1,000,000
+    wide["attributes"] |= {f"a{i}": {"int": i} for i in range(29)}
+    pools("hostile", [wide], allNodes=True)
+    wait_ready(kube, "hostile", "True")
+    nested = f'device.attributes["{DRIVER}"]'
+    costly = "v0 == 'none'"
+    for level in range(5):
+        costly = f"{nested}.exists(v{level}, {costly})"
+    deep_selector = " + ".join(["1"] * 240) + " < 0"
+    for name, selector in (("costly", costly), ("deep-selector", deep_selector)):
+        kube.create(claim_template(name, selector), namespace)
+        kube.create(pending_pod(f"user-{name}", template=name), namespace)
+    _, costly_event = unsatisfiable(kube, namespace, "user-costly")
+    assert "operation cancelled: actual cost limit exceeded" in costly_event.message
+    _, deep_event = unsatisfiable(kube, namespace, "user-deep-selector")
+    assert "0 pass selector" in deep_event.message
+
+    assert controller.alive(), controller.tail()
+    assert not [e for e in controller.logs() if "RecursionError" in json.dumps(e)]
+
+
+def _uid(kube: Kube, namespace: str, name: str) -> str:
+    return str(kube.get(RESOURCE, "ResourceClaim", name, namespace)["metadata"]["uid"])

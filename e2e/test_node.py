@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,93 +19,26 @@ from e2e.cluster.node import Node
 from e2e.kube import Kube, NotYet, gone, wait_for
 from e2e.pluginproc import DRIVER
 from e2e.pods import (
+    EXTENDED_RESOURCE,
     POD_TIMEOUT,
+    cdi_spec,
+    checkpoint,
     container_env,
     delete_pod,
     device_uuid,
     device_variable,
     events,
     pod,
+    prepared_in,
     template,
     visible_uuids,
     wait_running,
 )
 
 RESOURCE = "resource.k8s.io/v1"
-EXTENDED_CLASS = f"extended.{DRIVER}"
-EXTENDED_RESOURCE = "drasil.dev/gpu"
-GPU_SELECTOR = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "gpu"'
-
-
-@pytest.fixture(scope="module")
-def gpu_class(kube: Kube, node: Node) -> Iterator[str]:
-    """DeviceClass gpu.drasil.dev (as in test_kubeletplugin) and one that maps the
-    extended resource drasil.dev/gpu to the same devices."""
-    classes = {
-        DRIVER: {"selectors": [{"cel": {"expression": GPU_SELECTOR}}]},
-        EXTENDED_CLASS: {
-            "selectors": [{"cel": {"expression": GPU_SELECTOR}}],
-            "extendedResourceName": EXTENDED_RESOURCE,
-        },
-    }
-    for name, spec in classes.items():
-        kube.delete(RESOURCE, "DeviceClass", name)
-        kube.create(
-            {
-                "apiVersion": RESOURCE,
-                "kind": "DeviceClass",
-                "metadata": {"name": name},
-                "spec": spec,
-            }
-        )
-    yield DRIVER
-    for name in classes:
-        kube.delete(RESOURCE, "DeviceClass", name)
-
-
-@pytest.fixture
-def ns(namespace: str, kube: Kube, node: Node, gpu_class: str) -> Iterator[str]:
-    """The test's namespace; afterwards its Pods are deleted and the test waits until
-    the node unprepared every claim of it: no CDI spec, no checkpoint entry left."""
-    yield namespace
-    for item in kube.core.list_namespaced_pod(namespace).items:
-        assert item.metadata is not None
-        assert item.metadata.name is not None
-        delete_pod(kube, namespace, item.metadata.name)
-    wait_for(
-        lambda: NotYet(prepared_in(node, namespace)) if prepared_in(node, namespace) else True,
-        timeout=POD_TIMEOUT,
-        what=f"the node to unprepare every claim of {namespace}",
-    )
 
 
 # -- helpers -------------------------------------------------------------------------
-
-
-def checkpoint(node: Node) -> dict[str, Any]:
-    path = node.plugin.state_dir / "checkpoint.json"
-    if not path.exists():
-        return {}
-    claims: dict[str, Any] = json.loads(path.read_text()).get("claims", {})
-    return claims
-
-
-def cdi_spec(node: Node, uid: str) -> Path:
-    return node.cdi_dir / f"k8s.{DRIVER}-claim_{uid}.json"
-
-
-def prepared_in(node: Node, namespace: str) -> dict[str, Any]:
-    """Claims of `namespace` the node still holds: checkpoint entries and CDI files."""
-    held = {
-        uid: c.get("state")
-        for uid, c in checkpoint(node).items()
-        if c.get("namespace") == namespace
-    }
-    for spec in node.cdi_dir.glob("*.json"):
-        data = json.loads(spec.read_text())
-        if data.get("annotations", {}).get("drasil.dev/claim-namespace") == namespace:
-            held[spec.name] = "CDI spec"
-    return held
 
 
 def pod_claim(kube: Kube, namespace: str, name: str) -> dict[str, Any]:

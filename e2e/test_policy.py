@@ -33,7 +33,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e.chart import crd_installed, dump, kubectl_run, render
+from e2e.chart import crd_installed, dump, kubectl_run, render, token_kubeconfig
 from e2e.cluster.host import free_ports
 from e2e.image import build_image, image_env, sandbox_command, unpack
 from e2e.kube import Kube, NotYet, wait_for
@@ -168,23 +168,7 @@ def unbound_token(kube: Kube, namespace: str, sa: str) -> str:
 
 def as_token(kubeconfig: Path, token: str, tmp_path: Path, name: str) -> Kube:
     """API clients that authenticate with `token` against the cluster of `kubeconfig`."""
-    config = yaml.safe_load(kubeconfig.read_text())
-    context = next(c for c in config["contexts"] if c["name"] == config["current-context"])
-    cluster = next(c for c in config["clusters"] if c["name"] == context["context"]["cluster"])
-    path = tmp_path / f"{name}.kubeconfig"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [cluster],
-                "users": [{"name": name, "user": {"token": token}}],
-                "contexts": [{"name": name, "context": {"cluster": cluster["name"], "user": name}}],
-                "current-context": name,
-            }
-        )
-    )
-    return Kube(path)
+    return Kube(token_kubeconfig(kubeconfig, token, tmp_path / f"{name}.kubeconfig", name))
 
 
 def as_daemon(
