@@ -7,10 +7,16 @@ what a container runtime would read: the CDI file.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import secrets
 import shutil
+import signal
+import subprocess
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,9 +27,11 @@ import pytest
 from referencing import Registry
 from referencing.jsonschema import DRAFT7
 
+from e2e.cluster import Cluster
 from e2e.kube import Kube, NotYet, wait_for
 from e2e.pluginproc import DRIVER, GPU_CLASS, ClaimId, KubeletClient, PluginProcess
 from e2e.pods import device_variable, template
+from e2e.procs import read_pid_file
 
 RESOURCE = "resource.k8s.io/v1"
 CDI_SCHEMA_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "cdi-schema"
@@ -380,3 +388,129 @@ def test_deleted_slices_are_published_again(kube: Kube, node: str, plugin: Plugi
         kube.delete(RESOURCE, "ResourceSlice", obj["metadata"]["name"])
     slices = wait_published(kube, node)
     assert {s["spec"]["pool"]["name"] for s in slices} == {node}
+
+
+# --- faults that are not the claims' ---------------------------------------------------
+
+
+@contextlib.contextmanager
+def api_server_hung(cluster: Cluster | None) -> Iterator[None]:
+    """The session's own kube-apiserver SIGSTOPped: it accepts connections and never
+    answers, like an API server wedged on etcd. SIGCONT afterwards, whatever happens."""
+    assert cluster is not None, "needs the cluster this session started (not DRASIL_E2E_KUBECONFIG)"
+    proc = read_pid_file(cluster.pid_file("kube-apiserver"))
+    assert proc is not None, "kube-apiserver has no pid file"
+    assert proc.alive(), "kube-apiserver is not running"
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+
+
+def test_a_hung_api_server_costs_a_prepare_one_timeout_and_unprepare_nothing(
+    kube: Kube,
+    namespace: str,
+    node: str,
+    gpu_class: str,
+    plugin: PluginProcess,
+    cluster: Cluster | None,
+) -> None:
+    wait_published(kube, node)
+    first, _ = allocated_pod_claim(kube, namespace, node)
+    second, _ = allocated_pod_claim(kube, namespace, node)
+    kubelet = KubeletClient(plugin)
+    assert kubelet.prepare([first]).claims[first.uid].error == ""
+    waiting: dict[str, Any] = {}
+
+    def prepare_second() -> None:
+        started = time.monotonic()
+        waiting["response"] = KubeletClient(plugin).prepare([second])
+        waiting["seconds"] = time.monotonic() - started
+
+    with api_server_hung(cluster):
+        thread = threading.Thread(target=prepare_second)
+        thread.start()
+        started = time.monotonic()
+        info = kubelet.get_info()
+        unprepared = kubelet.unprepare([first]).claims[first.uid].error
+        answered_in = time.monotonic() - started
+        thread.join(timeout=60)
+
+    assert info.name == DRIVER
+    assert unprepared == ""
+    assert answered_in < 5, "unprepare and registration waited for the API server"
+    error = waiting["response"].claims[second.uid].error
+    assert error.startswith(f"prepare of ResourceClaim {namespace}/{second.name}: ")
+    assert "did not answer within 20 s" in error
+    assert waiting["seconds"] < 40  # within kubelet's 45 s
+    assert plugin.running()
+    # The API server is back: kubelet's retry prepares the claim.
+    assert kubelet.prepare([second]).claims[second.uid].error == ""
+
+
+def test_a_checkpoint_deleted_while_running_is_written_back(
+    kube: Kube, namespace: str, node: str, gpu_class: str, plugin: PluginProcess
+) -> None:
+    wait_published(kube, node)
+    ref, _ = allocated_pod_claim(kube, namespace, node)
+    kubelet = KubeletClient(plugin)
+    assert kubelet.prepare([ref]).claims[ref.uid].error == ""
+    (plugin.state_dir / "checkpoint.json").unlink()
+
+    again = kubelet.prepare([ref]).claims[ref.uid]  # any call under the state lock
+
+    assert again.error == ""
+    assert checkpoint_claims(plugin)[ref.uid]["state"] == "PrepareCompleted"
+    assert cdi_file(plugin, ref.uid).exists()
+
+
+def test_a_checkpoint_deleted_while_stopped_is_rebuilt_from_the_cdi_specs(
+    kube: Kube, namespace: str, node: str, gpu_class: str, plugin: PluginProcess
+) -> None:
+    wait_published(kube, node)
+    ref, _ = allocated_pod_claim(kube, namespace, node)
+    kubelet = KubeletClient(plugin)
+    assert kubelet.prepare([ref]).claims[ref.uid].error == ""
+    plugin.stop()
+    (plugin.state_dir / "checkpoint.json").unlink()
+
+    plugin.start()
+
+    # The spec survives the leaked-spec sweep: the claim is recorded again from it.
+    assert cdi_file(plugin, ref.uid).exists()
+    assert checkpoint_claims(plugin)[ref.uid]["namespace"] == namespace
+    assert kubelet.prepare([ref]).claims[ref.uid].error == ""
+    assert checkpoint_claims(plugin)[ref.uid]["state"] == "PrepareCompleted"
+
+
+def test_a_full_cdi_dir_fails_only_that_claim(
+    kube: Kube, namespace: str, node: str, gpu_class: str, plugin: PluginProcess
+) -> None:
+    wait_published(kube, node)
+    first, _ = allocated_pod_claim(kube, namespace, node)
+    second, _ = allocated_pod_claim(kube, namespace, node)
+    kubelet = KubeletClient(plugin)
+    assert kubelet.prepare([first]).claims[first.uid].error == ""
+    # A tiny tmpfs over the CDI dir, filled up: what a full /var/run looks like.
+    saved = {p.name: p.read_bytes() for p in plugin.cdi_root.glob("*.json")}
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(plugin.cdi_root)], check=True
+    )
+    try:
+        for name, data in saved.items():
+            (plugin.cdi_root / name).write_bytes(data)
+        filler = plugin.cdi_root / "filler"
+        with contextlib.suppress(OSError), filler.open("wb") as f:
+            while True:
+                f.write(b"\0" * 4096)
+                f.flush()
+        both = kubelet.prepare([first, second]).claims
+    finally:
+        subprocess.run(["umount", str(plugin.cdi_root)], check=True)
+
+    assert both[first.uid].error == ""  # prepared before: answered from the checkpoint
+    error = both[second.uid].error
+    assert error.startswith(f"prepare of ResourceClaim {namespace}/{second.name}: ")
+    assert "No space left on device" in error
+    assert error.endswith("; kubelet retries the claim")
