@@ -176,6 +176,8 @@ def _parse_object(data: bytes) -> JsonObject:
         document = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise CorruptCheckpoint(f"not JSON: {err}") from err
+    except RecursionError:  # our checkpoints nest five levels; this one is damaged
+        raise CorruptCheckpoint("nested too deeply to be a checkpoint") from None
     if not isinstance(document, dict):
         raise CorruptCheckpoint(f"not a JSON object but {type(document).__name__}")
     return document
