@@ -2,8 +2,9 @@
 
 A DevicePool becomes slices kube-scheduler allocates from; bad pools and bad opaque
 configs are reported in words; a pending claim is explained within 30 s; two
-replicas take turns through the Lease; and nothing of kopf's or ours is ever written
-onto ResourceClaims, Pods or ResourceSlices.
+replicas take turns through the Lease; hostile claims cost one Event each; and
+nothing of kopf's or ours is ever written onto ResourceClaims, Pods or ResourceSlices.
+The controller runs with the chart's RBAC (a token of its service account).
 
 Each run uses a driver name of its own, so slices other e2e tests publish for
 gpu.drasil.dev never show up in the counts asserted here. (Over 600 lines: the tests
@@ -729,24 +730,24 @@ def test_hostile_claims_cost_one_event_each_and_the_controller_keeps_serving(
     assert "sharing.mps.defaultPinnedDeviceMemoryLimit" in huge_event.message
     assert "out of range" in huge_event.message
 
-    # A selector as deep as the API server accepts, and one over the runtime cost
-    # limit, are explained like any other: an Event, not a crash.
-    wide = gpu("wide-0")  # 31 attributes: five nested exists cost 31^5 > 1,000,000
+    # Selectors the API server accepts that strain an evaluator: nested comprehensions
+    # over every attribute (the API server refuses one more level as too costly) and a
+    # chain nested 240 deep. Each is explained like any other: an Event, not a crash.
+    wide = gpu("wide-0")
     wide["attributes"] |= {f"a{i}": {"int": i} for i in range(29)}
     pools("hostile", [wide], allNodes=True)
     wait_ready(kube, "hostile", "True")
     nested = f'device.attributes["{DRIVER}"]'
     costly = "v0 == 'none'"
-    for level in range(5):
+    for level in range(3):
         costly = f"{nested}.exists(v{level}, {costly})"
     deep_selector = " + ".join(["1"] * 240) + " < 0"
     for name, selector in (("costly", costly), ("deep-selector", deep_selector)):
         kube.create(claim_template(name, selector), namespace)
         kube.create(pending_pod(f"user-{name}", template=name), namespace)
-    _, costly_event = unsatisfiable(kube, namespace, "user-costly")
-    assert "operation cancelled: actual cost limit exceeded" in costly_event.message
-    _, deep_event = unsatisfiable(kube, namespace, "user-deep-selector")
-    assert "0 pass selector" in deep_event.message
+    for name in ("costly", "deep-selector"):
+        _, event = unsatisfiable(kube, namespace, f"user-{name}")
+        assert "0 pass selector" in event.message
 
     assert controller.alive(), controller.tail()
     assert not [e for e in controller.logs() if "RecursionError" in json.dumps(e)]
