@@ -122,6 +122,9 @@ def allocated_pod_claim(
         claims = kube.resource(RESOURCE, "ResourceClaim").get(namespace=namespace).items
         for claim in claims:
             c = dict(claim.to_dict())
+            owners = [o.get("name") for o in c["metadata"].get("ownerReferences") or []]
+            if name not in owners:
+                continue  # another Pod's claim in this namespace
             if c.get("status", {}).get("allocation") and c["status"].get("reservedFor"):
                 return c
         return NotYet([dict(c.to_dict()).get("status") for c in claims])
