@@ -134,7 +134,7 @@ def wait_ran(kube: Kube) -> dict[str, Any]:
 def container_saw(kube: Kube) -> dict[str, str]:
     def printed() -> Any:
         log = kube.core.read_namespaced_pod_log(POD, NAMESPACE)
-        return log if "PATH=" in log else NotYet(log)
+        return log if "DRASIL_DEVICE_" in log else NotYet(log)
 
     log: str = wait_for(printed, timeout=60, what=f"the log of {NAMESPACE}/{POD}")
     return dict(line.split("=", 1) for line in log.splitlines() if "=" in line)
