@@ -442,7 +442,8 @@ def test_a_hung_api_server_costs_a_prepare_one_timeout_and_unprepare_nothing(
 
     assert info.name == DRIVER
     assert unprepared == ""
-    assert answered_in < 5, "unprepare and registration waited for the API server"
+    # Well under one API timeout (20 s): neither waited for the API server.
+    assert answered_in < 15, "unprepare and registration waited for the API server"
     error = waiting["response"].claims[second.uid].error
     assert error.startswith(f"prepare of ResourceClaim {namespace}/{second.name}: ")
     assert "did not answer within 20 s" in error
