@@ -27,6 +27,7 @@ import pytest
 from referencing import Registry
 from referencing.jsonschema import DRAFT7
 
+from drasil.api.limits import allow_nesting
 from e2e.cluster import Cluster
 from e2e.kube import Kube, NotYet, wait_for
 from e2e.pluginproc import DRIVER, GPU_CLASS, ClaimId, KubeletClient, PluginProcess
@@ -518,3 +519,22 @@ def test_a_full_cdi_dir_fails_only_that_claim(
     assert error.startswith(f"prepare of ResourceClaim {namespace}/{second.name}: ")
     assert "No space left on device" in error
     assert error.endswith("; kubelet retries the claim")
+
+
+def test_a_claim_nested_thousands_deep_is_that_claims_error(
+    kube: Kube, namespace: str, node: str, gpu_class: str, plugin: PluginProcess
+) -> None:
+    allow_nesting()  # this test's own client must encode the object, as a user's would
+    deep: list[Any] = []
+    for _ in range(3000):
+        deep = [deep]
+    config = {"apiVersion": "resource.drasil.dev/v1beta1", "kind": "GpuConfig", "x": deep}
+    wait_published(kube, node)
+    good, _ = allocated_pod_claim(kube, namespace, node)
+    hostile, _ = allocated_pod_claim(kube, namespace, node, config=config)
+
+    answers = KubeletClient(plugin).prepare([good, hostile]).claims
+
+    assert answers[good.uid].error == ""
+    assert "nested too deeply" in answers[hostile.uid].error
+    assert plugin.running()
