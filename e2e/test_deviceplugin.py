@@ -35,6 +35,7 @@ from e2e.pods import (
     pod,
     wait_running,
 )
+from e2e.pods import visible_uuids as dra_visible_uuids
 
 RESOURCE = "resource.k8s.io/v1"
 GPUS = 8  # the node's simulated profile, h100-80gb:8
@@ -108,6 +109,7 @@ def described(kubectl: Kubectl, node: Node) -> dict[str, dict[str, str]]:
 
 
 def visible_uuids(env: dict[str, str]) -> list[str]:
+    """What Allocate told the container (device-plugin mode sets the list)."""
     return env["NVIDIA_VISIBLE_DEVICES"].split(",")
 
 
@@ -225,7 +227,8 @@ def test_stopped_device_plugin_hands_the_resource_back_to_dra(
         status = kube.get("v1", "Pod", name, ns)["status"]
         claim = status["extendedResourceClaimStatus"]["resourceClaimName"]
         env = container_env(kube, ns, name)
-        assert visible_uuids(env)[0] in published_uuids(kube, node)
+        (uuid,) = dra_visible_uuids(env)  # DRA's CDI spec names each device
+        assert uuid in published_uuids(kube, node)
         delete_pod(kube, ns, name)
         wait_for(
             lambda: claim not in no_claims(kube, ns) or NotYet(no_claims(kube, ns)),

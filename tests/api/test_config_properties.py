@@ -124,9 +124,11 @@ def nest(value: Any, depth: int, *, in_lists: bool) -> Any:
 deep_values = st.builds(nest, json_values, st.integers(0, 3000), in_lists=st.booleans())
 
 
-def config_like(values: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]:
+def config_like(
+    values: st.SearchStrategy[Any], ints: st.SearchStrategy[int] = integers
+) -> st.SearchStrategy[dict[str, Any]]:
     """Dictionaries shaped like configs, with ``values`` wherever a wrong one may be."""
-    memory_limits = st.one_of(quantity_texts, integers, values)
+    memory_limits = st.one_of(quantity_texts, ints, values)
     mps_blocks = st.fixed_dictionaries(
         {},
         optional={
@@ -159,7 +161,8 @@ def config_like(values: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, A
 
 memory_limits = st.one_of(quantity_texts, integers, json_values)
 configs = config_like(st.one_of(json_values, deep_values))
-plain_configs = config_like(plain_values)
+# Writable by every JSON and YAML writer: no int past Python's conversion limit.
+plain_configs = config_like(plain_values, st.integers(-(10**40), 10**40))
 documents = st.one_of(configs, json_values, deep_values)
 
 # Text made of YAML's special characters and constructs: anchors, aliases, tags, merge
