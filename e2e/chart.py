@@ -184,28 +184,34 @@ class ChartIdentity:
 
     kubeconfig: Path
     namespace: str
-    lease: str
+    lease: str  # the Lease its Role allows ("" for a daemon without one)
 
 
 @contextlib.contextmanager
-def controller_identity(
-    kube: Kube, kubeconfig: Path, *, release: str, driver: str, directory: Path
+def chart_identity(
+    kube: Kube,
+    kubeconfig: Path,
+    *,
+    component: str,
+    release: str,
+    driver: str,
+    directory: Path,
 ) -> Iterator[ChartIdentity]:
-    """The chart's controller RBAC for `driver`, applied in a namespace of its own, and
-    a kubeconfig with a token of the controller's service account; removed after."""
+    """The chart's RBAC of one daemon (`component`: controller or kubelet-plugin) for
+    `driver`, applied in a namespace of its own, and a kubeconfig with a token of that
+    daemon's service account; removed after."""
     namespace = f"{release}-system"
     kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     objs = [
         o
         for o in render(namespace=namespace, release=release, sets=[f"driverName={driver}"])
         if o["kind"] in _RBAC_KINDS
-        and o["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "controller"
+        and o["metadata"].get("labels", {}).get("app.kubernetes.io/component") == component
     ]
     try:
         for obj in objs:
             kube.create(obj, namespace)
         sa = next(o["metadata"]["name"] for o in objs if o["kind"] == "ServiceAccount")
-        role = next(o for o in objs if o["kind"] == "Role")
         request = client.AuthenticationV1TokenRequest(
             spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
         )
@@ -213,7 +219,8 @@ def controller_identity(
         token = issued.status.token if issued.status is not None else None
         assert token, f"no token issued for {namespace}/{sa}"
         path = token_kubeconfig(kubeconfig, token, directory / f"{sa}.kubeconfig", sa)
-        lease = role["rules"][0]["resourceNames"][0]
+        roles = [o for o in objs if o["kind"] == "Role"]
+        lease = roles[0]["rules"][0]["resourceNames"][0] if roles else ""
         yield ChartIdentity(kubeconfig=path, namespace=namespace, lease=lease)
     finally:
         for obj in objs:

@@ -32,7 +32,7 @@ from drasil.api.devicepool import API_VERSION as POOL_API
 from drasil.api.devicepool import CRD_NAME, crd_manifest
 from drasil.driver.explain.fromapi import explain_from_api
 from drasil.driver.kubeapi import KubeApi
-from e2e.chart import ChartIdentity, controller_identity
+from e2e.chart import ChartIdentity, chart_identity
 from e2e.controllerproc import ControllerProcess
 from e2e.kube import Kube, NotYet, gone, pending_pod, wait_for
 
@@ -92,8 +92,13 @@ def identity(
     """The controller's service account with the chart's RBAC for DRIVER: the tests see
     what a permission the chart lacks would break."""
     directory = tmp_path_factory.mktemp("identity")
-    with controller_identity(
-        kube, kubeconfig, release=f"ctl-{TOKEN}", driver=DRIVER, directory=directory
+    with chart_identity(
+        kube,
+        kubeconfig,
+        component="controller",
+        release=f"ctl-{TOKEN}",
+        driver=DRIVER,
+        directory=directory,
     ) as made:
         yield made
 
@@ -610,8 +615,13 @@ def test_two_replicas_only_the_leader_publishes_and_the_other_takes_over(
     kube: Kube, crd: None, kubeconfig: Path, tmp_path: Path, pools: Callable[..., dict[str, Any]]
 ) -> None:
     driver = f"ha-{TOKEN}.drasil.dev"
-    with controller_identity(
-        kube, kubeconfig, release=f"ha-{TOKEN}", driver=driver, directory=tmp_path
+    with chart_identity(
+        kube,
+        kubeconfig,
+        component="controller",
+        release=f"ha-{TOKEN}",
+        driver=driver,
+        directory=tmp_path,
     ) as ha:
         _two_replicas(kube, ha, driver=driver, tmp_path=tmp_path, pools=pools)
 

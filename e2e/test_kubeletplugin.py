@@ -28,6 +28,7 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT7
 
 from drasil.api.limits import allow_nesting
+from e2e.chart import chart_identity
 from e2e.cluster import Cluster
 from e2e.kube import Kube, NotYet, wait_for
 from e2e.pluginproc import DRIVER, GPU_CLASS, ClaimId, KubeletClient, PluginProcess
@@ -61,9 +62,26 @@ def node_root() -> Iterator[Path]:
     shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def plugin_kubeconfig(
+    kube: Kube, kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Path]:
+    """A token of the plugin's service account with the chart's RBAC: what the plugin
+    may do in a cluster is what it may do here."""
+    with chart_identity(
+        kube,
+        kubeconfig,
+        component="kubelet-plugin",
+        release=f"plugin-{secrets.token_hex(3)}",
+        driver=DRIVER,
+        directory=tmp_path_factory.mktemp("plugin-identity"),
+    ) as identity:
+        yield identity.kubeconfig
+
+
 @pytest.fixture
-def plugin(node_root: Path, kubeconfig: Path, node: str) -> Iterator[PluginProcess]:
-    proc = PluginProcess(root=node_root, kubeconfig=kubeconfig, node_name=node)
+def plugin(node_root: Path, plugin_kubeconfig: Path, node: str) -> Iterator[PluginProcess]:
+    proc = PluginProcess(root=node_root, kubeconfig=plugin_kubeconfig, node_name=node)
     proc.start()
     yield proc
     proc.stop()
@@ -267,10 +285,11 @@ UNPREPARE_CRASHES = ["cdi-before-remove", "unprepare-after-cdi"]
 
 @pytest.mark.parametrize("crash_at", PREPARE_CRASHES)
 def test_crash_during_prepare_is_repaired_by_the_next_call(
-    kube: Kube, namespace: str, node: str, gpu_class: str, node_root: Path, kubeconfig: Path,
+    kube: Kube, namespace: str, node: str, gpu_class: str, node_root: Path,
+    plugin_kubeconfig: Path,
     crash_at: str,
 ) -> None:  # fmt: skip
-    plugin = PluginProcess(root=node_root, kubeconfig=kubeconfig, node_name=node)
+    plugin = PluginProcess(root=node_root, kubeconfig=plugin_kubeconfig, node_name=node)
     plugin.start(crash_at=crash_at)
     try:
         wait_published(kube, node)
@@ -292,10 +311,11 @@ def test_crash_during_prepare_is_repaired_by_the_next_call(
 
 @pytest.mark.parametrize("crash_at", UNPREPARE_CRASHES)
 def test_crash_during_unprepare_is_repaired_by_the_next_call(
-    kube: Kube, namespace: str, node: str, gpu_class: str, node_root: Path, kubeconfig: Path,
+    kube: Kube, namespace: str, node: str, gpu_class: str, node_root: Path,
+    plugin_kubeconfig: Path,
     crash_at: str,
 ) -> None:  # fmt: skip
-    plugin = PluginProcess(root=node_root, kubeconfig=kubeconfig, node_name=node)
+    plugin = PluginProcess(root=node_root, kubeconfig=plugin_kubeconfig, node_name=node)
     plugin.start()
     try:
         wait_published(kube, node)
