@@ -33,6 +33,40 @@ AttributeValue = bool | int | str | Version
 
 
 @dataclass(frozen=True)
+class CounterSet:
+    """A named set of shared counters (partitionable devices), values in their unit."""
+
+    name: str
+    counters: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class CounterConsumption:
+    """What one device takes from a counter set when it is allocated."""
+
+    counter_set: str
+    counters: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class MigPlacement:
+    """Where a MIG device that does not exist yet would be cut (``--mig-mode dynamic``).
+
+    ``start`` and ``size`` are in memory slices, as NVML's placements are;
+    ``profile_id`` is NVML's GPU instance profile id (``nvidia-smi mig -lgip``'s ID).
+    Prepare creates the GPU and compute instance here; until then the device has no
+    UUID of its own.
+    """
+
+    parent_uuid: str
+    parent_minor: int
+    profile: str
+    profile_id: int
+    start: int
+    size: int
+
+
+@dataclass(frozen=True)
 class Device:
     """One allocatable device of a node: a full GPU or a MIG device.
 
@@ -40,7 +74,9 @@ class Device:
     or qualified names (``resource.kubernetes.io/pciBusID``). ``capacity`` values are
     integers in the capacity's unit (bytes for ``memory``, a count otherwise).
     ``device_nodes`` are host paths the container needs (``/dev/nvidia0``); the
-    simulated backend has none.
+    simulated backend has none. In ``--mig-mode dynamic`` a MIG placement device has
+    ``mig_placement`` set and ``uuid`` empty until prepare creates it, and every device
+    of a partitionable GPU lists the shared counters it takes (``consumes_counters``).
     """
 
     name: str
@@ -53,6 +89,8 @@ class Device:
     device_nodes: tuple[str, ...] = ()
     numa_node: int | None = None
     pcie_root: str | None = None
+    mig_placement: MigPlacement | None = None
+    consumes_counters: tuple[CounterConsumption, ...] = ()
 
     def __post_init__(self) -> None:
         # Devices are shared between threads (publisher, prepare, health); make the

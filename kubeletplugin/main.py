@@ -53,7 +53,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _start(opts: PluginOptions) -> NodeDaemon:
-    lib = open_backend(opts.backend, profile=opts.simulated_profile, node_name=opts.node_name)
+    lib = open_backend(
+        opts.backend,
+        profile=opts.simulated_profile,
+        node_name=opts.node_name,
+        state_file=opts.simulated_state_file,
+    )
     # Device-plugin mode needs no API server: kubelet's socket is all it talks to.
     if opts.mode == "device-plugin":
         server = DevicePluginServer(opts, lib=lib)

@@ -16,6 +16,7 @@ DEFAULT_DRIVER = "gpu.drasil.dev"
 BACKENDS = ("nvml", "simulated")
 MODES = ("dra", "device-plugin")
 MIG_STRATEGIES = ("none", "single", "mixed")
+MIG_MODES = ("static", "dynamic")
 
 
 # reStructuredText's inline literal, as docstrings write it: ``--mode``.
@@ -47,11 +48,20 @@ class PluginOptions:
     resource_name: str = "drasil.dev/gpu"
     time_slicing_replicas: int = 1
     mig_strategy: str = "none"
+    # DRA mode: publish existing MIG devices (static) or cut them on demand (dynamic).
+    mig_mode: str = "static"
+    simulated_state: Path | None = None
 
     @property
     def state_dir(self) -> Path:
         """Checkpoint and locks live beside the DRA socket (docs/design.md#names)."""
         return self.plugins_dir / self.driver_name
+
+    @property
+    def simulated_state_file(self) -> Path:
+        """Where the simulated GPUs keep their MIG instances, which outlive the plugin
+        as a real GPU's do (default: ``simulated-gpus.json`` in the state dir)."""
+        return self.simulated_state or self.state_dir / "simulated-gpus.json"
 
 
 def plain(text: str) -> str:
@@ -115,6 +125,20 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         default=env.get("MIG_STRATEGY", "none"),
         help="device-plugin mode: none (full GPUs), single or mixed (mig-<profile>)",
     )
+    p.add_argument(
+        "--mig-mode",
+        choices=MIG_MODES,
+        default=env.get("MIG_MODE", "static"),
+        help="DRA mode: static publishes the MIG devices that exist; dynamic publishes "
+        "every MIG placement of MIG-capable GPUs and creates the instance at prepare "
+        "(a node label drasil.dev/mig-mode overrides it; docs/mig.md)",
+    )
+    p.add_argument(
+        "--simulated-state",
+        default=env.get("SIMULATED_STATE"),
+        help="simulated backend: the file its GPUs keep MIG state in "
+        "(default simulated-gpus.json in the plugin's state dir)",
+    )
     return p
 
 
@@ -151,6 +175,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
     _check_addr("--metrics-addr", ns.metrics_addr)
     _check_addr("--health-addr", ns.health_addr)
     _check_choice("--mig-strategy", ns.mig_strategy, MIG_STRATEGIES)
+    _check_choice("--mig-mode", ns.mig_mode, MIG_MODES)
     if ns.time_slicing_replicas < 1:
         raise OptionsError(f"--time-slicing-replicas: {ns.time_slicing_replicas} is less than 1")
     return PluginOptions(
@@ -172,4 +197,6 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         resource_name=ns.resource_name,
         time_slicing_replicas=ns.time_slicing_replicas,
         mig_strategy=ns.mig_strategy,
+        mig_mode=ns.mig_mode,
+        simulated_state=Path(ns.simulated_state) if ns.simulated_state else None,
     )

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from drasil.driver.discovery.nvml import NvmlLibrary, PynvmlLibrary
 from drasil.driver.discovery.simulated import simulated_library
 
 BACKENDS = ("nvml", "simulated")
 
 
-def open_backend(backend: str, *, profile: str, node_name: str) -> NvmlLibrary:
-    """The NVML library for ``--backend``; both run the same discovery code path."""
+def open_backend(
+    backend: str, *, profile: str, node_name: str, state_file: Path | None = None
+) -> NvmlLibrary:
+    """The NVML library for ``--backend``; both run the same discovery code path.
+
+    ``state_file`` is where simulated GPUs keep their MIG state between processes.
+    """
     if backend == "nvml":
         return PynvmlLibrary()
     if backend == "simulated":
-        return simulated_library(profile, node_name=node_name)
+        return simulated_library(profile, node_name=node_name, state_file=state_file)
     raise ValueError(f"--backend: unsupported value {backend!r}; allowed values are {BACKENDS}")

@@ -39,7 +39,10 @@ NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_RESET_REQUIRED = 16
 NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
+NVML_ERROR_IN_USE = 19
+NVML_ERROR_INSUFFICIENT_RESOURCES = 23
 
 NVML_DEVICE_MIG_ENABLE = 1
 
@@ -111,6 +114,65 @@ class NvmlNotSupported(NvmlQueryError):
 
 class NvmlNotFound(NvmlQueryError):
     """The thing asked for does not exist (e.g. an empty MIG device slot)."""
+
+
+class NvmlInUse(NvmlQueryError):
+    """The GPU or instance is busy (processes, or compute instances inside a GPU instance)."""
+
+
+class NvmlInsufficientResources(NvmlQueryError):
+    """A MIG instance does not fit: its placement overlaps another, or none are left."""
+
+
+@dataclass(frozen=True)
+class GpuInstanceProfile:
+    """``nvmlDeviceGetGpuInstanceProfileInfoV``: one MIG profile a GPU supports.
+
+    ``profile_id`` is NVML's id (``nvidia-smi mig -lgip``'s ID, e.g. 9 for 3g.40gb);
+    ``name`` is without the ``MIG `` prefix; ``slice_count`` counts compute slices
+    and ``instance_count`` is how many of this profile the GPU holds at most.
+    """
+
+    profile_id: int
+    name: str
+    slice_count: int
+    instance_count: int
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+    memory_mib: int
+
+
+@dataclass(frozen=True)
+class Placement:
+    """``nvmlGpuInstancePlacement_t``: a GPU instance's memory slices, start and size."""
+
+    start: int
+    size: int
+
+    @property
+    def slices(self) -> range:
+        return range(self.start, self.start + self.size)
+
+
+@dataclass(frozen=True)
+class GpuInstance:
+    """``nvmlGpuInstanceGetInfo``: a GPU instance that exists on a GPU."""
+
+    gpu_instance_id: int
+    profile_id: int
+    placement: Placement
+
+
+@dataclass(frozen=True)
+class ComputeInstance:
+    """``nvmlComputeInstanceGetInfo``: a compute instance inside a GPU instance."""
+
+    compute_instance_id: int
+    profile_id: int
 
 
 @dataclass(frozen=True)
@@ -210,6 +272,60 @@ class NvmlLibrary(Protocol):
     def device_parent_handle(self, handle: DeviceHandle) -> DeviceHandle:
         """The full GPU a MIG device belongs to."""
 
+    # -- MIG management (``--mig-mode dynamic``); every call takes a full GPU's handle.
+
+    def device_set_mig_mode(self, handle: DeviceHandle, enabled: bool) -> MigMode:
+        """``nvmlDeviceSetMigMode``; the mode afterwards (``current`` may lag until a
+        GPU reset). Raises ``NvmlInUse`` while processes or instances use the GPU."""
+
+    def gpu_instance_profiles(self, handle: DeviceHandle) -> tuple[GpuInstanceProfile, ...]:
+        """Every GPU instance profile this GPU supports (NOT_SUPPORTED ones left out)."""
+
+    def gpu_instance_placements(
+        self, handle: DeviceHandle, profile_id: int
+    ) -> tuple[Placement, ...]:
+        """``nvmlDeviceGetGpuInstancePossiblePlacements_v2``: every placement of the
+        profile on an empty GPU, in NVML's order."""
+
+    def gpu_instances(self, handle: DeviceHandle) -> tuple[GpuInstance, ...]:
+        """The GPU instances that exist now, of every profile, by instance id."""
+
+    def create_gpu_instance(
+        self, handle: DeviceHandle, profile_id: int, placement: Placement
+    ) -> GpuInstance:
+        """``nvmlDeviceCreateGpuInstanceWithPlacement``. Raises
+        ``NvmlInsufficientResources`` when the placement overlaps an instance or the
+        profile's instances are used up, ``NvmlQueryError`` (INVALID_ARGUMENT) for a
+        placement the profile does not have, and NOT_SUPPORTED-style errors when MIG
+        mode is off."""
+
+    def destroy_gpu_instance(self, handle: DeviceHandle, gpu_instance_id: int) -> None:
+        """``nvmlGpuInstanceDestroy``. Raises ``NvmlInUse`` while it holds compute
+        instances, ``NvmlNotFound`` when there is no such instance."""
+
+    def compute_instances(
+        self, handle: DeviceHandle, gpu_instance_id: int
+    ) -> tuple[ComputeInstance, ...]:
+        """The compute instances inside a GPU instance (``NvmlNotFound`` if no GI)."""
+
+    def create_compute_instance(
+        self, handle: DeviceHandle, gpu_instance_id: int
+    ) -> ComputeInstance:
+        """``nvmlGpuInstanceCreateComputeInstance`` with the compute instance profile
+        that spans the whole GPU instance. Raises ``NvmlInsufficientResources`` when
+        the GPU instance already holds one."""
+
+    def destroy_compute_instance(
+        self, handle: DeviceHandle, gpu_instance_id: int, compute_instance_id: int
+    ) -> None:
+        """``nvmlComputeInstanceDestroy``; ``NvmlNotFound`` when there is none."""
+
+    def mig_device_nodes(
+        self, minor: int, gpu_instance_id: int, compute_instance_id: int
+    ) -> tuple[str, ...]:
+        """Not NVML: the ``/dev/nvidia-caps`` nodes that give access to one MIG device
+        (from ``/proc/driver/nvidia-caps/mig-minors``); the simulated backend has none."""
+
     def event_set_create(self) -> EventSet: ...
 
     def device_register_events(
@@ -289,6 +405,10 @@ def _query_error(what: str, err: BaseException) -> NvmlQueryError:
         return NvmlNotSupported(message, code=code)
     if code == NVML_ERROR_NOT_FOUND:
         return NvmlNotFound(message, code=code)
+    if code == NVML_ERROR_IN_USE:
+        return NvmlInUse(message, code=code)
+    if code == NVML_ERROR_INSUFFICIENT_RESOURCES:
+        return NvmlInsufficientResources(message, code=code)
     return NvmlQueryError(message, code=code)
 
 
@@ -435,6 +555,50 @@ class PynvmlLibrary:
     def device_parent_handle(self, handle: DeviceHandle) -> DeviceHandle:
         fn = self._nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle
         return self._call("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", fn, handle)
+
+    # -- MIG management: placeholders until issue 15's implementation lands -------------
+
+    def device_set_mig_mode(self, handle: DeviceHandle, enabled: bool) -> MigMode:
+        raise NvmlNotSupported("device_set_mig_mode: not implemented yet")
+
+    def gpu_instance_profiles(self, handle: DeviceHandle) -> tuple[GpuInstanceProfile, ...]:
+        raise NvmlNotSupported("gpu_instance_profiles: not implemented yet")
+
+    def gpu_instance_placements(
+        self, handle: DeviceHandle, profile_id: int
+    ) -> tuple[Placement, ...]:
+        raise NvmlNotSupported("gpu_instance_placements: not implemented yet")
+
+    def gpu_instances(self, handle: DeviceHandle) -> tuple[GpuInstance, ...]:
+        raise NvmlNotSupported("gpu_instances: not implemented yet")
+
+    def create_gpu_instance(
+        self, handle: DeviceHandle, profile_id: int, placement: Placement
+    ) -> GpuInstance:
+        raise NvmlNotSupported("create_gpu_instance: not implemented yet")
+
+    def destroy_gpu_instance(self, handle: DeviceHandle, gpu_instance_id: int) -> None:
+        raise NvmlNotSupported("destroy_gpu_instance: not implemented yet")
+
+    def compute_instances(
+        self, handle: DeviceHandle, gpu_instance_id: int
+    ) -> tuple[ComputeInstance, ...]:
+        raise NvmlNotSupported("compute_instances: not implemented yet")
+
+    def create_compute_instance(
+        self, handle: DeviceHandle, gpu_instance_id: int
+    ) -> ComputeInstance:
+        raise NvmlNotSupported("create_compute_instance: not implemented yet")
+
+    def destroy_compute_instance(
+        self, handle: DeviceHandle, gpu_instance_id: int, compute_instance_id: int
+    ) -> None:
+        raise NvmlNotSupported("destroy_compute_instance: not implemented yet")
+
+    def mig_device_nodes(
+        self, minor: int, gpu_instance_id: int, compute_instance_id: int
+    ) -> tuple[str, ...]:
+        return ()
 
     def event_set_create(self) -> EventSet:
         return self._call("nvmlEventSetCreate", self._nvml.nvmlEventSetCreate)

@@ -23,6 +23,7 @@ import threading
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from drasil.driver.discovery.gpucatalog import PROFILES, GpuModel, MigInstance
 from drasil.driver.discovery.nvml import (
@@ -31,16 +32,20 @@ from drasil.driver.discovery.nvml import (
     NVML_ERROR_GPU_IS_LOST,
     NVML_ERROR_NOT_FOUND,
     NVML_ERROR_NOT_SUPPORTED,
+    ComputeInstance,
     DeviceAttributes,
     DeviceHandle,
     EventData,
     EventSet,
+    GpuInstance,
+    GpuInstanceProfile,
     MigMode,
     NvmlLibrary,
     NvmlNotFound,
     NvmlNotSupported,
     NvmlQueryError,
     NvmlUnavailable,
+    Placement,
 )
 
 MAX_SIMULATED_GPUS = 64
@@ -161,8 +166,11 @@ def simulated_gpus(profile_spec: str, *, node_name: str) -> list[FakeGpu]:
     ]
 
 
-def simulated_library(profile_spec: str, *, node_name: str) -> FakeNvml:
+def simulated_library(
+    profile_spec: str, *, node_name: str, state_file: Path | None = None
+) -> FakeNvml:
     """A fake NVML library for the GPUs of ``profile_spec`` (an ``NvmlLibrary``)."""
+    del state_file  # TODO(issue 15): MIG state kept in this file
     return FakeNvml(simulated_gpus(profile_spec, node_name=node_name))
 
 
@@ -353,6 +361,50 @@ class FakeNvml:
         if h.mig is None:
             raise NvmlQueryError("device_parent_handle: not a MIG device handle")
         return _Handle(h.gpu)
+
+    # -- MIG management: placeholders until issue 15's implementation lands -------------
+
+    def device_set_mig_mode(self, handle: DeviceHandle, enabled: bool) -> MigMode:
+        raise NvmlNotSupported("device_set_mig_mode: not implemented yet")
+
+    def gpu_instance_profiles(self, handle: DeviceHandle) -> tuple[GpuInstanceProfile, ...]:
+        raise NvmlNotSupported("gpu_instance_profiles: not implemented yet")
+
+    def gpu_instance_placements(
+        self, handle: DeviceHandle, profile_id: int
+    ) -> tuple[Placement, ...]:
+        raise NvmlNotSupported("gpu_instance_placements: not implemented yet")
+
+    def gpu_instances(self, handle: DeviceHandle) -> tuple[GpuInstance, ...]:
+        raise NvmlNotSupported("gpu_instances: not implemented yet")
+
+    def create_gpu_instance(
+        self, handle: DeviceHandle, profile_id: int, placement: Placement
+    ) -> GpuInstance:
+        raise NvmlNotSupported("create_gpu_instance: not implemented yet")
+
+    def destroy_gpu_instance(self, handle: DeviceHandle, gpu_instance_id: int) -> None:
+        raise NvmlNotSupported("destroy_gpu_instance: not implemented yet")
+
+    def compute_instances(
+        self, handle: DeviceHandle, gpu_instance_id: int
+    ) -> tuple[ComputeInstance, ...]:
+        raise NvmlNotSupported("compute_instances: not implemented yet")
+
+    def create_compute_instance(
+        self, handle: DeviceHandle, gpu_instance_id: int
+    ) -> ComputeInstance:
+        raise NvmlNotSupported("create_compute_instance: not implemented yet")
+
+    def destroy_compute_instance(
+        self, handle: DeviceHandle, gpu_instance_id: int, compute_instance_id: int
+    ) -> None:
+        raise NvmlNotSupported("destroy_compute_instance: not implemented yet")
+
+    def mig_device_nodes(
+        self, minor: int, gpu_instance_id: int, compute_instance_id: int
+    ) -> tuple[str, ...]:
+        return ()
 
     def event_set_create(self) -> EventSet:
         event_set = _EventSet()

@@ -28,7 +28,7 @@ from types import MappingProxyType
 from typing import Any, TypeAlias
 
 from drasil.api.quantity import QuantityError, format_bytes, parse_quantity
-from drasil.driver.devices import AttributeValue, Device, Version
+from drasil.driver.devices import AttributeValue, CounterConsumption, CounterSet, Device, Version
 
 JsonObject: TypeAlias = dict[str, Any]
 
@@ -66,22 +66,6 @@ class Taint:
     effect: TaintEffect
     value: str = ""
     time_added: str | None = None
-
-
-@dataclass(frozen=True)
-class CounterSet:
-    """A named set of shared counters (partitionable devices), values in their unit."""
-
-    name: str
-    counters: Mapping[str, int]
-
-
-@dataclass(frozen=True)
-class CounterConsumption:
-    """What one device takes from a counter set when it is allocated."""
-
-    counter_set: str
-    counters: Mapping[str, int]
 
 
 @dataclass(frozen=True)
@@ -320,7 +304,10 @@ def build_slices(
     )
     ordered = sorted(devices, key=lambda d: (natural_key(d.name), d.name))
     _check_inputs(ordered, taints, consumes)
-    device_objects = [_device(d, taints.get(d.name, ()), consumes.get(d.name, ())) for d in ordered]
+    device_objects = [
+        _device(d, taints.get(d.name, ()), consumes.get(d.name, d.consumes_counters))
+        for d in ordered
+    ]
     bodies: list[JsonObject] = [{"sharedCounters": c} for c in _counter_chunks(counter_sets)]
     bodies += [{"devices": chunk} for chunk in _device_chunks(device_objects)]
     if not bodies:

@@ -11,12 +11,17 @@ from typing import Any
 
 import pytest
 
-from drasil.driver.devices import AttributeValue, Device, DeviceType, Version
+from drasil.driver.devices import (
+    AttributeValue,
+    CounterConsumption,
+    CounterSet,
+    Device,
+    DeviceType,
+    Version,
+)
 from drasil.driver.discovery.nodedevices import discover
 from drasil.driver.discovery.simulated import simulated_library
 from drasil.driver.slices.build import (
-    CounterConsumption,
-    CounterSet,
     JsonObject,
     OwnerRef,
     SliceValidationError,
