@@ -7,7 +7,7 @@ One JSON document in the plugin state dir::
                                "state": "PrepareStarted" | "PrepareCompleted",
                                "devices": [{"requestNames": [...], "poolName": "...",
                                             "deviceName": "...", "cdiDeviceIds": [...],
-                                            "shareId": "..."}],
+                                            "shareId": "...", "mig": {...}}],
                                "updatedAt": "<RFC 3339>"}}}
 
 ``checksum`` is the SHA-256 of the canonical JSON (sorted keys, no whitespace, ASCII)
@@ -81,6 +81,32 @@ class _Document(BaseModel):
     )
 
 
+class MigState(StrEnum):
+    """How far the MIG instance of a dynamic MIG device got (``--mig-mode dynamic``)."""
+
+    CREATING = "Creating"  # written before NVML is asked; ids may be unknown
+    CREATED = "Created"  # GPU and compute instance exist with the ids recorded
+
+
+class MigRecord(_Document):
+    """The MIG instance prepare cut for one device, recorded before and after creation.
+
+    The placement (parent GPU, profile, start) identifies the instance even when a
+    crash came before its ids were recorded: nothing else may hold that placement
+    while this record exists.
+    """
+
+    parent_uuid: str
+    profile: str
+    profile_id: int
+    placement_start: int
+    placement_size: int
+    state: MigState
+    gpu_instance_id: int | None = Field(default=None, exclude_if=lambda value: value is None)
+    compute_instance_id: int | None = Field(default=None, exclude_if=lambda value: value is None)
+    uuid: str | None = Field(default=None, exclude_if=lambda value: value is None)
+
+
 class PreparedDevice(_Document):
     """One device of a prepared claim: what NodePrepareResources returned for it."""
 
@@ -91,6 +117,7 @@ class PreparedDevice(_Document):
     share_id: str | None = Field(default=None, exclude_if=lambda value: value is None)
     # Admin-access results may share any device (docs/design.md#claims-and-configs).
     admin_access: bool = Field(default=False, exclude_if=lambda value: not value)
+    mig: MigRecord | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class ClaimRecord(_Document):

@@ -283,6 +283,15 @@ class KubeApi:
             return None
         return node.metadata.uid if node.metadata else None
 
+    def get_node_labels(self, name: str) -> dict[str, str] | None:
+        """The Node's labels, or None when there is no such Node."""
+        try:
+            node = self.core.read_node(name)
+        except ApiException as err:
+            _or_none(err)
+            return None
+        return dict(node.metadata.labels or {}) if node.metadata else {}
+
     def post_event(
         self,
         *,

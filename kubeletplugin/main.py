@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 
 from drasil.api.limits import allow_nesting
 from drasil.driver.discovery.backends import open_backend
@@ -16,7 +17,7 @@ from drasil.kubeletplugin.deviceplugin.plugin import DevicePluginServer
 from drasil.kubeletplugin.deviceplugin.resources import DevicePluginConfigError
 from drasil.kubeletplugin.dra.plugin import KubeletPlugin
 from drasil.kubeletplugin.node import NodeDaemon, signals_for_the_main_thread, stop_on_signals
-from drasil.kubeletplugin.options import OptionsError, PluginOptions, parse_options
+from drasil.kubeletplugin.options import MIG_MODES, OptionsError, PluginOptions, parse_options
 
 log = logging.getLogger("drasil.kubeletplugin")
 
@@ -52,6 +53,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+MIG_MODE_LABEL = "drasil.dev/mig-mode"
+
+
+def with_node_mig_mode(opts: PluginOptions, api: KubeApi) -> PluginOptions:
+    """``--mig-mode``, overridden by the node's ``drasil.dev/mig-mode`` label if set.
+
+    Read once at start: switching a node is drain, relabel, restart (docs/mig.md). A
+    label with another value is logged and ignored rather than stopping the plugin.
+    """
+    try:
+        labels = api.get_node_labels(opts.node_name) or {}
+    except Exception as err:  # the API may be away; the flag still says what to do
+        log.warning("could not read the node's labels", extra={"error": str(err)})
+        return opts
+    value = labels.get(MIG_MODE_LABEL)
+    if value is None or value == opts.mig_mode:
+        return opts
+    if value not in MIG_MODES:
+        log.error(
+            "ignoring node label %s=%r; allowed values are %s", MIG_MODE_LABEL, value, MIG_MODES
+        )
+        return opts
+    log.info("MIG mode from the node label", extra={"label": MIG_MODE_LABEL, "mode": value})
+    return replace(opts, mig_mode=value)
+
+
 def _start(opts: PluginOptions) -> NodeDaemon:
     lib = open_backend(
         opts.backend,
@@ -64,7 +91,8 @@ def _start(opts: PluginOptions) -> NodeDaemon:
         server = DevicePluginServer(opts, lib=lib)
         server.start()
         return server
-    plugin = KubeletPlugin(opts, lib=lib, api=KubeApi(load_api_client(opts.kubeconfig)))
+    api = KubeApi(load_api_client(opts.kubeconfig))
+    plugin = KubeletPlugin(with_node_mig_mode(opts, api), lib=lib, api=api)
     plugin.start()
     return plugin
 

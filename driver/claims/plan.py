@@ -136,11 +136,19 @@ def _device_plan(
     return DevicePlan(result=result, config=config, cdi=cdi, prepared=prepared)
 
 
-def check_not_held(plan: PreparePlan, records: Mapping[str, ClaimRecord]) -> None:
+def check_not_held(
+    plan: PreparePlan,
+    records: Mapping[str, ClaimRecord],
+    *,
+    devices: Mapping[str, Device] | None = None,
+) -> None:
     """Refuse a device another recorded claim holds (the checkpoint is the truth).
 
     Admin access and consumable-capacity shares (both sides with a shareID) may sit on
-    a device another claim holds. Raises ``PlanError`` naming the holder.
+    a device another claim holds. With ``devices`` (the node's), parts of one
+    partitionable GPU are checked too: a MIG placement overlapping another claim's,
+    or the whole GPU while a part of it is held (``--mig-mode dynamic``). Raises
+    ``PlanError`` naming the holder.
     """
     ref = plan.claim
     for uid, record in records.items():
@@ -148,15 +156,53 @@ def check_not_held(plan: PreparePlan, records: Mapping[str, ClaimRecord]) -> Non
             continue
         for held in record.devices:
             for result in (d.result for d in plan.devices):
-                if held.device_name != result.device or held.pool_name != result.pool:
-                    continue
                 if result.admin_access or held.admin_access or _shares(result, held):
                     continue
+                if held.pool_name != result.pool:
+                    continue
+                if held.device_name == result.device:
+                    what = f'device "{result.device}" is already prepared'
+                elif _overlap(result.device, held, devices or {}):
+                    what = (
+                        f'device "{result.device}" shares GPU memory slices with '
+                        f'"{held.device_name}", prepared'
+                    )
+                else:
+                    continue
                 raise PlanError(
-                    f'device "{result.device}" is already prepared for claim '
-                    f"{record.namespace}/{record.name} ({uid}); it cannot be used by "
-                    f"{ref.namespace}/{ref.name} until that claim is unprepared"
+                    f"{what} for claim {record.namespace}/{record.name} ({uid}); it cannot "
+                    f"be used by {ref.namespace}/{ref.name} until that claim is unprepared"
                 )
+
+
+_WHOLE_GPU = frozenset(range(64))  # more memory slices than any GPU has
+
+
+def _footprint(
+    name: str, held: PreparedDevice | None, devices: Mapping[str, Device]
+) -> tuple[str, frozenset[int]] | None:
+    """(GPU UUID, memory slices) a device of a partitionable GPU occupies, else None."""
+    if held is not None and held.mig is not None:
+        start, size = held.mig.placement_start, held.mig.placement_size
+        return held.mig.parent_uuid, frozenset(range(start, start + size))
+    device = devices.get(name)
+    if device is None:
+        return None
+    placement = device.mig_placement
+    if placement is not None:
+        slices = frozenset(range(placement.start, placement.start + placement.size))
+        return placement.parent_uuid, slices
+    if device.consumes_counters:
+        return device.uuid, _WHOLE_GPU
+    return None
+
+
+def _overlap(name: str, held: PreparedDevice, devices: Mapping[str, Device]) -> bool:
+    mine = _footprint(name, None, devices)
+    theirs = _footprint(held.device_name, held, devices)
+    if mine is None or theirs is None:
+        return False
+    return mine[0] == theirs[0] and bool(mine[1] & theirs[1])
 
 
 def _shares(a: AllocatedDevice, b: PreparedDevice) -> bool:

@@ -27,6 +27,7 @@ from drasil.driver.kubeapi import KubeApi
 from drasil.driver.slices.publisher import PoolPublisher
 from drasil.kubeletplugin.dra import reconcile
 from drasil.kubeletplugin.dra.healthservice import HealthStreams, HealthV1, HealthV1alpha1
+from drasil.kubeletplugin.dra.migs import MigInstances
 from drasil.kubeletplugin.dra.nodepool import NodeSlices
 from drasil.kubeletplugin.dra.prepare import Preparer
 from drasil.kubeletplugin.dra.registration import Registration
@@ -95,8 +96,10 @@ class KubeletPlugin:
             cdi_root=self.opts.cdi_root,
             state_dir=self.opts.state_dir,
             common_edits=node_edits(self.lib),
+            migs=MigInstances(self.lib, state_dir=self.opts.state_dir),
         )
         self._recover_checkpoint()
+        self._reconcile_migs()
         self.health = self.node.watch_health(
             list(self.devices.values()), fault_poll=self.intervals.fault_poll
         )
@@ -118,6 +121,29 @@ class KubeletPlugin:
         for uid in loaded.discarded:  # rebooted: whatever survived is stale now
             delete_claim_spec(self.opts.cdi_root, driver=self.opts.driver_name, claim_uid=uid)
         self.metrics.prepared_claims.set_function(lambda: len(self.store.claims()))
+
+    def _reconcile_migs(self) -> None:
+        """Dynamic MIG: instances no claim holds are destroyed, lost ones re-prepared.
+
+        Runs before the sockets open, so no prepare races it. Static mode never
+        touches MIG instances: they are the operator's.
+        """
+        if self.opts.mig_mode != "dynamic":
+            return
+        gpus = [d for d in self.devices.values() if d.consumes_counters and d.mig_placement is None]
+        migs = self.preparer.migs
+        assert migs is not None
+        with self.preparer.state_lock():
+            report = migs.reconcile(gpus, self.store.claims())
+            for uid in report.missing:  # prepared again, instance and CDI spec, on the next call
+                record = self.store.get(uid)
+                if record is not None:
+                    self.store.mark_started(
+                        uid, namespace=record.namespace, name=record.name, devices=record.devices
+                    )
+        if report.message:
+            log.warning("MIG instances reconciled: %s", report.message)
+            self._node_event("MigInstancesReconciled", report.message)
 
     def _report_load(self, loaded: LoadResult) -> None:
         if loaded.outcome == LoadOutcome.QUARANTINED:

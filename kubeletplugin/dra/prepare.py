@@ -6,8 +6,13 @@ checkpoint records). This module only carries the plan out, in an order of effec
 chosen so that a crash (kill -9) at any point leaves a state the next call repairs:
 
 prepare:   checkpoint PrepareStarted (with the planned devices)
+           [-> MIG instances created -> checkpoint PrepareStarted with their ids]
            -> CDI spec written atomically -> checkpoint PrepareCompleted
-unprepare: CDI spec deleted -> checkpoint entry removed
+unprepare: CDI spec deleted [-> MIG instances destroyed] -> checkpoint entry removed
+
+The bracketed steps are those of dynamic MIG devices (``drasil.kubeletplugin.dra.migs``):
+the checkpoint names the placement before NVML is asked and the instance ids after,
+so a crash at any step is finished by the next call instead of leaking an instance.
 
 A PrepareStarted entry reserves its devices, so a crash never lets a second claim
 take a device whose CDI spec may still exist; a repeated prepare simply redoes the
@@ -23,11 +28,11 @@ import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from drasil.api.checkpoint import ClaimRecord, ClaimState, PreparedDevice
+from drasil.api.checkpoint import ClaimRecord, ClaimState, MigRecord, PreparedDevice
 from drasil.driver.cdi.claimspecs import (
     delete_claim_spec,
     read_claim_spec,
@@ -45,9 +50,10 @@ from drasil.driver.claims.plan import (
     check_not_held,
     plan_prepare,
 )
-from drasil.driver.devices import Device
+from drasil.driver.devices import Device, MigPlacement
 from drasil.driver.files import FileLock, LockTimeoutError, crash_point
 from drasil.driver.kubeapi import ApiError, ApiUnavailable, InvalidName
+from drasil.kubeletplugin.dra.migs import MigError, MigInstances, creating_record
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +80,14 @@ class PrepareError(Exception):
 
 # Errors that are the claim's (or a peer's lock), answered to kubelet as the claim's
 # error; anything else is a bug and fails the call.
-_CLAIM_ERRORS = (PrepareError, PlanError, AllocationError, CdiSpecError, LockTimeoutError)
+_CLAIM_ERRORS = (
+    PrepareError,
+    PlanError,
+    AllocationError,
+    CdiSpecError,
+    LockTimeoutError,
+    MigError,
+)
 
 
 @dataclass(frozen=True)
@@ -125,6 +138,7 @@ class Preparer:
     state_dir: Path
     common_edits: ContainerEdits = field(default_factory=ContainerEdits)
     api_readers: int = API_READERS
+    migs: MigInstances | None = None  # None: no NVML to cut MIG instances with
 
     def __post_init__(self) -> None:
         self._api_slots = threading.BoundedSemaphore(self.api_readers)
@@ -152,13 +166,7 @@ class Preparer:
         with self._claim_locks.hold(ref.uid):
             try:
                 devices = self._prepare_locked(ref)
-            except (
-                PrepareError,
-                PlanError,
-                AllocationError,
-                CdiSpecError,
-                LockTimeoutError,
-            ) as err:
+            except _CLAIM_ERRORS as err:
                 log.warning("prepare failed", extra={**ref.log_fields(), "error": str(err)})
                 return PrepareResult(error=str(err))
             except ConfigResolutionError as err:
@@ -177,25 +185,61 @@ class Preparer:
         if self._still_prepared(ref, record):
             assert record is not None
             return record.devices
-        plan = plan_prepare(self._read_claim(ref), ref=ref, node=self.node)
-        self._carry_out(plan)
-        return plan.prepared
+        claim = self._read_claim(ref)
+        plan = plan_prepare(claim, ref=ref, node=self.node)
+        return self._carry_out(plan, claim)
 
-    def _carry_out(self, plan: PreparePlan) -> None:
+    def _carry_out(self, plan: PreparePlan, claim: Mapping[str, Any]) -> tuple[PreparedDevice, ...]:
         ref = plan.claim
+        placements = _placements(plan)
         with self.state_lock():
-            check_not_held(plan, self.store.claims())
+            check_not_held(plan, self.store.claims(), devices=self.devices)
             self.store.mark_started(
-                ref.uid, namespace=ref.namespace, name=ref.name, devices=plan.prepared
+                ref.uid,
+                namespace=ref.namespace,
+                name=ref.name,
+                devices=_with_migs(plan.prepared, {n: creating_record(p) for n, p in placements}),
             )
         crash_point("prepare-after-started")
+        plan, prepared = self._cut_migs(plan, claim)
         # A crash mid-write left a temp file; this claim's lock makes it ours to remove.
         sweep_claim_spec_temps(self.cdi_root, self.driver, claim_uid=ref.uid)
         write_claim_spec(plan.spec, cdi_root=self.cdi_root, driver=self.driver)
         crash_point("prepare-after-cdi")
         with self.state_lock():
-            self.store.mark_completed(ref.uid, plan.prepared)
+            self.store.mark_completed(ref.uid, prepared)
         crash_point("prepare-after-completed")
+        return prepared
+
+    def _cut_migs(
+        self, plan: PreparePlan, claim: Mapping[str, Any]
+    ) -> tuple[PreparePlan, tuple[PreparedDevice, ...]]:
+        """Create the claim's MIG instances; the plan again, with their UUIDs and nodes.
+
+        Whole partitionable GPUs get MIG mode switched off (if no instance is left),
+        so that they work as whole GPUs. Plans without either come back unchanged.
+        """
+        placements = _placements(plan)
+        wholes = _whole_partitionable(plan)
+        if not placements and not wholes:
+            return plan, plan.prepared
+        if self.migs is None:
+            raise PrepareError("this plugin has no NVML to create MIG instances with")
+        for gpu in wholes:
+            self.migs.whole_gpu(gpu.uuid)
+        created = {name: self.migs.ensure(placement) for name, placement in placements}
+        realized = {**self.devices}
+        for name, instance in created.items():
+            realized[name] = instance.device(self.devices[name])
+        plan = plan_prepare(claim, ref=plan.claim, node=replace(self.node, devices=realized))
+        prepared = _with_migs(plan.prepared, {n: i.record() for n, i in created.items()})
+        ref = plan.claim
+        with self.state_lock():
+            self.store.mark_started(
+                ref.uid, namespace=ref.namespace, name=ref.name, devices=prepared
+            )
+        crash_point("prepare-after-mig")
+        return plan, prepared
 
     def _still_prepared(self, ref: ClaimRef, record: ClaimRecord | None) -> bool:
         """A completed claim whose CDI spec still exists needs no API call.
@@ -256,6 +300,16 @@ class Preparer:
         delete_claim_spec(self.cdi_root, driver=self.driver, claim_uid=uid)
         crash_point("unprepare-after-cdi")
         with self.state_lock():
+            record = self.store.get(uid)
+        # The record stays until its instances are gone: it is what names them.
+        migs = [d.mig for d in record.devices if d.mig is not None] if record else []
+        if migs and self.migs is None:
+            raise MigError("this plugin has no NVML to destroy the claim's MIG instances with")
+        for mig in migs:
+            assert self.migs is not None
+            self.migs.destroy(mig)
+        crash_point("unprepare-after-mig")
+        with self.state_lock():
             self.store.remove(uid)
 
     def unprepare_uid(self, uid: str) -> None:
@@ -266,6 +320,35 @@ class Preparer:
     def claim_lock(self, uid: str) -> AbstractContextManager[None]:
         """The lock every prepare and unprepare of this claim holds."""
         return self._claim_locks.hold(uid)
+
+
+def _placements(plan: PreparePlan) -> list[tuple[str, MigPlacement]]:
+    """The plan's dynamic MIG devices (admin access never cuts an instance)."""
+    return [
+        (d.result.device, d.cdi.device.mig_placement)
+        for d in plan.devices
+        if d.cdi.device.mig_placement is not None and not d.result.admin_access
+    ]
+
+
+def _whole_partitionable(plan: PreparePlan) -> list[Device]:
+    """Whole GPUs that dynamic MIG partitions (they consume their counter set)."""
+    return [
+        d.cdi.device
+        for d in plan.devices
+        if d.cdi.device.consumes_counters
+        and d.cdi.device.mig_placement is None
+        and not d.result.admin_access
+    ]
+
+
+def _with_migs(
+    devices: Sequence[PreparedDevice], migs: Mapping[str, MigRecord]
+) -> tuple[PreparedDevice, ...]:
+    return tuple(
+        d.model_copy(update={"mig": migs[d.device_name]}) if d.device_name in migs else d
+        for d in devices
+    )
 
 
 def _usable(claim: Mapping[str, Any] | None, uid: str) -> bool:
@@ -285,7 +368,7 @@ def fault_text(err: Exception, ref: ClaimRef, *, action: str) -> str:
         return f"{what}: {err}"
     if isinstance(err, ApiError):
         return f"{what}: the API server answered {err.status} {err.reason}"
-    if isinstance(err, CdiSpecError):  # only a UID that cannot name a file gets here
+    if isinstance(err, CdiSpecError | MigError):  # a UID that names no file; NVML refused
         return f"{what}: {err}"
     if isinstance(err, OSError):
         where = f" ({err.filename})" if err.filename else ""
