@@ -26,6 +26,7 @@ import pytest
 from kubernetes import client
 
 from e2e import binaries, build
+from e2e.chart import chart_identity
 from e2e.cluster import Cluster
 from e2e.cluster.node import Node
 from e2e.kube import Kube, NotYet, gone, wait_for
@@ -314,3 +315,20 @@ def ns(namespace: str, kube: Kube, node: Node, gpu_class: str) -> Iterator[str]:
         timeout=POD_TIMEOUT,
         what=f"the node to unprepare every claim of {namespace}",
     )
+
+
+@pytest.fixture(scope="module")
+def plugin_kubeconfig(
+    kube: Kube, kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Path]:
+    """A token of the plugin's service account with the chart's RBAC: what the plugin
+    may do in a cluster is what it may do here."""
+    with chart_identity(
+        kube,
+        kubeconfig,
+        component="kubelet-plugin",
+        release=f"plugin-{secrets.token_hex(3)}",
+        driver=DRIVER,
+        directory=tmp_path_factory.mktemp("plugin-identity"),
+    ) as identity:
+        yield identity.kubeconfig

@@ -27,7 +27,6 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT7
 
 from drasil.api.limits import allow_nesting
-from e2e.chart import chart_identity
 from e2e.cluster import Cluster
 from e2e.kube import Kube, NotYet, wait_for
 from e2e.pluginproc import DRIVER, GPU_CLASS, ClaimId, KubeletClient, PluginProcess
@@ -59,23 +58,6 @@ def node_root() -> Iterator[Path]:
     root = Path(tempfile.mkdtemp(prefix="drasil-e2e-"))
     yield root
     shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def plugin_kubeconfig(
-    kube: Kube, kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Path]:
-    """A token of the plugin's service account with the chart's RBAC: what the plugin
-    may do in a cluster is what it may do here."""
-    with chart_identity(
-        kube,
-        kubeconfig,
-        component="kubelet-plugin",
-        release=f"plugin-{secrets.token_hex(3)}",
-        driver=DRIVER,
-        directory=tmp_path_factory.mktemp("plugin-identity"),
-    ) as identity:
-        yield identity.kubeconfig
 
 
 @pytest.fixture

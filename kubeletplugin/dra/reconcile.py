@@ -22,6 +22,7 @@ from drasil.driver.cdi.claimspecs import (
 )
 from drasil.driver.cdi.spec import CdiSpecError
 from drasil.driver.kubeapi import InvalidName
+from drasil.kubeletplugin.dra.migs import creating_record
 from drasil.kubeletplugin.dra.prepare import ClaimReader, Preparer
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,20 @@ def run_periodically(
         stop.wait(interval)
 
 
+def _rebuilt_device(preparer: Preparer, uid: str, name: str) -> PreparedDevice:
+    device = PreparedDevice(
+        pool_name=preparer.pool,
+        device_name=name,
+        cdi_device_ids=(cdi_device_id(driver=preparer.driver, claim_uid=uid, device_name=name),),
+    )
+    known = preparer.devices.get(name)
+    if known is None or known.mig_placement is None:
+        return device
+    # A dynamic MIG device: its placement is held again (its instance is in use, not
+    # an orphan), and the next prepare adopts the instance it finds there.
+    return device.model_copy(update={"mig": creating_record(known.mig_placement)})
+
+
 def rebuild_from_specs(preparer: Preparer) -> int:
     """Re-record the claims whose CDI specs exist after the checkpoint was lost.
 
@@ -102,16 +117,7 @@ def rebuild_from_specs(preparer: Preparer) -> int:
         if spec is None or identity is None or identity.uid != uid:
             continue
         names = [str(d.get("name", ""))[len(uid) + 1 :] for d in spec.get("devices", [])]
-        devices = [
-            PreparedDevice(
-                pool_name=preparer.pool,
-                device_name=name,
-                cdi_device_ids=(
-                    cdi_device_id(driver=preparer.driver, claim_uid=uid, device_name=name),
-                ),
-            )
-            for name in names
-        ]
+        devices = [_rebuilt_device(preparer, uid, name) for name in names]
         with preparer.claim_lock(uid), preparer.state_lock():
             if preparer.store.get(uid) is None:
                 preparer.store.mark_started(

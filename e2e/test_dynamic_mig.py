@@ -1,0 +1,299 @@
+"""Dynamic MIG against the real scheduler: placements allocated through shared counters.
+
+A plugin in ``--mig-mode dynamic`` publishes one simulated H100: its counter set, the
+whole GPU and every MIG placement. kube-scheduler allocates Pods' claims from them;
+the test, acting as kubelet, prepares and unprepares them, and reads the simulated
+GPU's MIG instances with ``drasil discover`` to see what prepare really cut.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.kube import Kube, NotYet, wait_for
+from e2e.pluginproc import DRIVER, GPU_CLASS, ClaimId, KubeletClient, PluginProcess
+from e2e.test_kubeletplugin import cdi_file, checkpoint_claims
+
+RESOURCE = "resource.k8s.io/v1"
+PROFILE = "h100-80gb:1"
+MIG_CLASS = f"mig-e2e.{DRIVER}"
+
+
+@pytest.fixture(scope="module")
+def classes(kube: Kube) -> Iterator[None]:
+    mig_class: dict[str, Any] = {
+        "apiVersion": RESOURCE,
+        "kind": "DeviceClass",
+        "metadata": {"name": MIG_CLASS},
+        "spec": {
+            "selectors": [
+                {
+                    "cel": {
+                        "expression": f'device.driver == "{DRIVER}" && '
+                        f'device.attributes["{DRIVER}"].type == "mig"'
+                    }
+                }
+            ]
+        },
+    }
+    names = (DRIVER, MIG_CLASS)
+    for name, obj in zip(names, (GPU_CLASS, mig_class), strict=True):
+        kube.delete(RESOURCE, "DeviceClass", name)
+        kube.create(obj)
+    yield
+    for name in names:
+        kube.delete(RESOURCE, "DeviceClass", name)
+
+
+@pytest.fixture
+def node(make_node: Callable[..., dict[str, Any]]) -> str:
+    name = f"e2e-mig-{secrets.token_hex(3)}"
+    make_node(name)
+    return name
+
+
+@pytest.fixture
+def plugin(plugin_kubeconfig: Path, node: str) -> Iterator[PluginProcess]:
+    root = Path(tempfile.mkdtemp(prefix="drasil-mig-"))  # short: socket paths
+    proc = PluginProcess(
+        root=root,
+        kubeconfig=plugin_kubeconfig,
+        node_name=node,
+        profile=PROFILE,
+        env={"MIG_MODE": "dynamic"},
+    )
+    proc.start()
+    yield proc
+    proc.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def wait_partitions(kube: Kube, node: str) -> list[str]:
+    """The node's published devices, once the counter set and placements are there."""
+
+    def published() -> Any:
+        slices = kube.resource(RESOURCE, "ResourceSlice").get(
+            field_selector=f"spec.nodeName={node}"
+        )
+        specs = [dict(s.to_dict())["spec"] for s in slices.items]
+        names = [d["name"] for s in specs for d in s.get("devices") or []]
+        counters = [c for s in specs for c in s.get("sharedCounters") or []]
+        return names if counters and "gpu-0-mig-3g40gb-at-4" in names else NotYet(names)
+
+    names: list[str] = wait_for(published, timeout=60, what=f"MIG placements of {node}")
+    return names
+
+
+def claim_pod(kube: Kube, namespace: str, node: str, *, device_class: str, cel: str) -> str:
+    """A Pod pinned to ``node`` whose claim (from a template) asks for one device."""
+    name = f"mig-{secrets.token_hex(3)}"
+    request = {
+        "name": "gpu",
+        "exactly": {"deviceClassName": device_class, "selectors": [{"cel": {"expression": cel}}]},
+    }
+    kube.create(
+        {
+            "apiVersion": RESOURCE,
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name},
+            "spec": {"spec": {"devices": {"requests": [request]}}},
+        },
+        namespace,
+    )
+    container = {
+        "name": "c",
+        "image": "registry.invalid/none:1",
+        "resources": {"claims": [{"name": "gpu"}]},
+    }
+    kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "containers": [container],
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
+            },
+        },
+        namespace,
+    )
+    return name
+
+
+def pod_claim(kube: Kube, namespace: str, pod: str) -> dict[str, Any] | None:
+    for item in kube.resource(RESOURCE, "ResourceClaim").get(namespace=namespace).items:
+        claim = dict(item.to_dict())
+        owners = [o.get("name") for o in claim["metadata"].get("ownerReferences") or []]
+        if pod in owners:
+            return claim
+    return None
+
+
+def wait_allocated(kube: Kube, namespace: str, pod: str) -> tuple[ClaimId, str]:
+    """The Pod's claim once allocated and reserved, and its device."""
+
+    def allocated() -> Any:
+        claim = pod_claim(kube, namespace, pod)
+        status = (claim or {}).get("status") or {}
+        if not (status.get("allocation") and status.get("reservedFor")):
+            return NotYet(status)
+        return claim
+
+    claim = wait_for(allocated, timeout=60, what=f"claim of Pod {namespace}/{pod} allocated")
+    meta = claim["metadata"]
+    device = claim["status"]["allocation"]["devices"]["results"][0]["device"]
+    return ClaimId(namespace=namespace, name=meta["name"], uid=meta["uid"]), device
+
+
+def stays_pending(kube: Kube, namespace: str, pod: str) -> dict[str, Any]:
+    """The Pod's claim after the scheduler has tried it: created, and not allocated."""
+
+    def tried() -> Any:
+        claim = pod_claim(kube, namespace, pod)
+        events = kube.core.list_namespaced_event(
+            namespace, field_selector=f"involvedObject.name={pod}"
+        ).items
+        tried_it = any(e.reason == "FailedScheduling" for e in events)
+        return claim if claim is not None and tried_it else NotYet(claim)
+
+    claim: dict[str, Any] = wait_for(tried, timeout=60, what=f"Pod {pod} tried by the scheduler")
+    assert not (claim.get("status") or {}).get("allocation"), claim["status"]
+    return claim
+
+
+def delete_pod(kube: Kube, namespace: str, pod: str) -> None:
+    kube.core.delete_namespaced_pod(pod, namespace, grace_period_seconds=0)
+
+    def gone() -> Any:
+        return True if pod_claim(kube, namespace, pod) is None else NotYet(pod)
+
+    wait_for(gone, timeout=60, what=f"claim of Pod {pod} deleted")
+
+
+def drasil(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "drasil.driver.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def instances(plugin: PluginProcess) -> list[str]:
+    """The simulated GPU's MIG instances, as ``drasil discover`` lists them."""
+    done = drasil(
+        "discover",
+        "--backend=simulated",
+        f"--profile={PROFILE}",
+        f"--node-name={plugin.node_name}",
+        "--mig-mode=dynamic",
+        f"--simulated-state={plugin.state_dir / 'simulated-gpus.json'}",
+    )
+    assert done.returncode == 0, done.stderr
+    return [line for line in done.stdout.splitlines() if re.search(r"\bgi=\d+", line)]
+
+
+def mig_uuid(plugin: PluginProcess, uid: str) -> str:
+    spec = json.loads(cdi_file(plugin, uid).read_text())
+    env = [e for d in spec["devices"] for e in d["containerEdits"].get("env") or []]
+    uuids = [str(e).split("=", 1)[1] for e in env if str(e).split("=", 1)[1].startswith("MIG-")]
+    assert len(uuids) == 1, env
+    return uuids[0]
+
+
+PROFILE_3G = f'device.attributes["{DRIVER}"].profile == "3g.40gb"'
+
+
+def test_two_3g_placements_are_cut_a_third_waits_and_the_whole_gpu_after_them(
+    kube: Kube, namespace: str, node: str, classes: None, plugin: PluginProcess,
+    kubeconfig: Path,
+) -> None:  # fmt: skip
+    names = wait_partitions(kube, node)
+    assert {"gpu-0", "gpu-0-mig-3g40gb-at-0", "gpu-0-mig-3g40gb-at-4"} <= set(names)
+    kubelet = KubeletClient(plugin)
+
+    first, second = (
+        claim_pod(kube, namespace, node, device_class=MIG_CLASS, cel=PROFILE_3G) for _ in range(2)
+    )
+    (ref_a, dev_a), (ref_b, dev_b) = (wait_allocated(kube, namespace, p) for p in (first, second))
+    assert {dev_a, dev_b} == {"gpu-0-mig-3g40gb-at-0", "gpu-0-mig-3g40gb-at-4"}
+    answers = kubelet.prepare([ref_a, ref_b]).claims
+    assert answers[ref_a.uid].error == ""
+    assert answers[ref_b.uid].error == ""
+    uuid_a, uuid_b = mig_uuid(plugin, ref_a.uid), mig_uuid(plugin, ref_b.uid)
+    assert uuid_a != uuid_b
+    cut = instances(plugin)
+    assert len(cut) == 2, cut
+    assert all("3g.40gb" in line for line in cut), cut
+    records = checkpoint_claims(plugin)
+    assert {records[r.uid]["devices"][0]["mig"]["state"] for r in (ref_a, ref_b)} == {"Created"}
+
+    # A third 3g.40gb has no memory slices left: pending, and explain says whose they are.
+    third = claim_pod(kube, namespace, node, device_class=MIG_CLASS, cel=PROFILE_3G)
+    pending = stays_pending(kube, namespace, third)
+    explained = drasil(
+        "explain",
+        f"--kubeconfig={kubeconfig}",
+        f"--driver-name={DRIVER}",
+        f"{namespace}/{pending['metadata']['name']}",
+    )
+    text = explained.stdout + explained.stderr
+    assert "memory slice" in text, text
+    assert ref_a.name in text or ref_b.name in text, text
+    delete_pod(kube, namespace, third)
+
+    # The whole GPU consumes every counter: it waits until both MIG claims are gone.
+    whole = claim_pod(kube, namespace, node, device_class=DRIVER, cel="true")
+    stays_pending(kube, namespace, whole)
+    for pod, ref in ((first, ref_a), (second, ref_b)):
+        assert kubelet.unprepare([ref]).claims[ref.uid].error == ""
+        delete_pod(kube, namespace, pod)
+    assert instances(plugin) == []
+    ref_w, dev_w = wait_allocated(kube, namespace, whole)
+    assert dev_w == "gpu-0"
+    assert kubelet.prepare([ref_w]).claims[ref_w.uid].error == ""
+    assert instances(plugin) == []
+    assert kubelet.unprepare([ref_w]).claims[ref_w.uid].error == ""
+    assert checkpoint_claims(plugin) == {}
+
+
+def test_orphan_instances_are_destroyed_at_start_and_said_in_an_event(
+    kube: Kube, namespace: str, node: str, classes: None, plugin: PluginProcess,
+) -> None:  # fmt: skip
+    wait_partitions(kube, node)
+    ref, _ = wait_allocated(
+        kube,
+        namespace,
+        claim_pod(kube, namespace, node, device_class=MIG_CLASS, cel=PROFILE_3G),
+    )
+    kubelet = KubeletClient(plugin)
+    assert kubelet.prepare([ref]).claims[ref.uid].error == ""
+    assert len(instances(plugin)) == 1
+    # The checkpoint is lost while the plugin is down; the instance is now nobody's.
+    plugin.stop()
+    (plugin.state_dir / "checkpoint.json").unlink()
+    cdi_file(plugin, ref.uid).unlink()
+    plugin.start()
+    assert instances(plugin) == []
+
+    def event() -> Any:
+        items = kube.core.list_event_for_all_namespaces(
+            field_selector=f"involvedObject.name={node},reason=MigInstancesReconciled"
+        ).items
+        return items[0].message if items else NotYet(None)
+
+    message = wait_for(event, timeout=30, what="MigInstancesReconciled event")
+    assert "3g.40gb" in message, message
