@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from bench import explain, prepare
+from bench import explain, mig, prepare
 
 if __name__ == "__main__":
     explain.main()
     prepare.main()
+    mig.main()

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from bench import mig as mig_bench
 from e2e.kube import Kube, NotYet, wait_for
 from e2e.pluginproc import DRIVER, GPU_CLASS, ClaimId, KubeletClient, PluginProcess
 from e2e.test_kubeletplugin import cdi_file, checkpoint_claims
@@ -297,3 +298,10 @@ def test_orphan_instances_are_destroyed_at_start_and_said_in_an_event(
 
     message = wait_for(event, timeout=30, what="MigInstancesReconciled event")
     assert "3g.40gb" in message, message
+
+
+def test_the_mig_benchmark_runs(kubeconfig: Path) -> None:
+    """A smoke of ``make bench``'s MIG figures: two rounds of each claim kind."""
+    result = mig_bench.run(rounds=2, kubeconfig=kubeconfig)
+    for kind in ("whole_gpu", "mig_1g", "mig_3g_pair"):
+        assert result[kind]["pair_p50_ms"] > 0, result
