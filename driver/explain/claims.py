@@ -12,20 +12,25 @@ each stage the allocator applies, in its order:
 4. those whose capacity covers the request's ``capacity.requests`` (for devices with
    ``allowMultipleAllocations``: what other claims left),
 5. those not blocked by a taint the request does not tolerate,
-6. those not allocated to other claims (with the holders named).
+6. those not allocated to other claims (with the holders named),
+7. those whose shared counters (partitionable devices) are usable and still cover
+   what they draw after the allocated devices of other claims (``counters``: the
+   counter sets and profiles named, with the claims holding the counters).
 
 A request can be satisfied on its own when at least ``count`` devices (``All``: every
 matching device, at least one) are left. When all are, the claim as a whole is
-checked: distinct devices for all requests together and ``matchAttribute`` /
-``distinctAttribute`` constraints. The result renders as an Event message
+checked: distinct devices for all requests together, one node, the requests' shared
+counters together (``jointcounters``) and ``matchAttribute`` / ``distinctAttribute``
+constraints. The result renders as an Event message
 (``ClaimExplanation.message``) and as a table for ``drasil explain``
 (``render_table``).
 
 Nothing here talks to the API server: ``drasil.driver.explain.fromapi`` reads what
 ``explain_claim`` needs for the CLI, the controller passes what it watches. The
 pieces: ``inventory`` (devices of complete pools, their holders), ``requests`` (one
-request's stages), ``nodefit`` (which nodes a Pod may go to), this module (the claim
-as a whole, joint checks, the table).
+request's stages), ``counters`` (shared counters and their wording), ``jointcounters``
+(the requests' counters together), ``nodefit`` (which nodes a Pod may go to), this
+module (the claim as a whole, joint checks, the table).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from functools import partial
 from typing import Any
 
 from drasil.driver.cel.selectors import CelDeviceCache
+from drasil.driver.explain.counters import CounterBook, listing
 from drasil.driver.explain.inventory import (
     DeviceKey,
     PoolDevice,
@@ -48,6 +54,7 @@ from drasil.driver.explain.inventory import (
     object_meta,
     object_spec,
 )
+from drasil.driver.explain.jointcounters import JointVerdict, joint_counter_problem
 from drasil.driver.explain.nodefit import misfit, node_name
 from drasil.driver.explain.requests import OutOfTime, RequestExplanation, explain_request
 
@@ -162,6 +169,7 @@ def explain_claim(
     by_name = {str(object_meta(c).get("name", "")): c for c in classes}
     inventory = build_inventory(slices, driver=driver, cache=cache)
     usage = build_usage(claims, driver=driver, skip_uid=str(object_meta(claim).get("uid", "")))
+    book = CounterBook(inventory, usage)
     explained: list[RequestExplanation] = []
     others: list[str] = []
     for name, request in _requests(claim):
@@ -178,13 +186,16 @@ def explain_claim(
                     classes=by_name,
                     usage=usage,
                     deadline=deadline,
+                    counters=book,
                 )
             )
         except OutOfTime as err:
             cut_short = f'request "{name}": {err.text(budget)}'
             break
     else:
-        cut_short = ""
+        # Devices whose counters were too many to read passed unchecked: say so.
+        unchecked = next((e for e in explained if e.unchecked), None)
+        cut_short = f'request "{unchecked.request}": {unchecked.unchecked}' if unchecked else ""
     notes = [f"pool {p} is incomplete and not used" for p in inventory.incomplete_pools]
     if others:
         notes.append(f"requests {', '.join(others)} use classes of other drivers")
@@ -199,7 +210,8 @@ def explain_claim(
     if result.unsatisfiable or not explained or cut_short:
         return result
     scope = node_scope(nodes, pods) if nodes is not None else None
-    return _with_joint_problems(result, claim, driver=driver, scope=scope)
+    joint = _Joint(driver=driver, scope=scope, counters=book, deadline=deadline)
+    return _with_joint_problems(result, claim, joint)
 
 
 # --- joint checks: distinct devices and constraints --------------------------------
@@ -214,16 +226,32 @@ def _chosen(explanation: ClaimExplanation) -> dict[str, RequestExplanation]:
     return chosen
 
 
+@dataclass(frozen=True)
+class _Joint:
+    """What the joint checks need besides the requests."""
+
+    driver: str
+    scope: NodeScope | None
+    counters: CounterBook
+    deadline: float
+
+
 def _with_joint_problems(
-    explanation: ClaimExplanation, claim: JsonObject, *, driver: str, scope: NodeScope | None
+    explanation: ClaimExplanation, claim: JsonObject, joint: _Joint
 ) -> ClaimExplanation:
     chosen = _chosen(explanation)
     problems = [p for p in (_distinct_devices_problem(chosen),) if p]
-    if not problems and (problem := _single_node_problem(chosen, scope)):
+    if not problems and (problem := _single_node_problem(chosen, joint.scope)):
         problems.append(problem)
+    incomplete = ""
+    if not problems:
+        # Only once distinct devices on one node exist: the search assumes both.
+        verdict = _counters_together(chosen, joint)
+        problems += [verdict.problem] if verdict.problem else []
+        incomplete = verdict.incomplete
     constraints = (object_spec(claim).get("devices") or {}).get("constraints") or []
     for constraint in constraints:
-        problem = _constraint_problem(constraint, chosen, driver=driver)
+        problem = _constraint_problem(constraint, chosen, driver=joint.driver)
         if problem:
             problems.append(problem)
     return ClaimExplanation(
@@ -233,6 +261,18 @@ def _with_joint_problems(
         problems=tuple(problems),
         notes=explanation.notes,
         allocated=explanation.allocated,
+        cut_short=incomplete,
+    )
+
+
+def _counters_together(chosen: Mapping[str, RequestExplanation], joint: _Joint) -> JointVerdict:
+    """The requests' shared counters together, on each node their devices may share."""
+    members = list(chosen.values())
+    bound = sorted({d.node for e in members for d in e.free if d.node is not None})
+    candidates = _candidate_nodes(members, bound, joint.scope)
+    nodes: list[str | None] = list(candidates) if candidates else [None]
+    return joint_counter_problem(
+        members, joint.counters, nodes=nodes, driver=joint.driver, deadline=joint.deadline
     )
 
 
@@ -442,6 +482,11 @@ def render_table(explanation: ClaimExplanation) -> str:
         if e.short_capacity:
             rows.append((e.request, str(e.short_capacity), "without the requested capacity"))
         rows += [(e.request, str(n), f"allocated to {h}") for h, n in e.held.items()]
+        rows += [
+            (e.request, str(len(d)), f"unusable ({listing(d, limit=3)}): {why}")
+            for why, d in e.unusable.items()
+        ]
+        rows += [(e.request, str(n), f"short of counters: {why}") for n, why in e.short_counters]
         needed = "all" if e.needed is None else str(e.needed)
         rows.append((e.request, str(len(e.free)), f"free ({needed} needed)"))
     widths = [max(len(row[i]) for row in rows) for i in range(2)]

@@ -1,7 +1,8 @@
 """What a pending claim is explained against: the devices of complete pools, their holders.
 
 ``build_inventory`` reads the driver's ResourceSlices as the scheduler does (newest
-generation of complete pools only) and converts each device to CEL values once;
+generation of complete pools only), converts each device to CEL values once and
+indexes the pools' shared counter sets (read lazily by ``counters``);
 ``build_usage`` counts which devices (and how much of shareable ones) other claims
 already hold. Both are pure: the callers fetch the JSON.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, cast
 
@@ -19,6 +20,7 @@ from drasil.driver.cel.selectors import CelDevice, CelDeviceCache
 
 JsonObject = Mapping[str, Any]
 DeviceKey = tuple[str, str]  # (pool, device) within one driver
+SetKey = tuple[str, str]  # (pool, counter set) within one driver
 
 
 # --- the devices the scheduler considers -------------------------------------------
@@ -48,6 +50,9 @@ class Inventory:
     driver: str
     devices: tuple[PoolDevice, ...]
     incomplete_pools: tuple[str, ...] = ()
+    # Every definition of each counter set, as published: a set defined twice in a
+    # pool is the pool's error, and ``counters`` reports it rather than picking one.
+    counter_sets: Mapping[SetKey, tuple[JsonObject, ...]] = field(default_factory=dict)
 
 
 def object_meta(obj: JsonObject) -> JsonObject:
@@ -73,6 +78,7 @@ def build_inventory(
             pools[str((spec.get("pool") or {}).get("name", ""))].append(obj)
     devices: list[PoolDevice] = []
     incomplete: list[str] = []
+    counter_sets: dict[SetKey, list[JsonObject]] = defaultdict(list)
     for pool, members in sorted(pools.items()):
         newest = max(_generation(s) for s in members)
         current = [s for s in members if _generation(s) == newest]
@@ -82,7 +88,23 @@ def build_inventory(
             incomplete.append(f"{pool} ({len(current)} of {wanted} slices)")
             continue
         devices.extend(_pool_devices(pool, current, cache))
-    return Inventory(driver=driver, devices=tuple(devices), incomplete_pools=tuple(incomplete))
+        for counter_set in _shared_counters(current):
+            counter_sets[(pool, str(counter_set.get("name", "")))].append(counter_set)
+    return Inventory(
+        driver=driver,
+        devices=tuple(devices),
+        incomplete_pools=tuple(incomplete),
+        counter_sets={k: tuple(v) for k, v in counter_sets.items()},
+    )
+
+
+def _shared_counters(slices: Sequence[JsonObject]) -> Iterator[JsonObject]:
+    """The counter sets of a pool's slices; malformed entries are skipped here and
+    show up as missing sets for the devices that reference them."""
+    for obj in slices:
+        entries = object_spec(obj).get("sharedCounters") or []
+        if isinstance(entries, list):
+            yield from (e for e in entries if isinstance(e, Mapping))
 
 
 def _pool_devices(

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
-from collections import Counter
+import time
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
 from drasil.driver.cel.selectors import CelCompileError, CelDeadlineExceeded, compile_selector
+from drasil.driver.explain.counters import CounterBook, Shortage, shortage_texts
 from drasil.driver.explain.inventory import (
     Inventory,
     PoolDevice,
@@ -22,6 +24,7 @@ from drasil.driver.explain.nodefit import BLOCKING_EFFECTS, taint_text, tolerate
 JsonObject = Mapping[str, Any]
 MAX_SELECTOR_TEXT = 160
 MAX_HOLDERS_NAMED = 3
+MAX_COUNTER_GROUPS = 3  # counter sets and profiles worded per request
 
 
 # --- one request -------------------------------------------------------------------
@@ -55,6 +58,10 @@ class RequestExplanation:
     blocked: Mapping[str, int] = field(default_factory=dict)  # taint -> devices
     held: Mapping[str, int] = field(default_factory=dict)  # holder claim -> devices
     short_capacity: int = 0
+    unusable: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # why -> devices
+    # (devices, why) per counter set and profile: left out for want of shared counters
+    short_counters: tuple[tuple[int, str], ...] = ()
+    unchecked: str = ""  # devices whose counters were too many to read
     free: tuple[PoolDevice, ...] = ()
     problem: str | None = None  # None: can be satisfied on its own
 
@@ -74,9 +81,25 @@ class RequestExplanation:
             parts.append(f"{self.short_capacity} without the requested capacity left")
         if self.held:
             parts.append(self._held_text())
-        if self.problem and (self.free or not (self.held or self.blocked)):
+        parts += [unusable_text(why, names) for why, names in self.unusable.items()]
+        if self.short_counters:
+            parts.append(self._counters_text())
+        if self.problem and (self.free or not self._excluded()):
             parts.append(self._shortfall())
         return parts
+
+    def _excluded(self) -> bool:
+        """Whether some devices were left out for a reason the text already names."""
+        return bool(self.held or self.blocked or self.unusable or self.short_counters)
+
+    def _counters_text(self) -> str:
+        total = sum(n for n, _ in self.short_counters)
+        texts = [text for _, text in self.short_counters[:MAX_COUNTER_GROUPS]]
+        more = len(self.short_counters) - MAX_COUNTER_GROUPS
+        if more > 0:
+            noun = "counter set or profile" if more == 1 else "counter sets or profiles"
+            texts.append(f"and {more} more {noun}")
+        return f"{total} blocked by shared counters: " + "; ".join(texts)
 
     def _held_text(self) -> str:
         total = sum(self.held.values())
@@ -90,6 +113,13 @@ class RequestExplanation:
         if self.needed is None:
             return f"{len(self.free)} free, all {self.stages[-1].count} needed (allocationMode All)"
         return f"{len(self.free)} free, {self.needed} needed"
+
+
+def unusable_text(why: str, devices: Sequence[str]) -> str:
+    """``device gpu-2 unusable: counter set … does not exist in pool node-a``."""
+    if len(devices) == 1:
+        return f"device {devices[0]} unusable: {why}"
+    return f"{len(devices)} devices unusable: {why}"
 
 
 def _names(held: Mapping[str, int]) -> str:
@@ -117,6 +147,16 @@ class OutOfTime(Exception):
             f"stopped after {budget:g} s: selector {_short(self.expression)} is too costly "
             f"to evaluate against {self.devices} devices (the scheduler pays this cost too)"
         )
+
+
+class CountersOutOfTime(OutOfTime):
+    """The time budget ran out while checking the shared counters of ``devices``."""
+
+    def __init__(self, *, devices: int) -> None:
+        super().__init__("", devices=devices)
+
+    def text(self, budget: float) -> str:
+        return f"stopped after {budget:g} s checking the shared counters of {self.devices} devices"
 
 
 @dataclass(frozen=True)
@@ -253,10 +293,12 @@ def explain_request(
     classes: Mapping[str, JsonObject],
     usage: Usage,
     deadline: float = math.inf,
+    counters: CounterBook | None = None,
 ) -> RequestExplanation:
     """The funnel of one ``exactly`` request or ``firstAvailable`` subrequest.
 
-    Raises ``OutOfTime`` when selectors are still being evaluated at ``deadline``.
+    Raises ``OutOfTime`` when selectors (or shared counters) are still being checked
+    at ``deadline``.
     """
     devices, stages, problem = _funnel(
         request, inventory=inventory, classes=classes, deadline=deadline
@@ -281,6 +323,9 @@ def explain_request(
             held.update(holders[:1])
         else:
             free.append(device)
+    book = counters if counters is not None else CounterBook(inventory, usage)
+    checked = check_counters(free, book, deadline=deadline)
+    free = checked.free
     enough = len(free) >= needed if needed is not None else len(free) == len(devices) > 0
     return RequestExplanation(
         request=name,
@@ -289,9 +334,62 @@ def explain_request(
         blocked=dict(blocked.most_common()),
         held=dict(held.most_common()),
         short_capacity=len(devices) - len(fitting),
+        unusable=checked.unusable,
+        short_counters=tuple(shortage_texts(checked.shortages, driver=inventory.driver)),
+        unchecked=checked.unchecked,
         free=tuple(free),
         problem=None if enough else "not enough free devices",
     )
+
+
+@dataclass(frozen=True)
+class CounterCheck:
+    """Free devices split by their shared counters."""
+
+    free: list[PoolDevice]
+    unusable: dict[str, tuple[str, ...]]
+    shortages: list[Shortage]
+    unchecked: str = ""
+
+
+def check_counters(
+    devices: Sequence[PoolDevice], book: CounterBook, *, deadline: float = math.inf
+) -> CounterCheck:
+    """Which of ``devices`` the counters other claims left still let through.
+
+    A device whose counters are too many to read passes (explain cannot tell) and is
+    named in ``unchecked``. Raises ``CountersOutOfTime`` past ``deadline``.
+    """
+    free: list[PoolDevice] = []
+    unusable: dict[str, list[str]] = defaultdict(list)
+    shortages: list[Shortage] = []
+    unchecked: list[str] = []
+    for device in devices:
+        if time.monotonic() > deadline:
+            raise CountersOutOfTime(devices=len(devices))
+        draw = book.draw(device)
+        if draw.unusable:
+            unusable[draw.unusable].append(device.name)
+        elif draw.unchecked:
+            unchecked.append(f"device {device.name} of pool {device.pool}: {draw.unchecked}")
+            free.append(device)
+        elif not book.drawing_already(device) and (shortage := book.shortage(device)):
+            shortages.append(shortage)
+        else:
+            free.append(device)
+    return CounterCheck(
+        free=free,
+        unusable={why: tuple(names) for why, names in unusable.items()},
+        shortages=shortages,
+        unchecked=_unchecked_text(unchecked),
+    )
+
+
+def _unchecked_text(devices: Sequence[str]) -> str:
+    if not devices:
+        return ""
+    more = f" (and {len(devices) - 1} more devices)" if len(devices) > 1 else ""
+    return f"did not check the shared counters of {devices[0]}{more}"
 
 
 def _shareable(device: PoolDevice, request: JsonObject) -> bool:
