@@ -287,7 +287,8 @@ class NvmlLibrary(Protocol):
         GPU reset). Raises ``NvmlInUse`` while processes or instances use the GPU."""
 
     def gpu_instance_profiles(self, handle: DeviceHandle) -> tuple[GpuInstanceProfile, ...]:
-        """Every GPU instance profile this GPU supports (NOT_SUPPORTED ones left out)."""
+        """Every GPU instance profile this GPU supports (NOT_SUPPORTED ones left out),
+        whatever its MIG mode; ``NvmlNotSupported`` on GPUs without MIG."""
 
     def gpu_instance_placements(
         self, handle: DeviceHandle, profile_id: int
@@ -296,7 +297,8 @@ class NvmlLibrary(Protocol):
         profile on an empty GPU, in NVML's order."""
 
     def gpu_instances(self, handle: DeviceHandle) -> tuple[GpuInstance, ...]:
-        """The GPU instances that exist now, of every profile, by instance id."""
+        """The GPU instances that exist now, of every profile, by instance id;
+        ``NvmlNotSupported`` while MIG mode is off (as NVML answers)."""
 
     def create_gpu_instance(
         self, handle: DeviceHandle, profile_id: int, placement: Placement
@@ -332,7 +334,9 @@ class NvmlLibrary(Protocol):
         self, minor: int, gpu_instance_id: int, compute_instance_id: int
     ) -> tuple[str, ...]:
         """Not NVML: the ``/dev/nvidia-caps`` nodes that give access to one MIG device
-        (from ``/proc/driver/nvidia-caps/mig-minors``); the simulated backend has none."""
+        (GPU instance's, then compute instance's, from
+        ``/proc/driver/nvidia-caps/mig-minors``; ``NvmlNotFound`` when it lists
+        neither); the simulated backend has none."""
 
     def event_set_create(self) -> EventSet: ...
 
