@@ -73,7 +73,10 @@ class NodeRuntime:
         With ``--mig-mode dynamic`` the shared counters they consume are kept in
         ``counter_sets``, to be published with them.
         """
-        result = discover(self.lib, node_name=self.opts.node_name, mig_mode=self.opts.mig_mode)
+        # Only DRA mode can cut MIG devices on demand (prepare creates them); the
+        # device-plugin API has no counters, so it always sees the static layout.
+        mig_mode = self.opts.mig_mode if self.opts.mode == "dra" else "static"
+        result = discover(self.lib, node_name=self.opts.node_name, mig_mode=mig_mode)
         self.counter_sets = result.counter_sets
         for skipped in result.skipped:
             log.error("device skipped", extra={"index": skipped.index, "why": skipped.reason})

@@ -69,3 +69,22 @@ def test_static_node_has_no_counter_sets(tmp_path: Path) -> None:
     node = NodeRuntime(opts, lib=lib, devices_gauge=devices_gauge(CollectorRegistry()))
     assert len(node.discover()) == 4
     assert node.counter_sets == ()
+
+
+def test_device_plugin_mode_stays_static(tmp_path: Path) -> None:
+    flags = [
+        f"--node-name={NODE}",
+        "--backend=simulated",
+        "--simulated-profile=h100-80gb:1",
+        f"--plugins-dir={tmp_path / 'plugins'}",
+        f"--registrar-dir={tmp_path / 'registry'}",
+        "--metrics-addr=0",
+        "--health-addr=0",
+        "--mode=device-plugin",
+        "--mig-mode=dynamic",
+    ]
+    opts = parse_options(flags, {})
+    lib = simulated_library(opts.simulated_profile, node_name=NODE)
+    node = NodeRuntime(opts, lib=lib, devices_gauge=devices_gauge(CollectorRegistry()))
+    assert [d.name for d in node.discover()] == ["gpu-0"]
+    assert node.counter_sets == ()
