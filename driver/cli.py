@@ -16,8 +16,9 @@ from drasil.driver.claims.configcheck import validate_config_document
 from drasil.driver.devices import Device, Version
 from drasil.driver.discovery.backends import BACKENDS, open_backend
 from drasil.driver.discovery.health import FAULT_FILE, read_faults, write_faults
-from drasil.driver.discovery.nodedevices import DiscoveryResult, discover
-from drasil.driver.discovery.nvml import NvmlError
+from drasil.driver.discovery.nodedevices import MIG_MODES, DiscoveryResult, discover
+from drasil.driver.discovery.nvml import NvmlError, NvmlLibrary
+from drasil.driver.discovery.partitions import ExistingMig, existing_mig_instances
 from drasil.driver.discovery.simulated import ProfileSpecError
 from drasil.driver.explain.claims import render_table
 from drasil.driver.explain.fromapi import ClaimNotFound, explain_from_api
@@ -38,6 +39,17 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--node-name", required=True, help="the node (and pool) name")
     d.add_argument("--driver-name", default=DEFAULT_DRIVER)
     d.add_argument("-o", "--output", choices=OUTPUTS, default="table")
+    d.add_argument(
+        "--mig-mode",
+        choices=MIG_MODES,
+        default="static",
+        help="static: publish existing MIG devices; dynamic: every placement, with counters",
+    )
+    d.add_argument(
+        "--simulated-state",
+        type=Path,
+        help="the simulated GPUs' MIG state file (the plugin's simulated-gpus.json)",
+    )
     v = sub.add_parser("validate-config", help="check an opaque config or objects holding one")
     v.add_argument(
         "file",
@@ -83,8 +95,13 @@ def _print_table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
 
 
 def _discover(args: argparse.Namespace, out: TextIO) -> int:
-    lib = open_backend(args.backend, profile=args.profile, node_name=args.node_name)
-    result: DiscoveryResult = discover(lib, node_name=args.node_name)
+    lib = open_backend(
+        args.backend,
+        profile=args.profile,
+        node_name=args.node_name,
+        state_file=args.simulated_state,
+    )
+    result: DiscoveryResult = discover(lib, node_name=args.node_name, mig_mode=args.mig_mode)
     for skipped in result.skipped:
         print(f"warning: device {skipped.index} skipped: {skipped.reason}", file=sys.stderr)
     slices = build_slices(
@@ -92,6 +109,7 @@ def _discover(args: argparse.Namespace, out: TextIO) -> int:
         pool=args.node_name,
         devices=result.devices,
         node_name=args.node_name,
+        counter_sets=result.counter_sets,
         generation=1,
         owner=None,
     )
@@ -108,7 +126,24 @@ def _discover(args: argparse.Namespace, out: TextIO) -> int:
             f"{args.node_name} (driver {args.driver_name}, NVIDIA driver "
             f"{result.driver_version.value}, CUDA {result.cuda_driver_version.value})\n"
         )
+        _print_mig_instances(_mig_instances(lib), out)
     return 0
+
+
+def _mig_instances(lib: NvmlLibrary) -> list[ExistingMig]:
+    lib.init()
+    try:
+        return existing_mig_instances(lib)
+    finally:
+        lib.shutdown()
+
+
+def _print_mig_instances(instances: Sequence[ExistingMig], out: TextIO) -> None:
+    """The MIG instances that exist, one line each (after the table, only if any)."""
+    if instances:
+        out.write(f"\n{len(instances)} MIG instance(s):\n")
+    for instance in instances:
+        out.write(instance.line() + "\n")
 
 
 def _read_limited(name: str) -> bytes:

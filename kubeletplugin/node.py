@@ -27,7 +27,7 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry, Gauge
 
 from drasil.api.kubelet import names
-from drasil.driver.devices import Device
+from drasil.driver.devices import CounterSet, Device
 from drasil.driver.discovery.health import FAULT_FILE, FaultFileWatcher, HealthTracker, XidWatcher
 from drasil.driver.discovery.nodedevices import discover
 from drasil.driver.discovery.nvml import NvmlLibrary
@@ -62,12 +62,22 @@ class NodeRuntime:
         self.lib = lib
         self.stop_event = threading.Event()
         self._devices_gauge = devices_gauge
+        # The shared counters the devices consume (``--mig-mode dynamic``), set by discover.
+        self.counter_sets: tuple[CounterSet, ...] = ()
         self._threads: list[threading.Thread] = []
         self._http: list[ThreadingHTTPServer] = []
 
     def discover(self) -> list[Device]:
-        """The node's devices; a device discovery could not read is logged and left out."""
-        result = discover(self.lib, node_name=self.opts.node_name)
+        """The node's devices; a device discovery could not read is logged and left out.
+
+        With ``--mig-mode dynamic`` the shared counters they consume are kept in
+        ``counter_sets``, to be published with them.
+        """
+        # Only DRA mode can cut MIG devices on demand (prepare creates them); the
+        # device-plugin API has no counters, so it always sees the static layout.
+        mig_mode = self.opts.mig_mode if self.opts.mode == "dra" else "static"
+        result = discover(self.lib, node_name=self.opts.node_name, mig_mode=mig_mode)
+        self.counter_sets = result.counter_sets
         for skipped in result.skipped:
             log.error("device skipped", extra={"index": skipped.index, "why": skipped.reason})
         log.info(

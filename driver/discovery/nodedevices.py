@@ -15,6 +15,12 @@ A GPU with MIG mode enabled publishes its MIG devices and not itself: its memory
 engines belong to the MIG devices, and handing out the whole GPU as well would give
 the same hardware to two claims.
 
+With ``mig_mode="dynamic"`` every MIG-capable GPU, whatever its MIG mode and
+instances, is published as a partitionable device instead (``partitions``): the full
+GPU and every placement of every MIG profile, all consuming from one counter set per
+GPU (``DiscoveryResult.counter_sets``); MIG instances that exist are prepared claims'
+and are not published. GPUs without MIG are published whole in both modes.
+
 Attributes are those of docs/design.md#names (NVIDIA's names, so selectors are portable); MIG
 devices share their parent's ``index``, ``minor``, PCI attributes and product facts and
 add ``parentUUID`` and ``profile``. ``device_nodes`` is ``/dev/nvidia<minor>`` on real
@@ -35,12 +41,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 
-from drasil.driver.devices import AttributeValue, Device, DeviceType, Version
+from drasil.driver.devices import AttributeValue, CounterSet, Device, DeviceType, Version
 from drasil.driver.discovery.nvml import (
     ARCHITECTURE_NAMES,
     BRAND_NAMES,
     DeviceAttributes,
     DeviceHandle,
+    MigMode,
     NvmlError,
     NvmlLibrary,
     NvmlNotFound,
@@ -48,6 +55,7 @@ from drasil.driver.discovery.nvml import (
     NvmlQueryError,
     NvmlUnavailable,
 )
+from drasil.driver.discovery.partitions import PartitionableGpu, partition
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +81,17 @@ class SkippedDevice:
 
 @dataclass(frozen=True)
 class DiscoveryResult:
-    """The devices of a node and the ones that could not be published."""
+    """The devices of a node, the ones that could not be published, and the shared
+    counters the devices consume (dynamic MIG mode only)."""
 
     devices: tuple[Device, ...]
     skipped: tuple[SkippedDevice, ...]
     driver_version: Version
     cuda_driver_version: Version
+    counter_sets: tuple[CounterSet, ...] = ()
+
+
+MIG_MODES = ("static", "dynamic")
 
 
 @dataclass(frozen=True)
@@ -153,15 +166,17 @@ def mig_device_name(
     return f"gpu-{parent_minor}-mig-{compact}-{gpu_instance}-{compute_instance}"
 
 
-def discover(lib: NvmlLibrary, *, node_name: str) -> DiscoveryResult:
+def discover(lib: NvmlLibrary, *, node_name: str, mig_mode: str = "static") -> DiscoveryResult:
     """Every publishable device of the node behind ``lib``; see the module docstring.
 
     Raises ``NvmlUnavailable`` when NVML cannot be initialised or answers no system
     query; per-device failures end up in ``skipped`` instead.
     """
+    if mig_mode not in MIG_MODES:
+        raise ValueError(f"mig_mode {mig_mode!r} is not one of {MIG_MODES}")
     lib.init()
     try:
-        return _discover(lib, node_name=node_name)
+        return _discover(lib, node_name=node_name, dynamic=mig_mode == "dynamic")
     finally:
         try:
             lib.shutdown()
@@ -169,12 +184,17 @@ def discover(lib: NvmlLibrary, *, node_name: str) -> DiscoveryResult:
             log.warning("nvmlShutdown failed: %s", err, extra={"node": node_name})
 
 
-def _discover(lib: NvmlLibrary, *, node_name: str) -> DiscoveryResult:
+def _discover(lib: NvmlLibrary, *, node_name: str, dynamic: bool) -> DiscoveryResult:
     system = _system(lib)
     devices: list[Device] = []
     skipped: list[SkippedDevice] = []
+    counter_sets: list[CounterSet] = []
     for index in range(system.device_count):
-        devices.extend(_discover_gpu(lib, index=index, system=system, skipped=skipped))
+        found = _discover_gpu(lib, index=index, system=system, skipped=skipped, dynamic=dynamic)
+        if isinstance(found, PartitionableGpu):
+            counter_sets.append(found.counter_set)
+            found = list(found.devices)
+        devices.extend(found)
     devices = _unique_names(devices, skipped)
     for skip in skipped:
         log.warning(
@@ -188,6 +208,7 @@ def _discover(lib: NvmlLibrary, *, node_name: str) -> DiscoveryResult:
         skipped=tuple(skipped),
         driver_version=system.driver_version,
         cuda_driver_version=system.cuda_driver_version,
+        counter_sets=tuple(counter_sets),
     )
 
 
@@ -209,14 +230,24 @@ def _system(lib: NvmlLibrary) -> _System:
 
 
 def _discover_gpu(
-    lib: NvmlLibrary, *, index: int, system: _System, skipped: list[SkippedDevice]
-) -> list[Device]:
+    lib: NvmlLibrary,
+    *,
+    index: int,
+    system: _System,
+    skipped: list[SkippedDevice],
+    dynamic: bool,
+) -> list[Device] | PartitionableGpu:
     uuid: str | None = None
     try:
         handle = lib.device_handle_by_index(index)
         uuid = lib.device_uuid(handle)
         gpu = _read_gpu(lib, handle, index=index, uuid=uuid, system=system)
-        mig_slots = _mig_slots(lib, handle)
+        mode = _mig_mode(lib, handle)
+        if dynamic and mode is not None:
+            found = _partitionable(lib, handle, gpu)
+            skipped.extend(SkippedDevice(index=index, uuid=uuid, reason=r) for r in found.left_out)
+            return found
+        mig_slots = lib.device_max_mig_device_count(handle) if mode and mode.current else None
     except _DEVICE_ERRORS as err:
         skipped.append(SkippedDevice(index=index, uuid=uuid, reason=f"GPU {index}: {err}"))
         return []
@@ -262,8 +293,8 @@ def _read_gpu(
     )
 
 
-def _mig_slots(lib: NvmlLibrary, handle: DeviceHandle) -> int | None:
-    """How many MIG slots to look at, or None when the GPU is published whole."""
+def _mig_mode(lib: NvmlLibrary, handle: DeviceHandle) -> MigMode | None:
+    """The GPU's MIG mode, or None when it has no MIG at all."""
     try:
         mode = lib.device_mig_mode(handle)
     except NvmlNotSupported:
@@ -271,7 +302,16 @@ def _mig_slots(lib: NvmlLibrary, handle: DeviceHandle) -> int | None:
     if mode.current != mode.pending:
         # The layout changes only after a GPU reset; publish what is in effect now.
         log.info("MIG mode change pending until the next GPU reset")
-    return lib.device_max_mig_device_count(handle) if mode.current else None
+    return mode
+
+
+def _partitionable(lib: NvmlLibrary, handle: DeviceHandle, gpu: _Gpu) -> PartitionableGpu:
+    """Dynamic MIG mode: the GPU and its placements over one counter set."""
+    profiles = lib.gpu_instance_profiles(handle)
+    placements = {p.profile_id: lib.gpu_instance_placements(handle, p.profile_id) for p in profiles}
+    if not profiles:
+        raise NvmlNotSupported(f"GPU {gpu.index}: MIG-capable but NVML lists no MIG profile")
+    return partition(_full_gpu(gpu), memory=gpu.memory, profiles=profiles, placements=placements)
 
 
 def _full_gpu(gpu: _Gpu) -> Device:

@@ -15,6 +15,7 @@ Two methods are not NVML calls but host facts discovery needs next to NVML:
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import re
 from collections.abc import Callable
@@ -44,7 +45,13 @@ NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
 NVML_ERROR_IN_USE = 19
 NVML_ERROR_INSUFFICIENT_RESOURCES = 23
 
+NVML_DEVICE_MIG_DISABLE = 0
 NVML_DEVICE_MIG_ENABLE = 1
+
+# Room for the answers of NVML's list calls: a GPU has 8 memory slices, so at most 8
+# placements of a profile and 8 instances; the arrays are generous.
+MAX_PLACEMENTS = 32
+MAX_INSTANCES = 32
 
 # Event types (nvmlEventType*). Health registers for the XID ones.
 EVENT_TYPE_XID_CRITICAL_ERROR = 0x8
@@ -90,6 +97,7 @@ ARCHITECTURE_NAMES: dict[int, str] = {
 ARCH_AMPERE = 7
 ARCH_ADA = 8
 ARCH_HOPPER = 9
+ARCH_BLACKWELL = 10
 
 
 class NvmlError(Exception):
@@ -279,7 +287,8 @@ class NvmlLibrary(Protocol):
         GPU reset). Raises ``NvmlInUse`` while processes or instances use the GPU."""
 
     def gpu_instance_profiles(self, handle: DeviceHandle) -> tuple[GpuInstanceProfile, ...]:
-        """Every GPU instance profile this GPU supports (NOT_SUPPORTED ones left out)."""
+        """Every GPU instance profile this GPU supports (NOT_SUPPORTED ones left out),
+        whatever its MIG mode; ``NvmlNotSupported`` on GPUs without MIG."""
 
     def gpu_instance_placements(
         self, handle: DeviceHandle, profile_id: int
@@ -288,7 +297,8 @@ class NvmlLibrary(Protocol):
         profile on an empty GPU, in NVML's order."""
 
     def gpu_instances(self, handle: DeviceHandle) -> tuple[GpuInstance, ...]:
-        """The GPU instances that exist now, of every profile, by instance id."""
+        """The GPU instances that exist now, of every profile, by instance id;
+        ``NvmlNotSupported`` while MIG mode is off (as NVML answers)."""
 
     def create_gpu_instance(
         self, handle: DeviceHandle, profile_id: int, placement: Placement
@@ -324,7 +334,9 @@ class NvmlLibrary(Protocol):
         self, minor: int, gpu_instance_id: int, compute_instance_id: int
     ) -> tuple[str, ...]:
         """Not NVML: the ``/dev/nvidia-caps`` nodes that give access to one MIG device
-        (from ``/proc/driver/nvidia-caps/mig-minors``); the simulated backend has none."""
+        (GPU instance's, then compute instance's, from
+        ``/proc/driver/nvidia-caps/mig-minors``; ``NvmlNotFound`` when it lists
+        neither); the simulated backend has none."""
 
     def event_set_create(self) -> EventSet: ...
 
@@ -365,6 +377,45 @@ def sysfs_pcie_root(pci_bus_id: str, *, sysfs: Path = Path("/sys")) -> str | Non
     return next((part for part in target.parts if _PCI_ROOT.fullmatch(part)), None)
 
 
+MIG_MINORS = Path("/proc/driver/nvidia-caps/mig-minors")
+
+
+def read_mig_minors(path: Path) -> dict[str, int]:
+    """``mig-minors``: ``gpu0/gi1/access 12`` lines → ``{"gpu0/gi1/access": 12}``.
+
+    The driver lists the capability minor of every GPU instance and compute instance
+    that could exist; ``/dev/nvidia-caps/nvidia-cap<minor>`` opens it. A missing file
+    (driver without MIG) reads as empty.
+    """
+    try:
+        text = path.read_text(encoding="ascii", errors="replace")
+    except FileNotFoundError:
+        return {}
+    minors: dict[str, int] = {}
+    for line in text.splitlines():
+        name, _, number = line.strip().partition(" ")
+        if number.strip().isdigit():
+            minors[name] = int(number)
+    return minors
+
+
+def _gpu_instance_profile(info: Any) -> GpuInstanceProfile:
+    name = _text(getattr(info, "name", b""))
+    return GpuInstanceProfile(
+        profile_id=int(info.id),
+        name=name.removeprefix("MIG ").strip(),
+        slice_count=int(info.sliceCount),
+        instance_count=int(info.instanceCount),
+        multiprocessors=int(info.multiprocessorCount),
+        copy_engines=int(info.copyEngineCount),
+        decoders=int(info.decoderCount),
+        encoders=int(info.encoderCount),
+        jpeg_engines=int(info.jpegCount),
+        ofa_engines=int(info.ofaCount),
+        memory_mib=int(info.memorySizeMB),
+    )
+
+
 _INIT_ADVICE = {
     NVML_ERROR_LIBRARY_NOT_FOUND: (
         "the NVML library libnvidia-ml.so.1 was not found: install the NVIDIA driver on "
@@ -398,25 +449,33 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+_ERRORS_BY_CODE: dict[int, type[NvmlQueryError]] = {
+    NVML_ERROR_NOT_SUPPORTED: NvmlNotSupported,
+    NVML_ERROR_NOT_FOUND: NvmlNotFound,
+    NVML_ERROR_IN_USE: NvmlInUse,
+    NVML_ERROR_INSUFFICIENT_RESOURCES: NvmlInsufficientResources,
+}
+
+
+def error_for_code(message: str, code: int | None) -> NvmlQueryError:
+    """The exception for an NVML return code: the adapter and the fake raise the same."""
+    cls = _ERRORS_BY_CODE.get(code, NvmlQueryError) if code is not None else NvmlQueryError
+    return cls(message, code=code)
+
+
 def _query_error(what: str, err: BaseException) -> NvmlQueryError:
-    code = _code(err)
-    message = f"{what}: {err}"
-    if code == NVML_ERROR_NOT_SUPPORTED:
-        return NvmlNotSupported(message, code=code)
-    if code == NVML_ERROR_NOT_FOUND:
-        return NvmlNotFound(message, code=code)
-    if code == NVML_ERROR_IN_USE:
-        return NvmlInUse(message, code=code)
-    if code == NVML_ERROR_INSUFFICIENT_RESOURCES:
-        return NvmlInsufficientResources(message, code=code)
-    return NvmlQueryError(message, code=code)
+    return error_for_code(f"{what}: {err}", _code(err))
 
 
 class PynvmlLibrary:
     """``NvmlLibrary`` over nvidia-ml-py, mapping ``NVMLError`` to our exceptions.
 
     ``pcie_root`` is injectable so tests (and odd hosts) need no real sysfs; device
-    nodes are ``<dev_root>/nvidia<minor>``.
+    nodes are ``<dev_root>/nvidia<minor>``, MIG access nodes
+    ``<dev_root>/nvidia-caps/nvidia-cap<n>`` with ``n`` read from ``mig_minors``.
+
+    GPU and compute instance handles are NVML's and stay inside: the Protocol names
+    instances by their ids, which survive a plugin restart where handles do not.
     """
 
     def __init__(
@@ -424,6 +483,7 @@ class PynvmlLibrary:
         *,
         pcie_root: Callable[[str], str | None] = sysfs_pcie_root,
         dev_root: str = "/dev",
+        mig_minors: Path = MIG_MINORS,
     ) -> None:
         try:
             self._nvml: Any = importlib.import_module("pynvml")
@@ -433,6 +493,7 @@ class PynvmlLibrary:
             ) from err
         self._pcie_root = pcie_root
         self._dev_root = dev_root
+        self._mig_minors = mig_minors
 
     def _call(self, what: str, fn: Callable[..., T], *args: object) -> T:
         try:
@@ -556,49 +617,160 @@ class PynvmlLibrary:
         fn = self._nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle
         return self._call("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", fn, handle)
 
-    # -- MIG management: placeholders until issue 15's implementation lands -------------
+    # -- MIG management -------------------------------------------------------------------
 
     def device_set_mig_mode(self, handle: DeviceHandle, enabled: bool) -> MigMode:
-        raise NvmlNotSupported("device_set_mig_mode: not implemented yet")
+        mode = NVML_DEVICE_MIG_ENABLE if enabled else NVML_DEVICE_MIG_DISABLE
+        self._call("nvmlDeviceSetMigMode", self._nvml.nvmlDeviceSetMigMode, handle, mode)
+        return self.device_mig_mode(handle)
 
     def gpu_instance_profiles(self, handle: DeviceHandle) -> tuple[GpuInstanceProfile, ...]:
-        raise NvmlNotSupported("gpu_instance_profiles: not implemented yet")
+        # nvmlDeviceGetGpuInstanceProfileInfoV takes the profile *index* (the
+        # NVML_GPU_INSTANCE_PROFILE_* enum) and answers the profile *id* (-lgip's ID).
+        count = int(getattr(self._nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0))
+        fn = self._nvml.nvmlDeviceGetGpuInstanceProfileInfo
+        infos = (
+            self._supported("nvmlDeviceGetGpuInstanceProfileInfoV", fn, handle, i)
+            for i in range(count)
+        )
+        return tuple(_gpu_instance_profile(info) for info in infos if info is not None)
 
     def gpu_instance_placements(
         self, handle: DeviceHandle, profile_id: int
     ) -> tuple[Placement, ...]:
-        raise NvmlNotSupported("gpu_instance_placements: not implemented yet")
+        array = (self._nvml.c_nvmlGpuInstancePlacement_t * MAX_PLACEMENTS)()
+        count = ctypes.c_uint(MAX_PLACEMENTS)
+        fn = self._nvml.nvmlDeviceGetGpuInstancePossiblePlacements
+        what = f"nvmlDeviceGetGpuInstancePossiblePlacements_v2({profile_id})"
+        self._call(what, fn, handle, profile_id, array, ctypes.byref(count))
+        return tuple(Placement(int(p.start), int(p.size)) for p in array[: count.value])
 
     def gpu_instances(self, handle: DeviceHandle) -> tuple[GpuInstance, ...]:
-        raise NvmlNotSupported("gpu_instances: not implemented yet")
+        found = [
+            self._gpu_instance_info(gi)
+            for profile in self.gpu_instance_profiles(handle)
+            for gi in self._gpu_instance_handles(handle, profile.profile_id)
+        ]
+        return tuple(sorted(found, key=lambda gi: gi.gpu_instance_id))
 
     def create_gpu_instance(
         self, handle: DeviceHandle, profile_id: int, placement: Placement
     ) -> GpuInstance:
-        raise NvmlNotSupported("create_gpu_instance: not implemented yet")
+        raw = self._nvml.c_nvmlGpuInstancePlacement_t()
+        raw.start, raw.size = placement.start, placement.size
+        where = f"{placement.start}:{placement.size}"
+        what = f"nvmlDeviceCreateGpuInstanceWithPlacement({profile_id}, {where})"
+        fn = self._nvml.nvmlDeviceCreateGpuInstanceWithPlacement
+        gi = self._call(what, fn, handle, profile_id, ctypes.byref(raw))
+        return self._gpu_instance_info(gi)
 
     def destroy_gpu_instance(self, handle: DeviceHandle, gpu_instance_id: int) -> None:
-        raise NvmlNotSupported("destroy_gpu_instance: not implemented yet")
+        gi = self._gpu_instance(handle, gpu_instance_id)
+        self._call(
+            f"nvmlGpuInstanceDestroy({gpu_instance_id})", self._nvml.nvmlGpuInstanceDestroy, gi
+        )
 
     def compute_instances(
         self, handle: DeviceHandle, gpu_instance_id: int
     ) -> tuple[ComputeInstance, ...]:
-        raise NvmlNotSupported("compute_instances: not implemented yet")
+        gi = self._gpu_instance(handle, gpu_instance_id)
+        found = [
+            self._compute_instance_info(ci)
+            for info in self._compute_profiles(gi)
+            for ci in self._compute_instance_handles(gi, int(info.id))
+        ]
+        return tuple(sorted(found, key=lambda ci: ci.compute_instance_id))
 
     def create_compute_instance(
         self, handle: DeviceHandle, gpu_instance_id: int
     ) -> ComputeInstance:
-        raise NvmlNotSupported("create_compute_instance: not implemented yet")
+        gi = self._gpu_instance(handle, gpu_instance_id)
+        # The largest compute instance profile a GPU instance supports spans all of it.
+        profiles = self._compute_profiles(gi)
+        if not profiles:
+            raise NvmlNotSupported(f"GPU instance {gpu_instance_id}: no compute instance profile")
+        widest = max(profiles, key=lambda info: int(info.sliceCount))
+        fn = self._nvml.nvmlGpuInstanceCreateComputeInstance
+        ci = self._call("nvmlGpuInstanceCreateComputeInstance", fn, gi, int(widest.id))
+        return self._compute_instance_info(ci)
 
     def destroy_compute_instance(
         self, handle: DeviceHandle, gpu_instance_id: int, compute_instance_id: int
     ) -> None:
-        raise NvmlNotSupported("destroy_compute_instance: not implemented yet")
+        gi = self._gpu_instance(handle, gpu_instance_id)
+        what = f"nvmlGpuInstanceGetComputeInstanceById({compute_instance_id})"
+        fn = self._nvml.nvmlGpuInstanceGetComputeInstanceById
+        ci = self._call(what, fn, gi, compute_instance_id)
+        self._call("nvmlComputeInstanceDestroy", self._nvml.nvmlComputeInstanceDestroy, ci)
 
     def mig_device_nodes(
         self, minor: int, gpu_instance_id: int, compute_instance_id: int
     ) -> tuple[str, ...]:
-        return ()
+        minors = read_mig_minors(self._mig_minors)
+        gi_key = f"gpu{minor}/gi{gpu_instance_id}/access"
+        ci_key = f"gpu{minor}/gi{gpu_instance_id}/ci{compute_instance_id}/access"
+        missing = [key for key in (gi_key, ci_key) if key not in minors]
+        if missing:
+            raise NvmlNotFound(f"{self._mig_minors}: no capability minor for {', '.join(missing)}")
+        caps = f"{self._dev_root}/nvidia-caps"
+        return (f"{caps}/nvidia-cap{minors[gi_key]}", f"{caps}/nvidia-cap{minors[ci_key]}")
+
+    # -- MIG helpers: NVML's instance handles, which never leave this class --------------
+
+    def _supported(self, what: str, fn: Callable[..., T], *args: object) -> T | None:
+        """``fn(*args)``, or None where NVML says this profile does not exist here."""
+        try:
+            return self._call(what, fn, *args)
+        except NvmlQueryError as err:
+            if err.code in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT):
+                return None
+            raise
+
+    def _gpu_instance(self, handle: DeviceHandle, gpu_instance_id: int) -> object:
+        what = f"nvmlDeviceGetGpuInstanceById({gpu_instance_id})"
+        return self._call(what, self._nvml.nvmlDeviceGetGpuInstanceById, handle, gpu_instance_id)
+
+    def _gpu_instance_handles(self, handle: DeviceHandle, profile_id: int) -> list[object]:
+        array = (self._nvml.c_nvmlGpuInstance_t * MAX_INSTANCES)()
+        count = ctypes.c_uint(MAX_INSTANCES)
+        fn = self._nvml.nvmlDeviceGetGpuInstances
+        self._call(
+            f"nvmlDeviceGetGpuInstances({profile_id})",
+            fn,
+            handle,
+            profile_id,
+            array,
+            ctypes.byref(count),
+        )
+        return list(array[: count.value])
+
+    def _gpu_instance_info(self, gi: object) -> GpuInstance:
+        info = self._call("nvmlGpuInstanceGetInfo", self._nvml.nvmlGpuInstanceGetInfo, gi)
+        return GpuInstance(
+            gpu_instance_id=int(info.id),
+            profile_id=int(info.profileId),
+            placement=Placement(int(info.placement.start), int(info.placement.size)),
+        )
+
+    def _compute_profiles(self, gi: object) -> list[Any]:
+        count = int(getattr(self._nvml, "NVML_COMPUTE_INSTANCE_PROFILE_COUNT", 0))
+        shared = int(getattr(self._nvml, "NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED", 0))
+        fn = self._nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo
+        what = "nvmlGpuInstanceGetComputeInstanceProfileInfoV"
+        infos = (self._supported(what, fn, gi, index, shared) for index in range(count))
+        return [info for info in infos if info is not None]
+
+    def _compute_instance_handles(self, gi: object, profile_id: int) -> list[object]:
+        array = (self._nvml.c_nvmlComputeInstance_t * MAX_INSTANCES)()
+        count = ctypes.c_uint(MAX_INSTANCES)
+        fn = self._nvml.nvmlGpuInstanceGetComputeInstances
+        what = f"nvmlGpuInstanceGetComputeInstances({profile_id})"
+        self._call(what, fn, gi, profile_id, array, ctypes.byref(count))
+        return list(array[: count.value])
+
+    def _compute_instance_info(self, ci: object) -> ComputeInstance:
+        info = self._call("nvmlComputeInstanceGetInfo", self._nvml.nvmlComputeInstanceGetInfo, ci)
+        return ComputeInstance(compute_instance_id=int(info.id), profile_id=int(info.profileId))
 
     def event_set_create(self) -> EventSet:
         return self._call("nvmlEventSetCreate", self._nvml.nvmlEventSetCreate)

@@ -11,25 +11,68 @@ Everything is a pure function of the spec and the node name: UUIDs (``GPU-…``,
 DGX-like layout (two GPUs per root complex, eight per PCI domain); the first half of
 the GPUs sits on NUMA node 0, the rest on node 1. Simulated GPUs have no device nodes.
 
+MIG is simulated as NVML does it, from the catalogue's profile and placement tables
+alone: MIG mode can be switched, GPU instances created at a placement and destroyed,
+one compute instance spanning each GPU instance created and destroyed, and the MIG
+devices NVML enumerates are the compute instances that exist. ``create_gpu_instance``
+fails with INSUFFICIENT_RESOURCES when the placement overlaps an instance's memory
+slices, the profile's instances are used up or the compute slices are; with
+INVALID_ARGUMENT for a profile or placement the GPU does not have; NOT_SUPPORTED with
+MIG mode off. Destroying a GPU instance that holds a compute instance, or turning MIG
+mode off while instances exist, is IN_USE. GPU instance ids are NVML's
+(``gpucatalog.gpu_instance_id_at``), compute instance ids 0. ``*-mig`` profiles start
+with their fixed layout.
+
+State file. With ``state_file``, MIG mode and instances live in a JSON file that
+outlives the process, as a real GPU's instances outlive the plugin: every change is
+written (``write_atomic``) under a ``FileLock`` on ``<file>.lock`` after re-reading the
+file, and every query re-reads it when it changed, so the plugin and ``drasil
+discover`` share one GPU. The file::
+
+    {"version": 1, "bootId": "<boot id>",
+     "gpus": {"GPU-<uuid>": {"migEnabled": true,
+                             "gpuInstances": [{"id": 2, "profileId": 9, "start": 4,
+                                               "size": 4, "computeInstances": [0]}]}}}
+
+A file from another boot (the node rebooted) keeps MIG mode and loses the instances.
+A damaged file is logged and ignored: the GPUs start as if there were none (the
+profile's own MIG mode and layout).
+
 Fault injection for tests and demos: ``fail_init``, ``fail_device`` (one call of one
-GPU or MIG device raises) and ``inject_xid`` (delivers an XID event to event sets
-registered for the device).
+GPU or MIG device raises), ``fail_next`` (the next call of a MIG management method
+raises an NVML code, before or after taking effect) and ``inject_xid`` (delivers an
+XID event to event sets registered for the device).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import queue
 import threading
 import uuid
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
-from drasil.driver.discovery.gpucatalog import PROFILES, GpuModel, MigInstance
+from drasil.driver.checkpoint import read_boot_id
+from drasil.driver.discovery.gpucatalog import (
+    PROFILES,
+    GpuModel,
+    MigInstance,
+    MigProfile,
+    gpu_instance_id_at,
+)
 from drasil.driver.discovery.nvml import (
     EVENT_TYPE_XID_CRITICAL_ERROR,
     NO_INSTANCE,
     NVML_ERROR_GPU_IS_LOST,
+    NVML_ERROR_IN_USE,
+    NVML_ERROR_INSUFFICIENT_RESOURCES,
+    NVML_ERROR_INVALID_ARGUMENT,
     NVML_ERROR_NOT_FOUND,
     NVML_ERROR_NOT_SUPPORTED,
     ComputeInstance,
@@ -46,11 +89,38 @@ from drasil.driver.discovery.nvml import (
     NvmlQueryError,
     NvmlUnavailable,
     Placement,
+    error_for_code,
 )
+from drasil.driver.files import FileLock, write_atomic
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 MAX_SIMULATED_GPUS = 64
 DRIVER_VERSION = "580.95.05"
 CUDA_DRIVER_VERSION = 13000  # CUDA 13.0, as nvmlSystemGetCudaDriverVersion encodes it
+STATE_VERSION = 1
+
+MIG_CALLS = frozenset(
+    {
+        "device_set_mig_mode",
+        "gpu_instance_profiles",
+        "gpu_instance_placements",
+        "gpu_instances",
+        "create_gpu_instance",
+        "destroy_gpu_instance",
+        "compute_instances",
+        "create_compute_instance",
+        "destroy_compute_instance",
+        "mig_device_nodes",
+    }
+)
+"""The MIG management methods ``fail_next`` can make fail."""
+
+# NVML's compute instance profile id of the profile spanning a GPU instance of this
+# many compute slices (NVML_COMPUTE_INSTANCE_PROFILE_<n>_SLICE; -cci prints it).
+_COMPUTE_PROFILE_IDS = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
 
 # A fixed namespace makes the UUIDs stable across releases, not only across runs.
 _UUID_NAMESPACE = uuid.UUID("5f1d3a52-8a0e-4c8f-9a57-64726173696c")
@@ -65,7 +135,7 @@ class ProfileSpecError(ValueError):
 
 @dataclass(frozen=True)
 class FakeMig:
-    """One MIG device of a simulated GPU."""
+    """One MIG device of a simulated GPU's initial layout."""
 
     instance: MigInstance
     uuid: str
@@ -73,7 +143,11 @@ class FakeMig:
 
 @dataclass(frozen=True)
 class FakeGpu:
-    """One simulated GPU and everything NVML would report about it."""
+    """One simulated GPU and everything NVML would report about it.
+
+    ``migs`` is the layout it starts with; ``FakeNvml`` keeps the MIG state that
+    changes.
+    """
 
     index: int
     model: GpuModel
@@ -83,18 +157,48 @@ class FakeGpu:
     pcie_root: str
     numa_node: int
     migs: tuple[FakeMig, ...] = ()
+    node_name: str = ""
 
 
 @dataclass(frozen=True)
 class _Handle:
+    """A GPU (``mig`` None) or a MIG device: the slot it was found at, and its ids."""
+
     gpu: int
     mig: int | None = None
+    instance: tuple[int, int] | None = None  # (GPU instance id, compute instance id)
 
 
 @dataclass
 class _EventSet:
     registered: dict[int, int] = field(default_factory=dict)  # gpu index → event mask
     events: queue.Queue[EventData] = field(default_factory=queue.Queue)
+
+
+@dataclass
+class _GpuInstance:
+    profile_id: int
+    placement: Placement
+    compute_instances: set[int] = field(default_factory=set)
+
+
+@dataclass
+class _MigState:
+    """One GPU's MIG mode and instances: what survives the plugin on real hardware."""
+
+    enabled: bool
+    instances: dict[int, _GpuInstance] = field(default_factory=dict)  # by GI id
+
+
+@dataclass(frozen=True)
+class _Failure:
+    code: int
+    after: bool
+    message: str
+
+
+class StateFileError(ValueError):
+    """A state file that is not what ``FakeNvml`` writes."""
 
 
 def _spec_entry(text: str) -> tuple[str, int]:
@@ -137,10 +241,15 @@ def _uuid(prefix: str, *parts: object) -> str:
     return f"{prefix}-{uuid.uuid5(_UUID_NAMESPACE, '/'.join(str(p) for p in parts))}"
 
 
+def mig_uuid(node_name: str, index: int, gpu_instance_id: int, compute_instance_id: int) -> str:
+    """The UUID of a simulated MIG device: the same whenever these ids are recreated."""
+    return _uuid("MIG", node_name, index, gpu_instance_id, compute_instance_id)
+
+
 def _fake_gpu(*, node_name: str, index: int, total: int, model: GpuModel) -> FakeGpu:
     domain, slot = divmod(index, len(_BUSES))
     migs = tuple(
-        FakeMig(m, _uuid("MIG", node_name, index, m.gpu_instance_id, m.compute_instance_id))
+        FakeMig(m, mig_uuid(node_name, index, m.gpu_instance_id, m.compute_instance_id))
         for m in model.mig_layout
     )
     return FakeGpu(
@@ -152,6 +261,7 @@ def _fake_gpu(*, node_name: str, index: int, total: int, model: GpuModel) -> Fak
         pcie_root=f"pci{domain:04x}:{_ROOTS[slot]:02x}",
         numa_node=0 if index < (total + 1) // 2 else 1,
         migs=migs,
+        node_name=node_name,
     )
 
 
@@ -169,13 +279,132 @@ def simulated_gpus(profile_spec: str, *, node_name: str) -> list[FakeGpu]:
 def simulated_library(
     profile_spec: str, *, node_name: str, state_file: Path | None = None
 ) -> FakeNvml:
-    """A fake NVML library for the GPUs of ``profile_spec`` (an ``NvmlLibrary``)."""
-    del state_file  # TODO(issue 15): MIG state kept in this file
-    return FakeNvml(simulated_gpus(profile_spec, node_name=node_name))
+    """A fake NVML library for the GPUs of ``profile_spec`` (an ``NvmlLibrary``);
+    with ``state_file`` its MIG state persists there (see the module docstring)."""
+    return FakeNvml(simulated_gpus(profile_spec, node_name=node_name), state_file=state_file)
+
+
+# -- MIG rules: what NVML allows, from the profile tables alone --------------------------
+
+
+def _fail(call: str, message: str, code: int) -> NvmlQueryError:
+    return error_for_code(f"{call}: {message}", code)
+
+
+def _initial_state(gpu: FakeGpu) -> _MigState:
+    instances = {
+        m.instance.gpu_instance_id: _GpuInstance(
+            m.instance.profile.profile_id,
+            m.instance.placement,
+            {m.instance.compute_instance_id},
+        )
+        for m in gpu.migs
+    }
+    return _MigState(enabled=gpu.model.mig_enabled, instances=instances)
+
+
+def _profile(gpu: FakeGpu, profile_id: int, call: str) -> MigProfile:
+    profile = gpu.model.mig_profile(profile_id)
+    if profile is None:
+        raise _fail(call, f"no GPU instance profile {profile_id}", NVML_ERROR_INVALID_ARGUMENT)
+    return profile
+
+
+def _check_room(
+    gpu: FakeGpu, state: _MigState, profile: MigProfile, placement: Placement, call: str
+) -> None:
+    """INSUFFICIENT_RESOURCES unless an instance of ``profile`` fits at ``placement``."""
+    mine = [gi for gi in state.instances.values() if gi.profile_id == profile.profile_id]
+    if len(mine) >= profile.instance_count:
+        message = f"all {profile.instance_count} {profile.name} instances exist"
+        raise _fail(call, message, NVML_ERROR_INSUFFICIENT_RESOURCES)
+    used = {s for gi in state.instances.values() for s in gi.placement.slices}
+    if used & set(placement.slices):
+        message = f"memory slices {placement.start}:{placement.size} overlap an instance"
+        raise _fail(call, message, NVML_ERROR_INSUFFICIENT_RESOURCES)
+    compute = sum(_profile(gpu, gi.profile_id, call).gpu_slices for gi in state.instances.values())
+    full = gpu.model.full_profile
+    if full is not None and compute + profile.gpu_slices > full.gpu_slices:
+        raise _fail(call, "no compute slices left", NVML_ERROR_INSUFFICIENT_RESOURCES)
+
+
+def _gpu_instance_profile(profile: MigProfile) -> GpuInstanceProfile:
+    return GpuInstanceProfile(
+        profile_id=profile.profile_id,
+        name=profile.name,
+        slice_count=profile.gpu_slices,
+        instance_count=profile.instance_count,
+        multiprocessors=profile.multiprocessors,
+        copy_engines=profile.copy_engines,
+        decoders=profile.decoders,
+        encoders=profile.encoders,
+        jpeg_engines=profile.jpeg_engines,
+        ofa_engines=profile.ofa_engines,
+        memory_mib=profile.memory_mib,
+    )
+
+
+# -- the state file -------------------------------------------------------------------------
+
+
+def _state_json(boot_id: str, gpus: Sequence[FakeGpu], states: Mapping[int, _MigState]) -> bytes:
+    doc = {
+        "version": STATE_VERSION,
+        "bootId": boot_id,
+        "gpus": {gpu.uuid: _gpu_json(states[gpu.index]) for gpu in gpus if gpu.model.mig_capable},
+    }
+    return json.dumps(doc, indent=2, sort_keys=True).encode() + b"\n"
+
+
+def _gpu_json(state: _MigState) -> dict[str, Any]:
+    return {
+        "migEnabled": state.enabled,
+        "gpuInstances": [
+            {
+                "id": gi_id,
+                "profileId": gi.profile_id,
+                "start": gi.placement.start,
+                "size": gi.placement.size,
+                "computeInstances": sorted(gi.compute_instances),
+            }
+            for gi_id, gi in sorted(state.instances.items())
+        ],
+    }
+
+
+def _parse_state(raw: bytes, gpus: Sequence[FakeGpu]) -> tuple[str, dict[int, _MigState]]:
+    """The boot id and MIG state of a state file; StateFileError if it is not ours."""
+    try:
+        doc = json.loads(raw)
+        if doc["version"] != STATE_VERSION or not isinstance(doc["bootId"], str):
+            raise StateFileError(f"unknown version {doc['version']!r} or boot id")
+        entries = doc["gpus"]
+        states = {
+            gpu.index: _parse_gpu(entries[gpu.uuid], gpu) if gpu.uuid in entries else None
+            for gpu in gpus
+        }
+    except (ValueError, KeyError, TypeError) as err:
+        raise StateFileError(str(err) or type(err).__name__) from err
+    return doc["bootId"], {i: s if s else _initial_state(gpus[i]) for i, s in states.items()}
+
+
+def _parse_gpu(entry: Mapping[str, Any], gpu: FakeGpu) -> _MigState:
+    state = _MigState(enabled=bool(entry["migEnabled"]))
+    for item in entry["gpuInstances"]:
+        placement = Placement(int(item["start"]), int(item["size"]))
+        profile = _profile(gpu, int(item["profileId"]), "state file")
+        if placement not in profile.placements or item["id"] != gpu_instance_id_at(placement):
+            raise StateFileError(f"GPU instance {item['id']}: not a placement of {profile.name}")
+        cis = {int(ci) for ci in item["computeInstances"]}
+        state.instances[int(item["id"])] = _GpuInstance(profile.profile_id, placement, cis)
+    return state
 
 
 class FakeNvml:
-    """An ``NvmlLibrary`` answering from ``FakeGpu`` records, with fault injection."""
+    """An ``NvmlLibrary`` answering from ``FakeGpu`` records, with fault injection.
+
+    ``boot_id`` is injectable so tests can reboot a node (see the module docstring).
+    """
 
     def __init__(
         self,
@@ -183,15 +412,22 @@ class FakeNvml:
         *,
         driver_version: str = DRIVER_VERSION,
         cuda_driver_version: int = CUDA_DRIVER_VERSION,
+        state_file: Path | None = None,
+        boot_id: Callable[[], str] = read_boot_id,
     ) -> None:
         self.gpus = tuple(gpus)
         self.driver_version = driver_version
         self.cuda_driver_version = cuda_driver_version
+        self.state_file = state_file
         self.initialized = 0
+        self._boot_id = boot_id
         self._init_failure: str | None = None
         self._faults: dict[tuple[int, int | None, str], str] = {}
+        self._next_failures: dict[str, deque[_Failure]] = {}
         self._event_sets: list[_EventSet] = []
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._states = {gpu.index: _initial_state(gpu) for gpu in self.gpus}
+        self._seen: tuple[int, int, int] | None = None  # the state file we last read
 
     # -- fault injection ------------------------------------------------------------
 
@@ -212,17 +448,37 @@ class FakeNvml:
             raise ValueError(f"{call!r} is not an NvmlLibrary method")
         self._faults[(index, mig, call)] = message
 
+    def fail_next(
+        self,
+        call: str,
+        code: int = NVML_ERROR_GPU_IS_LOST,
+        *,
+        after: bool = False,
+        message: str = "injected failure",
+    ) -> None:
+        """Make the next ``call`` (one of ``MIG_CALLS``, on any GPU) raise NVML ``code``.
+
+        With ``after`` the call takes effect first and then raises, like an NVML call
+        that did its work but whose caller crashed or timed out before hearing so.
+        Several failures of one call queue up in order.
+        """
+        if call not in MIG_CALLS:
+            raise ValueError(f"{call!r} is not one of {sorted(MIG_CALLS)}")
+        with self._lock:
+            self._next_failures.setdefault(call, deque()).append(_Failure(code, after, message))
+
     def clear_faults(self) -> None:
         self._init_failure = None
         self._faults.clear()
+        with self._lock:
+            self._next_failures.clear()
 
     def inject_xid(self, index: int, xid: int, *, mig: int | None = None) -> int:
         """Deliver an XID event for a GPU (or its MIG slot); returns how many sets got it."""
-        gpu = self._gpu(_Handle(index))
+        self._gpu(_Handle(index))
         gi = ci = NO_INSTANCE
         if mig is not None:
-            instance = gpu.migs[mig].instance
-            gi, ci = instance.gpu_instance_id, instance.compute_instance_id
+            gi, ci = self._slots(index)[mig]
         event = EventData(
             device=_Handle(index),
             event_type=EVENT_TYPE_XID_CRITICAL_ERROR,
@@ -256,14 +512,142 @@ class FakeNvml:
     def _gpu(self, handle: _Handle) -> FakeGpu:
         return self.gpus[handle.gpu]
 
-    def _mig(self, handle: DeviceHandle, call: str) -> FakeMig:
+    def _mig(self, handle: DeviceHandle, call: str) -> tuple[FakeGpu, int, int, MigProfile]:
+        """The GPU, ids and profile of a MIG device that still exists."""
         h = self._handle(handle, call)
-        if h.mig is None:
+        if h.instance is None:
             raise NvmlQueryError(f"{call}: not a MIG device handle")
-        return self._gpu(h).migs[h.mig]
+        gpu = self._gpu(h)
+        gi_id, ci_id = h.instance
+        with self._lock:
+            self._refresh()
+            gi = self._states[gpu.index].instances.get(gi_id)
+            if gi is None or ci_id not in gi.compute_instances:
+                raise NvmlNotFound(
+                    f"{call}: MIG device {gi_id}/{ci_id} is gone", code=NVML_ERROR_NOT_FOUND
+                )
+            return gpu, gi_id, ci_id, _profile(gpu, gi.profile_id, call)
 
     def _full(self, handle: DeviceHandle, call: str) -> FakeGpu:
         return self._gpu(self._handle(handle, call))
+
+    def _mig_gpu(self, handle: DeviceHandle, call: str) -> FakeGpu:
+        """A full GPU that has MIG at all (NOT_SUPPORTED otherwise, as NVML answers)."""
+        gpu = self._full(handle, call)
+        if not gpu.model.mig_capable:
+            raise NvmlNotSupported(f"{call}: Not Supported", code=NVML_ERROR_NOT_SUPPORTED)
+        return gpu
+
+    def _mig_on(self, gpu: FakeGpu, call: str) -> _MigState:
+        """The GPU's MIG state; NOT_SUPPORTED when MIG mode is off, which is what nvml.h
+        documents for instance calls on a GPU without MIG mode enabled."""
+        state = self._states[gpu.index]
+        if not state.enabled:
+            raise _fail(call, "MIG mode is disabled", NVML_ERROR_NOT_SUPPORTED)
+        return state
+
+    def _gpu_instance(self, gpu: FakeGpu, gpu_instance_id: int, call: str) -> _GpuInstance:
+        gi = self._mig_on(gpu, call).instances.get(gpu_instance_id)
+        if gi is None:
+            raise _fail(call, f"no GPU instance {gpu_instance_id}", NVML_ERROR_NOT_FOUND)
+        return gi
+
+    def _slots(self, index: int) -> list[tuple[int, int]]:
+        """The MIG devices NVML enumerates: compute instances, by GI then CI id."""
+        with self._lock:
+            self._refresh()
+            state = self._states[index]
+            if not state.enabled:
+                return []
+            return sorted(
+                (gi_id, ci_id)
+                for gi_id, gi in state.instances.items()
+                for ci_id in gi.compute_instances
+            )
+
+    def _mig_uuid(self, gpu: FakeGpu, gi: int, ci: int) -> str:
+        for mig in gpu.migs:  # the initial layout may carry UUIDs of its own
+            if (mig.instance.gpu_instance_id, mig.instance.compute_instance_id) == (gi, ci):
+                return mig.uuid
+        return mig_uuid(gpu.node_name, gpu.index, gi, ci)
+
+    # -- MIG state: calls, injected failures, the state file ---------------------------
+
+    def _injected(self, call: str, *, after: bool) -> None:
+        with self._lock:
+            pending = self._next_failures.get(call)
+            if not pending or pending[0].after != after:
+                return
+            failure = pending.popleft()
+        raise _fail(call, failure.message, failure.code)
+
+    def _query(self, call: str, answer: Callable[[], T]) -> T:
+        """A MIG query on fresh state, with its injected failures."""
+        self._injected(call, after=False)
+        with self._lock:
+            self._refresh()
+            result = answer()
+        self._injected(call, after=True)
+        return result
+
+    def _change(self, call: str, change: Callable[[], T]) -> T:
+        """A MIG change: read-modify-write of the state file under its lock."""
+        self._injected(call, after=False)
+        with self._lock, self._file_lock():
+            self._refresh()
+            result = change()
+            self._save()
+        self._injected(call, after=True)
+        return result
+
+    def _file_lock(self) -> FileLock | nullcontext[None]:
+        if self.state_file is None:
+            return nullcontext()
+        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        return FileLock(self.state_file.with_name(f"{self.state_file.name}.lock"))
+
+    def _refresh(self) -> None:
+        """Re-read the state file when it changed since we last read or wrote it."""
+        if self.state_file is None:
+            return
+        try:
+            st = self.state_file.stat()
+        except FileNotFoundError:
+            signature = None
+        else:
+            signature = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if signature == self._seen:
+            return
+        self._seen = signature
+        if signature is None:
+            self._states = {gpu.index: _initial_state(gpu) for gpu in self.gpus}
+            return
+        self._states = self._load(self.state_file)
+
+    def _load(self, path: Path) -> dict[int, _MigState]:
+        try:
+            boot_id, states = _parse_state(path.read_bytes(), self.gpus)
+        except (OSError, StateFileError) as err:
+            log.error(
+                "simulated GPU state file is damaged; starting without its MIG state",
+                extra={"path": str(path), "error": str(err)},
+            )
+            return {gpu.index: _initial_state(gpu) for gpu in self.gpus}
+        if boot_id != self._boot_id():
+            # A reboot: GPU instances are gone, the MIG mode setting is not.
+            log.info("simulated GPUs rebooted: MIG instances dropped", extra={"path": str(path)})
+            return {i: _MigState(enabled=s.enabled) for i, s in states.items()}
+        return states
+
+    def _save(self) -> None:
+        if self.state_file is None:
+            return
+        data = _state_json(self._boot_id(), self.gpus, self._states)
+        # Not durable: a real GPU loses its instances on power loss too, and the boot
+        # id in the file makes the next boot drop them anyway.
+        write_atomic(self.state_file, data, crash_tag="simulated-gpus", durable=False)
+        st = self.state_file.stat()
+        self._seen = (st.st_ino, st.st_mtime_ns, st.st_size)
 
     # -- NvmlLibrary --------------------------------------------------------------------
 
@@ -292,17 +676,19 @@ class FakeNvml:
 
     def device_uuid(self, handle: DeviceHandle) -> str:
         h = self._handle(handle, "device_uuid")
-        gpu = self._gpu(h)
-        return gpu.uuid if h.mig is None else gpu.migs[h.mig].uuid
+        if h.instance is None:
+            return self._gpu(h).uuid
+        gpu, gi, ci, _ = self._mig(handle, "device_uuid")
+        return self._mig_uuid(gpu, gi, ci)
 
     def device_minor_number(self, handle: DeviceHandle) -> int:
         return self._full(handle, "device_minor_number").minor
 
     def device_memory_total(self, handle: DeviceHandle) -> int:
         h = self._handle(handle, "device_memory_total")
-        gpu = self._gpu(h)
-        mib = gpu.model.memory_mib if h.mig is None else gpu.migs[h.mig].instance.profile.memory_mib
-        return mib * 2**20
+        if h.instance is None:
+            return self._gpu(h).model.memory_mib * 2**20
+        return self._mig(handle, "device_memory_total")[3].memory_mib * 2**20
 
     def device_pci_bus_id(self, handle: DeviceHandle) -> str:
         return self._full(handle, "device_pci_bus_id").pci_bus_id
@@ -320,30 +706,33 @@ class FakeNvml:
         return self._full(handle, "device_numa_node").numa_node
 
     def device_mig_mode(self, handle: DeviceHandle) -> MigMode:
-        model = self._full(handle, "device_mig_mode").model
-        if not model.mig_capable:
-            raise NvmlNotSupported("device_mig_mode: Not Supported", code=NVML_ERROR_NOT_SUPPORTED)
-        return MigMode(current=model.mig_enabled, pending=model.mig_enabled)
+        gpu = self._mig_gpu(handle, "device_mig_mode")
+        with self._lock:
+            self._refresh()
+            enabled = self._states[gpu.index].enabled
+        return MigMode(current=enabled, pending=enabled)
 
     def device_max_mig_device_count(self, handle: DeviceHandle) -> int:
         return self._full(handle, "device_max_mig_device_count").model.max_mig_devices
 
     def device_mig_device_handle_by_index(self, handle: DeviceHandle, index: int) -> DeviceHandle:
         gpu = self._full(handle, "device_mig_device_handle_by_index")
-        if not 0 <= index < len(gpu.migs):
+        slots = self._slots(gpu.index)
+        if not 0 <= index < len(slots):
             raise NvmlNotFound(
                 f"device_mig_device_handle_by_index({index}): Not Found", code=NVML_ERROR_NOT_FOUND
             )
-        return self._handle(_Handle(gpu.index, index), "device_mig_device_handle_by_index")
+        mig = _Handle(gpu.index, index, slots[index])
+        return self._handle(mig, "device_mig_device_handle_by_index")
 
     def device_gpu_instance_id(self, handle: DeviceHandle) -> int:
-        return self._mig(handle, "device_gpu_instance_id").instance.gpu_instance_id
+        return self._mig(handle, "device_gpu_instance_id")[1]
 
     def device_compute_instance_id(self, handle: DeviceHandle) -> int:
-        return self._mig(handle, "device_compute_instance_id").instance.compute_instance_id
+        return self._mig(handle, "device_compute_instance_id")[2]
 
     def device_attributes(self, handle: DeviceHandle) -> DeviceAttributes:
-        profile = self._mig(handle, "device_attributes").instance.profile
+        profile = self._mig(handle, "device_attributes")[3]
         return DeviceAttributes(
             multiprocessor_count=profile.multiprocessors,
             copy_engine_count=profile.copy_engines,
@@ -358,53 +747,130 @@ class FakeNvml:
 
     def device_parent_handle(self, handle: DeviceHandle) -> DeviceHandle:
         h = self._handle(handle, "device_parent_handle")
-        if h.mig is None:
+        if h.instance is None:
             raise NvmlQueryError("device_parent_handle: not a MIG device handle")
         return _Handle(h.gpu)
 
-    # -- MIG management: placeholders until issue 15's implementation lands -------------
+    # -- MIG management -------------------------------------------------------------------
 
     def device_set_mig_mode(self, handle: DeviceHandle, enabled: bool) -> MigMode:
-        raise NvmlNotSupported("device_set_mig_mode: not implemented yet")
+        gpu = self._mig_gpu(handle, "device_set_mig_mode")
+
+        def change() -> MigMode:
+            state = self._states[gpu.index]
+            if not enabled and state.instances:
+                message = "GPU instances exist; destroy them first"
+                raise _fail("device_set_mig_mode", message, NVML_ERROR_IN_USE)
+            state.enabled = enabled  # takes effect at once, as on a GPU reset NVML did
+            return MigMode(current=enabled, pending=enabled)
+
+        return self._change("device_set_mig_mode", change)
 
     def gpu_instance_profiles(self, handle: DeviceHandle) -> tuple[GpuInstanceProfile, ...]:
-        raise NvmlNotSupported("gpu_instance_profiles: not implemented yet")
+        gpu = self._mig_gpu(handle, "gpu_instance_profiles")
+        profiles = tuple(_gpu_instance_profile(p) for p in gpu.model.mig_profiles)
+        return self._query("gpu_instance_profiles", lambda: profiles)
 
     def gpu_instance_placements(
         self, handle: DeviceHandle, profile_id: int
     ) -> tuple[Placement, ...]:
-        raise NvmlNotSupported("gpu_instance_placements: not implemented yet")
+        call = "gpu_instance_placements"
+        gpu = self._mig_gpu(handle, call)
+        return self._query(call, lambda: _profile(gpu, profile_id, call).placements)
 
     def gpu_instances(self, handle: DeviceHandle) -> tuple[GpuInstance, ...]:
-        raise NvmlNotSupported("gpu_instances: not implemented yet")
+        gpu = self._mig_gpu(handle, "gpu_instances")
+
+        def answer() -> tuple[GpuInstance, ...]:
+            state = self._mig_on(gpu, "gpu_instances")
+            return tuple(
+                GpuInstance(gi_id, gi.profile_id, gi.placement)
+                for gi_id, gi in sorted(state.instances.items())
+            )
+
+        return self._query("gpu_instances", answer)
 
     def create_gpu_instance(
         self, handle: DeviceHandle, profile_id: int, placement: Placement
     ) -> GpuInstance:
-        raise NvmlNotSupported("create_gpu_instance: not implemented yet")
+        call = "create_gpu_instance"
+        gpu = self._mig_gpu(handle, call)
+
+        def change() -> GpuInstance:
+            state = self._mig_on(gpu, call)
+            profile = _profile(gpu, profile_id, call)
+            if placement not in profile.placements:
+                message = f"{profile.name} has no placement {placement.start}:{placement.size}"
+                raise _fail(call, message, NVML_ERROR_INVALID_ARGUMENT)
+            _check_room(gpu, state, profile, placement, call)
+            gi_id = gpu_instance_id_at(placement)
+            state.instances[gi_id] = _GpuInstance(profile_id, placement)
+            return GpuInstance(gi_id, profile_id, placement)
+
+        return self._change(call, change)
 
     def destroy_gpu_instance(self, handle: DeviceHandle, gpu_instance_id: int) -> None:
-        raise NvmlNotSupported("destroy_gpu_instance: not implemented yet")
+        call = "destroy_gpu_instance"
+        gpu = self._mig_gpu(handle, call)
+
+        def change() -> None:
+            gi = self._gpu_instance(gpu, gpu_instance_id, call)
+            if gi.compute_instances:
+                message = f"GPU instance {gpu_instance_id} holds compute instances"
+                raise _fail(call, message, NVML_ERROR_IN_USE)
+            del self._states[gpu.index].instances[gpu_instance_id]
+
+        self._change(call, change)
 
     def compute_instances(
         self, handle: DeviceHandle, gpu_instance_id: int
     ) -> tuple[ComputeInstance, ...]:
-        raise NvmlNotSupported("compute_instances: not implemented yet")
+        call = "compute_instances"
+        gpu = self._mig_gpu(handle, call)
+
+        def answer() -> tuple[ComputeInstance, ...]:
+            gi = self._gpu_instance(gpu, gpu_instance_id, call)
+            profile_id = _COMPUTE_PROFILE_IDS[_profile(gpu, gi.profile_id, call).gpu_slices]
+            return tuple(ComputeInstance(ci, profile_id) for ci in sorted(gi.compute_instances))
+
+        return self._query(call, answer)
 
     def create_compute_instance(
         self, handle: DeviceHandle, gpu_instance_id: int
     ) -> ComputeInstance:
-        raise NvmlNotSupported("create_compute_instance: not implemented yet")
+        call = "create_compute_instance"
+        gpu = self._mig_gpu(handle, call)
+
+        def change() -> ComputeInstance:
+            gi = self._gpu_instance(gpu, gpu_instance_id, call)
+            if gi.compute_instances:
+                message = f"GPU instance {gpu_instance_id} is used up by a compute instance"
+                raise _fail(call, message, NVML_ERROR_INSUFFICIENT_RESOURCES)
+            gi.compute_instances.add(0)
+            profile_id = _COMPUTE_PROFILE_IDS[_profile(gpu, gi.profile_id, call).gpu_slices]
+            return ComputeInstance(0, profile_id)
+
+        return self._change(call, change)
 
     def destroy_compute_instance(
         self, handle: DeviceHandle, gpu_instance_id: int, compute_instance_id: int
     ) -> None:
-        raise NvmlNotSupported("destroy_compute_instance: not implemented yet")
+        call = "destroy_compute_instance"
+        gpu = self._mig_gpu(handle, call)
+
+        def change() -> None:
+            gi = self._gpu_instance(gpu, gpu_instance_id, call)
+            if compute_instance_id not in gi.compute_instances:
+                message = f"no compute instance {compute_instance_id} in GI {gpu_instance_id}"
+                raise _fail(call, message, NVML_ERROR_NOT_FOUND)
+            gi.compute_instances.discard(compute_instance_id)
+
+        self._change(call, change)
 
     def mig_device_nodes(
         self, minor: int, gpu_instance_id: int, compute_instance_id: int
     ) -> tuple[str, ...]:
-        return ()
+        return self._query("mig_device_nodes", tuple)
 
     def event_set_create(self) -> EventSet:
         event_set = _EventSet()

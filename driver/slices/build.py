@@ -3,8 +3,9 @@
 ``build_slices`` turns ``Device`` objects into plain JSON dicts, ready for the API
 server, split under the per-slice limits (``docs/design.md#resourceslice-limits``): at most 128
 devices per slice, 64 once a slice holds a device with taints or counter
-consumptions, and shared counters in slices of their own (at most 8 counter sets
-each). Counter slices come first, then device slices, all numbered in one sequence.
+consumptions, at most 2048 consumed counters per slice (summed over its devices'
+``consumesCounters``), and shared counters in slices of their own (at most 8 counter
+sets each). Counter slices come first, then device slices, all numbered in one sequence.
 
 The output is a pure function of the input: devices are sorted by a natural key
 (``gpu-2`` before ``gpu-10``), attribute and capacity maps by name, and slice names
@@ -42,6 +43,7 @@ MAX_COUNTERS_PER_SET = 32
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_TAINTS_PER_DEVICE = 16  # 4 on Kubernetes 1.34
 MAX_CONSUMED_COUNTER_SETS = 2
+MAX_CONSUMED_COUNTERS_PER_SLICE = 2048
 MAX_VALUE_LENGTH = 64
 MAX_DRIVER_NAME = 63
 MAX_POOL_NAME = 253
@@ -222,9 +224,14 @@ def _is_restricted(device: Mapping[str, Any]) -> bool:
     return bool(device.get("taints") or device.get("consumesCounters"))
 
 
+def _consumed_counters(device: Mapping[str, Any]) -> int:
+    return sum(len(use.get("counters") or {}) for use in device.get("consumesCounters") or ())
+
+
 def _device_chunks(devices: Sequence[JsonObject]) -> Iterator[list[JsonObject]]:
     chunk: list[JsonObject] = []
     restricted = False
+    consumed = 0
     for device in devices:
         would_restrict = restricted or _is_restricted(device)
         limit = (
@@ -232,11 +239,15 @@ def _device_chunks(devices: Sequence[JsonObject]) -> Iterator[list[JsonObject]]:
             if would_restrict
             else MAX_DEVICES_PER_SLICE
         )
-        if len(chunk) + 1 > limit:
+        counters = _consumed_counters(device)
+        if chunk and (
+            len(chunk) + 1 > limit or consumed + counters > MAX_CONSUMED_COUNTERS_PER_SLICE
+        ):
             yield chunk
-            chunk, would_restrict = [], _is_restricted(device)
+            chunk, would_restrict, consumed = [], _is_restricted(device), 0
         chunk.append(device)
         restricted = would_restrict
+        consumed += counters
     if chunk:
         yield chunk
 
@@ -457,6 +468,12 @@ def _validate_devices(where: str, devices: Sequence[Mapping[str, Any]]) -> None:
     if len(devices) > limit:
         reason = " (some have taints or consumesCounters)" if restricted else ""
         raise _fail(where, f"{len(devices)} devices, more than {limit}{reason}")
+    consumed = sum(_consumed_counters(d) for d in devices)
+    if consumed > MAX_CONSUMED_COUNTERS_PER_SLICE:
+        raise _fail(
+            where,
+            f"devices consume {consumed} counters, more than {MAX_CONSUMED_COUNTERS_PER_SLICE}",
+        )
     seen: set[str] = set()
     for device in devices:
         name = device.get("name", "")

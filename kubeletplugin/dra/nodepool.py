@@ -13,7 +13,7 @@ import logging
 import threading
 from collections.abc import Sequence
 
-from drasil.driver.devices import Device
+from drasil.driver.devices import CounterSet, Device
 from drasil.driver.discovery.health import HealthTracker
 from drasil.driver.kubeapi import KubeApi
 from drasil.driver.slices.build import JsonObject, OwnerRef, Taint, TaintEffect, build_slices
@@ -31,6 +31,9 @@ def unhealthy_taint_key(driver: str) -> str:
 
 
 class NodeSlices:
+    """The node's pool: ``devices`` (tainted where unhealthy) and the ``counter_sets``
+    they consume (``--mig-mode dynamic``; ``NodeRuntime.counter_sets``)."""
+
     def __init__(
         self,
         api: KubeApi,
@@ -41,11 +44,13 @@ class NodeSlices:
         health: HealthTracker,
         publisher: PoolPublisher,
         resync: float = 300.0,
+        counter_sets: Sequence[CounterSet] = (),
     ) -> None:
         self.api = api
         self.driver = driver
         self.node_name = node_name
         self.devices = devices
+        self.counter_sets = counter_sets
         self.health = health
         self.publisher = publisher
         self.resync = resync
@@ -70,6 +75,7 @@ class NodeSlices:
             devices=self.devices,
             node_name=self.node_name,
             taints=taints,
+            counter_sets=self.counter_sets,
             generation=1,
             owner=self._node_owner(),
         )

@@ -12,6 +12,8 @@ import pytest
 import yaml
 
 from drasil.driver.cli import main
+from drasil.driver.discovery.nvml import Placement
+from drasil.driver.discovery.simulated import mig_uuid, simulated_library
 from drasil.driver.slices.build import validate_slice
 
 
@@ -59,6 +61,45 @@ def test_discover_table_names_every_device() -> None:
     assert "gpu-0" in text
     assert "gpu-1" in text
     assert "NVIDIA L4" in text
+
+
+def test_discover_dynamic_mig_publishes_placements_and_counters() -> None:
+    code, text = run(
+        "discover", "--backend", "simulated", "--profile", "h100-80gb:2", "--node-name", "n1",
+        "--mig-mode", "dynamic", "-o", "json",
+    )  # fmt: skip
+    assert code == 0
+    slices = json.loads(text)
+    counter_sets = [c for s in slices for c in s["spec"].get("sharedCounters", ())]
+    assert [c["name"] for c in counter_sets] == ["gpu-0-counters", "gpu-1-counters"]
+    devices = {d["name"]: d for s in slices for d in s["spec"].get("devices", ())}
+    assert len(devices) == 2 * 26
+    assert devices["gpu-1-mig-3g40gb-at-4"]["consumesCounters"][0]["counterSet"] == (
+        "gpu-1-counters"
+    )
+
+
+def test_discover_lists_the_mig_instances_of_a_state_file(tmp_path: Path) -> None:
+    state = tmp_path / "simulated-gpus.json"
+    lib = simulated_library("h100-80gb:1", node_name="n", state_file=state)
+    gpu = lib.device_handle_by_index(0)
+    lib.device_set_mig_mode(gpu, True)
+    lib.create_gpu_instance(gpu, 9, Placement(4, 4))
+    lib.create_compute_instance(gpu, 2)
+    argv = ["discover", "--backend", "simulated", "--profile", "h100-80gb:1", "--node-name", "n"]
+    code, text = run(*argv, "--mig-mode", "dynamic", "--simulated-state", str(state))
+    assert code == 0
+    assert "gpu-0-mig-3g40gb-at-4" in text  # dynamic mode publishes placements, not instances
+    line = f"gpu-0 gi=2 ci=0 3g.40gb at 4 {mig_uuid('n', 0, 2, 0)}"
+    assert line in text.splitlines()
+    code, text = run(*argv, "--simulated-state", str(state))  # static: the MIG device itself
+    assert "gpu-0-mig-3g40gb-2-0" in text
+    lib.destroy_compute_instance(gpu, 2, 0)
+    lib.destroy_gpu_instance(gpu, 2)
+    code, text = run(*argv, "--simulated-state", str(state))
+    assert code == 0
+    assert "gi=" not in text  # and static mode has no device left on the MIG-mode GPU
+    assert text.startswith("NAME")
 
 
 def test_unknown_profile_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:

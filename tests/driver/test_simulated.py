@@ -42,7 +42,8 @@ def test_unknown_profile_names_the_available_ones() -> None:
         parse_profile_spec("h100:8")
     assert str(err.value) == (
         'unknown profile "h100"; available: a100-40gb, a100-40gb-mig, a100-80gb, '
-        "a100-80gb-mig, h100-80gb, h100-80gb-mig, l4"
+        "a100-80gb-mig, b200, b200-mig, h100-80gb, h100-80gb-mig, h200-141gb, "
+        "h200-141gb-mig, l4"
     )
 
 

@@ -7,6 +7,7 @@ import itertools
 import json
 import random
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -424,3 +425,28 @@ def test_removing_the_pool_deletes_everything() -> None:
 def test_one_pool_at_a_time() -> None:
     with pytest.raises(ValueError, match="one pool at a time"):
         plan_publish(desired=_build(_devices(1)), existing=_build(_devices(1), pool="node-b"))
+
+
+def _consuming(count: int, counters: int) -> tuple[list[Device], list[CounterSet]]:
+    """``count`` devices consuming ``counters`` counters each, over two counter sets."""
+    names = [f"c-{i}" for i in range(counters)]
+    halves = {"set-a": names[: counters // 2], "set-b": names[counters // 2 :]}
+    counter_sets = [CounterSet(n, dict.fromkeys(part, 1000)) for n, part in halves.items()]
+    uses = tuple(CounterConsumption(n, dict.fromkeys(part, 1)) for n, part in halves.items())
+    devices = [replace(_device(f"gpu-{i}"), consumes_counters=uses) for i in range(count)]
+    return devices, counter_sets
+
+
+def test_slices_keep_to_2048_consumed_counters() -> None:
+    devices, counter_sets = _consuming(64, 32)  # 64 * 32 = 2048: one slice
+    assert _sizes(_validated(_build(devices, counter_sets=counter_sets))) == [0, 64]
+    devices, counter_sets = _consuming(64, 33)  # 62 * 33 = 2046, and 2 more
+    assert _sizes(_validated(_build(devices, counter_sets=counter_sets))) == [0, 62, 2]
+
+
+def test_validation_rejects_a_slice_consuming_too_many_counters() -> None:
+    devices, counter_sets = _consuming(64, 32)
+    device_slice = copy.deepcopy(_build(devices, counter_sets=counter_sets)[1])
+    device_slice["spec"]["devices"][0]["consumesCounters"][0]["counters"]["c-32"] = {"value": "1"}
+    with pytest.raises(SliceValidationError, match="consume 2049 counters, more than 2048"):
+        validate_slice(device_slice)
