@@ -183,7 +183,28 @@ class XidWatcher:
         if event.gpu_instance_id == NO_INSTANCE:
             return [d.name for d in gpu]  # a whole-GPU error hits its MIG devices too
         suffix = f"-{event.gpu_instance_id}-{event.compute_instance_id}"
-        return [d.name for d in gpu if d.type == DeviceType.MIG and d.name.endswith(suffix)]
+        static = [d.name for d in gpu if d.type == DeviceType.MIG and d.name.endswith(suffix)]
+        return static or self._dynamic_affected(event, gpu)
+
+    def _dynamic_affected(self, event: EventData, gpu: Sequence[Device]) -> list[str]:
+        """A dynamic MIG device is named by its placement, not its ids: NVML says
+        which placement the event's GPU instance has."""
+        placed = [d for d in gpu if d.mig_placement is not None]
+        if not placed:
+            return []
+        try:
+            instances = self.lib.gpu_instances(event.device)
+        except NvmlError:
+            return []
+        hit = [i for i in instances if i.gpu_instance_id == event.gpu_instance_id]
+        return [
+            d.name
+            for d in placed
+            for i in hit
+            if d.mig_placement is not None
+            and (d.mig_placement.profile_id, d.mig_placement.start)
+            == (i.profile_id, i.placement.start)
+        ]
 
     def recover(self) -> None:
         now = self._clock()

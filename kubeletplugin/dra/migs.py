@@ -209,6 +209,13 @@ class MigInstances:
                 f"{', '.join(holders) or 'instances NVML did not list'} ({err})"
             ) from err
 
+    def _instances(self, handle: DeviceHandle) -> tuple[GpuInstance, ...]:
+        """The GPU instances that exist; none while MIG mode is off (NVML then refuses
+        the query)."""
+        if not self.lib.device_mig_mode(handle).current:
+            return ()
+        return self.lib.gpu_instances(handle)
+
     def _mig_uuid(self, handle: DeviceHandle, gi: int, ci: int) -> str:
         for index in range(self.lib.device_max_mig_device_count(handle)):
             try:
@@ -229,7 +236,7 @@ class MigInstances:
                 handle = self._handle(gpu_uuid)
                 if not self.lib.device_mig_mode(handle).current:
                     return
-                instances = self.lib.gpu_instances(handle)
+                instances = self._instances(handle)
                 if instances:
                     held = ", ".join(
                         f"{self._profile_name(handle, g)} at {g.placement.start}" for g in instances
@@ -255,7 +262,7 @@ class MigInstances:
             handle = self._handle(record.parent_uuid)
         except MigError:
             return  # the GPU is gone, and its instances with it
-        target = _find(self.lib.gpu_instances(handle), record)
+        target = _find(self._instances(handle), record)
         if target is None:
             return
         self._destroy_instance(handle, target)
@@ -287,7 +294,7 @@ class MigInstances:
         with self._locked():
             for gpu in gpus:
                 handle = self._handle(gpu.uuid)
-                for instance in self.lib.gpu_instances(handle):
+                for instance in self._instances(handle):
                     key = (gpu.uuid, instance.profile_id, instance.placement.start)
                     if key in held:
                         present.add(key)

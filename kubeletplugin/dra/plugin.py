@@ -218,6 +218,7 @@ class KubeletPlugin:
             driver=self.opts.driver_name,
             node_name=self.opts.node_name,
             devices=sorted(self.devices.values(), key=lambda d: d.name),
+            counter_sets=self.node.counter_sets,
             health=self.health,
             publisher=publisher,
             resync=self.intervals.slice_resync,

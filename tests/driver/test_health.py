@@ -20,7 +20,12 @@ from drasil.driver.discovery.health import (
     write_faults,
 )
 from drasil.driver.discovery.nodedevices import discover
-from drasil.driver.discovery.nvml import EVENT_TYPE_XID_CRITICAL_ERROR, NO_INSTANCE, EventData
+from drasil.driver.discovery.nvml import (
+    EVENT_TYPE_XID_CRITICAL_ERROR,
+    NO_INSTANCE,
+    EventData,
+    Placement,
+)
 from drasil.driver.discovery.simulated import FakeNvml, simulated_library
 
 NODE = "n1"
@@ -364,3 +369,24 @@ def test_xid_watcher_holds_nvml_initialized_while_it_watches() -> None:
         stop.set()
         thread.join(20)
     assert lib.initialized == 0
+
+
+def test_a_dynamic_mig_xid_hits_the_placement_its_instance_sits_at() -> None:
+    lib = simulated_library("h100-80gb:1", node_name="n1")
+    devices = list(discover(lib, node_name="n1", mig_mode="dynamic").devices)
+    handle = lib.device_handle_by_index(0)
+    lib.device_set_mig_mode(handle, True)
+    gi = lib.create_gpu_instance(handle, 9, Placement(start=4, size=4)).gpu_instance_id
+    lib.create_compute_instance(handle, gi)
+    tracker = HealthTracker(devices)
+    watcher = XidWatcher(lib, devices, tracker)
+    watcher.handle(
+        EventData(
+            device=handle,
+            event_type=EVENT_TYPE_XID_CRITICAL_ERROR,
+            event_data=79,
+            gpu_instance_id=gi,
+            compute_instance_id=0,
+        )
+    )
+    assert tracker.unhealthy() == {"gpu-0-mig-3g40gb-at-4": "xid: XID 79"}

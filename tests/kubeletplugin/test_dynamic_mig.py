@@ -83,6 +83,8 @@ def gpu_instances(root: Path) -> list[tuple[int, int, int]]:
     """(profile id, start, compute instances) of every GPU instance on the GPU."""
     lib = library(root)
     handle = lib.device_handle_by_index(0)
+    if not lib.device_mig_mode(handle).current:
+        return []
     return sorted(
         (g.profile_id, g.placement.start, len(lib.compute_instances(handle, g.gpu_instance_id)))
         for g in lib.gpu_instances(handle)
