@@ -218,7 +218,7 @@ def mig_uuid(plugin: PluginProcess, uid: str) -> str:
 PROFILE_3G = f'device.attributes["{DRIVER}"].profile == "3g.40gb"'
 
 
-def test_two_3g_placements_are_cut_a_third_waits_and_the_whole_gpu_after_them(
+def test_two_3g_placements_are_cut_a_1g_waits_and_the_whole_gpu_after_them(
     kube: Kube, namespace: str, node: str, classes: None, plugin: PluginProcess,
     kubeconfig: Path,
 ) -> None:  # fmt: skip
@@ -242,8 +242,15 @@ def test_two_3g_placements_are_cut_a_third_waits_and_the_whole_gpu_after_them(
     records = checkpoint_claims(plugin)
     assert {records[r.uid]["devices"][0]["mig"]["state"] for r in (ref_a, ref_b)} == {"Created"}
 
-    # A third 3g.40gb has no memory slices left: pending, and explain says whose they are.
-    third = claim_pod(kube, namespace, node, device_class=MIG_CLASS, cel=PROFILE_3G)
+    # The two halves hold all eight memory slices: a 1g.10gb has no placement left. It
+    # stays pending, and explain names the counters and the claims holding them.
+    third = claim_pod(
+        kube,
+        namespace,
+        node,
+        device_class=MIG_CLASS,
+        cel=f'device.attributes["{DRIVER}"].profile == "1g.10gb"',
+    )
     pending = stays_pending(kube, namespace, third)
     explained = drasil(
         "explain",
@@ -252,8 +259,9 @@ def test_two_3g_placements_are_cut_a_third_waits_and_the_whole_gpu_after_them(
         f"{namespace}/{pending['metadata']['name']}",
     )
     text = explained.stdout + explained.stderr
-    assert "memory slice" in text, text
-    assert ref_a.name in text or ref_b.name in text, text
+    assert "placements of 1g.10gb need memory slices" in text, text
+    assert ref_a.name in text, text
+    assert ref_b.name in text, text
     delete_pod(kube, namespace, third)
 
     # The whole GPU consumes every counter: it waits until both MIG claims are gone.
