@@ -9,7 +9,7 @@ builder never guesses.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
@@ -46,6 +46,20 @@ class CounterConsumption:
 
     counter_set: str
     counters: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class CapacityPolicy:
+    """How much of a consumable capacity one allocation may take (``requestPolicy``).
+
+    A request that names no amount takes ``default``; one that does is rounded up to
+    ``minimum + n * step`` and must stay within ``maximum`` (None: the capacity).
+    """
+
+    default: int
+    minimum: int
+    step: int | None = None
+    maximum: int | None = None
 
 
 @dataclass(frozen=True)
@@ -91,9 +105,16 @@ class Device:
     pcie_root: str | None = None
     mig_placement: MigPlacement | None = None
     consumes_counters: tuple[CounterConsumption, ...] = ()
+    # --gpu-sharing consumable: several claims may hold the device, each taking part
+    # of the capacities that have a policy.
+    allow_multiple_allocations: bool = False
+    capacity_policies: Mapping[str, CapacityPolicy] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Devices are shared between threads (publisher, prepare, health); make the
         # mappings read-only so nobody edits a Device in place.
         object.__setattr__(self, "attributes", MappingProxyType(dict(self.attributes)))
         object.__setattr__(self, "capacity", MappingProxyType(dict(self.capacity)))
+        object.__setattr__(
+            self, "capacity_policies", MappingProxyType(dict(self.capacity_policies))
+        )

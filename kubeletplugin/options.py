@@ -17,6 +17,7 @@ BACKENDS = ("nvml", "simulated")
 MODES = ("dra", "device-plugin")
 MIG_STRATEGIES = ("none", "single", "mixed")
 MIG_MODES = ("static", "dynamic")
+GPU_SHARING = ("exclusive", "consumable")
 
 
 # reStructuredText's inline literal, as docstrings write it: ``--mode``.
@@ -50,6 +51,8 @@ class PluginOptions:
     mig_strategy: str = "none"
     # DRA mode: publish existing MIG devices (static) or cut them on demand (dynamic).
     mig_mode: str = "static"
+    # DRA mode: whole GPUs for one claim each (exclusive) or shared by capacity.
+    gpu_sharing: str = "exclusive"
     simulated_state: Path | None = None
 
     @property
@@ -134,6 +137,14 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "(a node label drasil.dev/mig-mode overrides it; docs/mig.md)",
     )
     p.add_argument(
+        "--gpu-sharing",
+        choices=GPU_SHARING,
+        default=env.get("GPU_SHARING", "exclusive"),
+        help="DRA mode: exclusive publishes whole GPUs for one claim each; consumable "
+        "lets several claims share a GPU by memory and compute capacity, each share "
+        "enforced with MPS (docs/sharing.md)",
+    )
+    p.add_argument(
         "--simulated-state",
         default=env.get("SIMULATED_STATE"),
         help="simulated backend: the file its GPUs keep MIG state in "
@@ -176,6 +187,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
     _check_addr("--health-addr", ns.health_addr)
     _check_choice("--mig-strategy", ns.mig_strategy, MIG_STRATEGIES)
     _check_choice("--mig-mode", ns.mig_mode, MIG_MODES)
+    _check_choice("--gpu-sharing", ns.gpu_sharing, GPU_SHARING)
     if ns.time_slicing_replicas < 1:
         raise OptionsError(f"--time-slicing-replicas: {ns.time_slicing_replicas} is less than 1")
     return PluginOptions(
@@ -198,5 +210,6 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         time_slicing_replicas=ns.time_slicing_replicas,
         mig_strategy=ns.mig_strategy,
         mig_mode=ns.mig_mode,
+        gpu_sharing=ns.gpu_sharing,
         simulated_state=Path(ns.simulated_state) if ns.simulated_state else None,
     )

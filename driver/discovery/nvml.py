@@ -330,6 +330,14 @@ class NvmlLibrary(Protocol):
     ) -> None:
         """``nvmlComputeInstanceDestroy``; ``NvmlNotFound`` when there is none."""
 
+    def device_time_slice(self, handle: DeviceHandle) -> int:
+        """Not NVML: the GPU's compute time slice as ``nvidia-smi compute-policy`` sets
+        it (0 default, 1 short, 2 medium, 3 long)."""
+
+    def device_set_time_slice(self, handle: DeviceHandle, interval: int) -> None:
+        """Not NVML: ``nvidia-smi compute-policy -i <uuid> --set-timeslice=<interval>``;
+        raises ``NvmlQueryError`` when the tool is missing or refuses."""
+
     def mig_device_nodes(
         self, minor: int, gpu_instance_id: int, compute_instance_id: int
     ) -> tuple[str, ...]:
@@ -702,6 +710,12 @@ class PynvmlLibrary:
         fn = self._nvml.nvmlGpuInstanceGetComputeInstanceById
         ci = self._call(what, fn, gi, compute_instance_id)
         self._call("nvmlComputeInstanceDestroy", self._nvml.nvmlComputeInstanceDestroy, ci)
+
+    def device_time_slice(self, handle: DeviceHandle) -> int:
+        raise NvmlNotSupported("device_time_slice: not implemented yet")
+
+    def device_set_time_slice(self, handle: DeviceHandle, interval: int) -> None:
+        raise NvmlNotSupported("device_set_time_slice: not implemented yet")
 
     def mig_device_nodes(
         self, minor: int, gpu_instance_id: int, compute_instance_id: int

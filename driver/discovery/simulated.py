@@ -867,6 +867,12 @@ class FakeNvml:
 
         self._change(call, change)
 
+    def device_time_slice(self, handle: DeviceHandle) -> int:
+        raise NvmlNotSupported("device_time_slice: not implemented yet")
+
+    def device_set_time_slice(self, handle: DeviceHandle, interval: int) -> None:
+        raise NvmlNotSupported("device_set_time_slice: not implemented yet")
+
     def mig_device_nodes(
         self, minor: int, gpu_instance_id: int, compute_instance_id: int
     ) -> tuple[str, ...]:
