@@ -7,8 +7,10 @@ One JSON document in the plugin state dir::
                                "state": "PrepareStarted" | "PrepareCompleted",
                                "devices": [{"requestNames": [...], "poolName": "...",
                                             "deviceName": "...", "cdiDeviceIds": [...],
-                                            "shareId": "...", "mig": {...}}],
-                               "updatedAt": "<RFC 3339>"}}}
+                                            "shareId": "...", "mig": {...},
+                                            "sharing": "MPS"}],
+                               "updatedAt": "<RFC 3339>"}},
+     "gpus": {"<GPU UUID>": {"mps": {...}, "timeSlice": 3, "previousTimeSlice": 0}}}
 
 ``checksum`` is the SHA-256 of the canonical JSON (sorted keys, no whitespace, ASCII)
 of the document without ``checksum``; it is checked on the raw parsed document, before
@@ -118,6 +120,9 @@ class PreparedDevice(_Document):
     # Admin-access results may share any device (docs/design.md#claims-and-configs).
     admin_access: bool = Field(default=False, exclude_if=lambda value: not value)
     mig: MigRecord | None = Field(default=None, exclude_if=lambda value: value is None)
+    # How a shared or time-sliced GPU is used ("MPS", "TimeSlicing/Long"): claims on
+    # one GPU must agree, and the last one to go restores the GPU.
+    sharing: str | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class ClaimRecord(_Document):
@@ -130,12 +135,31 @@ class ClaimRecord(_Document):
     updated_at: AwareDatetime
 
 
+class MpsDaemonRecord(_Document):
+    """The MPS control daemon the plugin runs for a shared GPU (``start_time`` is the
+    process's start in clock ticks since boot, so a reused pid is not taken for it)."""
+
+    pid: int
+    start_time: int
+    pipe_dir: str
+    log_dir: str
+
+
+class GpuRecord(_Document):
+    """What prepared claims changed on one GPU, to be undone when the last one goes."""
+
+    mps: MpsDaemonRecord | None = Field(default=None, exclude_if=lambda value: value is None)
+    time_slice: int | None = Field(default=None, exclude_if=lambda value: value is None)
+    previous_time_slice: int | None = Field(default=None, exclude_if=lambda value: value is None)
+
+
 class Checkpoint(_Document):
-    """The whole checkpoint, keyed by claim UID."""
+    """The whole checkpoint, keyed by claim UID; ``gpus`` by GPU UUID."""
 
     version: int = CHECKPOINT_VERSION
     boot_id: str
     claims: dict[str, ClaimRecord] = Field(default_factory=dict)
+    gpus: dict[str, GpuRecord] = Field(default_factory=dict, exclude_if=lambda value: not value)
 
 
 def checksum(document: Mapping[str, Any]) -> str:

@@ -28,6 +28,7 @@ from drasil.api.checkpoint import (
     ClaimRecord,
     ClaimState,
     CorruptCheckpoint,
+    GpuRecord,
     PreparedDevice,
     decode_checkpoint,
     encode_checkpoint,
@@ -214,6 +215,20 @@ class CheckpointStore:
             )
             self._put(claim_uid, record)
         return record
+
+    def gpus(self) -> Mapping[str, GpuRecord]:
+        """What prepared claims changed on each GPU, by GPU UUID, read-only."""
+        return MappingProxyType(self._loaded().gpus)
+
+    def set_gpu(self, gpu_uuid: str, record: GpuRecord | None) -> None:
+        """Record (or, with None or an empty record, forget) one GPU's changed state."""
+        with self._lock:
+            current = self._loaded()
+            gpus = {uuid: rec for uuid, rec in current.gpus.items() if uuid != gpu_uuid}
+            if record is not None and record != GpuRecord():
+                gpus[gpu_uuid] = record
+            if gpus != current.gpus:
+                self._save(current.model_copy(update={"gpus": gpus}))
 
     def remove(self, claim_uid: str) -> bool:
         """Forget a claim; returns whether it was recorded (no write when it was not)."""

@@ -64,6 +64,10 @@ class ClaimDevice:
 
     device: Device
     settings: Mapping[str, str] = field(default_factory=dict)
+    # A share of a consumable GPU: its CDI device is named after the share too, and
+    # carries the share's MPS edits (limits, the GPU's MPS pipe and log mounts).
+    share_id: str | None = None
+    edits: ContainerEdits = field(default_factory=ContainerEdits)
 
 
 @dataclass(frozen=True)
@@ -94,21 +98,33 @@ def claim_kind(driver: str) -> str:
     return f"k8s.{driver}/{CLAIM_CLASS}"
 
 
-def cdi_device_name(claim_uid: str, device_name: str) -> str:
-    """The CDI device name of one device of a claim (unique across claims)."""
-    return f"{claim_uid}-{device_name}"
+SHARE_MARK: Final = "-share-"
 
 
-def cdi_device_id(*, driver: str, claim_uid: str, device_name: str) -> str:
+def cdi_device_name(claim_uid: str, device_name: str, share_id: str | None = None) -> str:
+    """The CDI device name of one device (or share of a device) of a claim, unique
+    across claims: ``<claimUID>-<device>``, ``<claimUID>-<device>-share-<shareID>``."""
+    share = f"{SHARE_MARK}{share_id}" if share_id else ""
+    return f"{claim_uid}-{device_name}{share}"
+
+
+def device_of_cdi_name(claim_uid: str, cdi_name: str) -> str:
+    """The device name inside a CDI device name of the claim (share suffix dropped)."""
+    return cdi_name.removeprefix(f"{claim_uid}-").partition(SHARE_MARK)[0]
+
+
+def cdi_device_id(
+    *, driver: str, claim_uid: str, device_name: str, share_id: str | None = None
+) -> str:
     """The fully-qualified ID kubelet passes to the runtime: ``vendor/class=name``."""
-    return f"{claim_kind(driver)}={cdi_device_name(claim_uid, device_name)}"
+    return f"{claim_kind(driver)}={cdi_device_name(claim_uid, device_name, share_id)}"
 
 
 def claim_cdi_device_ids(req: ClaimSpecRequest, *, driver: str) -> dict[str, str]:
     """Fully-qualified CDI ID per device name, in the request's device order."""
     return {
         d.device.name: cdi_device_id(
-            driver=driver, claim_uid=req.claim_uid, device_name=d.device.name
+            driver=driver, claim_uid=req.claim_uid, device_name=d.device.name, share_id=d.share_id
         )
         for d in req.devices
     }
@@ -177,11 +193,12 @@ def device_env(claim_device: ClaimDevice) -> dict[str, str]:
 
 def _device_entry(claim_uid: str, claim_device: ClaimDevice, *, index: int) -> CdiSpec:
     device = claim_device.device
-    env = device_env(claim_device)
-    nodes = tuple(DeviceNode(path=p) for p in device.device_nodes)
+    extra = claim_device.edits
+    env = {**extra.env, **device_env(claim_device)}
+    nodes = tuple(DeviceNode(path=p) for p in device.device_nodes) + extra.device_nodes
     return {
-        "name": cdi_device_name(claim_uid, device.name),
-        "containerEdits": edits_dict(env, nodes, ()),
+        "name": cdi_device_name(claim_uid, device.name, claim_device.share_id),
+        "containerEdits": edits_dict(env, nodes, extra.mounts),
     }
 
 

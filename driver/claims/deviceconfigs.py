@@ -18,15 +18,20 @@ devices.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from decimal import Decimal
 from types import MappingProxyType
 from typing import Any, Final, Literal, cast, get_args
 
 from drasil.api.config import ConfigError, GpuConfig, MigDeviceConfig, OpaqueConfig, decode_config
+from drasil.api.quantity import QuantityError, parse_quantity
 from drasil.driver.devices import Device, DeviceType
 
 ConfigSource = Literal["FromClass", "FromClaim"]
+
+MAX_CONSUMED: Final = Decimal(2) ** 63  # no capacity of ours comes near; bounds ceil()
 
 _DEFAULTS: Final[Mapping[DeviceType, OpaqueConfig]] = {
     DeviceType.GPU: GpuConfig(),
@@ -57,6 +62,9 @@ class AllocatedDevice:
     device: str
     admin_access: bool = False
     share_id: str | None = None
+    # Consumable capacity: what the scheduler counted this share as taking, in the
+    # capacity's unit (bytes for memory).
+    consumed_capacity: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def base_request(self) -> str:
@@ -142,7 +150,24 @@ def _result(item: object, path: str) -> AllocatedDevice:
         device=_string(entry, "device", path=path),
         admin_access=entry.get("adminAccess") is True,
         share_id=share_id if isinstance(share_id, str) else None,
+        consumed_capacity=_consumed(entry.get("consumedCapacity"), f"{path}.consumedCapacity"),
     )
+
+
+def _consumed(value: object, path: str) -> dict[str, int]:
+    if value is None:
+        return {}
+    entries = _object(value, path)
+    consumed: dict[str, int] = {}
+    for name, quantity in entries.items():
+        try:
+            amount = parse_quantity(str(quantity))
+        except QuantityError as err:
+            raise AllocationError(f"{path}.{name}: {err}") from None
+        if amount < 0 or amount > MAX_CONSUMED:
+            raise AllocationError(f"{path}.{name}: {quantity} is out of range")
+        consumed[str(name)] = math.ceil(amount)
+    return consumed
 
 
 def _config_entry(item: object, *, index: int, path: str) -> OpaqueConfigEntry | None:

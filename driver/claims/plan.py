@@ -30,8 +30,16 @@ from drasil.driver.claims.deviceconfigs import (
     parse_allocation,
     resolve_configs,
 )
-from drasil.driver.claims.sharing import admin_settings, sharing_settings
-from drasil.driver.devices import Device
+from drasil.driver.claims.sharing import (
+    MPS,
+    ShareLimits,
+    SharingConflict,
+    admin_settings,
+    share_limits,
+    sharing_mode,
+    sharing_settings,
+)
+from drasil.driver.devices import Device, DeviceType
 
 
 class PlanError(ValueError):
@@ -68,6 +76,13 @@ class DevicePlan:
     config: ResolvedConfig
     cdi: ClaimDevice  # the device and its settings, as its CDI edits carry them
     prepared: PreparedDevice  # what the checkpoint records and kubelet gets back
+
+    @property
+    def share_limits(self) -> ShareLimits | None:
+        """The MPS limits of a share, or None when the device is not an MPS share."""
+        if self.prepared.sharing != MPS or self.result.share_id is None:
+            return None
+        return share_limits(self.cdi.device, self.result.consumed_capacity, self.config.config)
 
 
 @dataclass(frozen=True)
@@ -121,19 +136,38 @@ def _own_results(results: Sequence[AllocatedDevice], node: NodePool) -> list[All
 def _device_plan(
     ref: ClaimRef, result: AllocatedDevice, config: ResolvedConfig, node: NodePool
 ) -> DevicePlan:
+    device = node.devices[result.device]
     prepared = PreparedDevice(
         request_names=(result.base_request,),
         pool_name=result.pool,
         device_name=result.device,
         cdi_device_ids=(
-            cdi_device_id(driver=node.driver, claim_uid=ref.uid, device_name=result.device),
+            cdi_device_id(
+                driver=node.driver,
+                claim_uid=ref.uid,
+                device_name=result.device,
+                share_id=result.share_id,
+            ),
         ),
         share_id=result.share_id,
         admin_access=result.admin_access,
+        sharing=_sharing(result, config, device),
     )
     settings = admin_settings() if result.admin_access else sharing_settings(config.config)
-    cdi = ClaimDevice(device=node.devices[result.device], settings=settings)
+    cdi = ClaimDevice(device=device, settings=settings, share_id=result.share_id)
     return DevicePlan(result=result, config=config, cdi=cdi, prepared=prepared)
+
+
+def _sharing(result: AllocatedDevice, config: ResolvedConfig, device: Device) -> str | None:
+    """How the claim uses a whole GPU (``sharing_mode``); MIG devices and admin access
+    change nothing on the GPU."""
+    if result.admin_access or device.type != DeviceType.GPU:
+        return None
+    share = result.share_id is not None and device.allow_multiple_allocations
+    try:
+        return sharing_mode(config.config, share=share, defaulted=config.entry is None)
+    except SharingConflict as err:
+        raise PlanError(f'request "{result.request}": device "{result.device}": {err}') from None
 
 
 def check_not_held(
@@ -155,7 +189,10 @@ def check_not_held(
         if uid == ref.uid:
             continue
         for held in record.devices:
-            for result in (d.result for d in plan.devices):
+            for mine in plan.devices:
+                result = mine.result
+                if _shares(result, held) and held.device_name == result.device:
+                    _check_same_sharing(mine, held, record, plan.claim)
                 if result.admin_access or held.admin_access or _shares(result, held):
                     continue
                 if held.pool_name != result.pool:
@@ -173,6 +210,22 @@ def check_not_held(
                     f"{what} for claim {record.namespace}/{record.name} ({uid}); it cannot "
                     f"be used by {ref.namespace}/{ref.name} until that claim is unprepared"
                 )
+
+
+def _check_same_sharing(
+    mine: DevicePlan, held: PreparedDevice, holder: ClaimRecord, ref: ClaimRef
+) -> None:
+    """Shares of one GPU must use it the same way: MPS, or one time-slice interval."""
+    if held.sharing is None or mine.prepared.sharing == held.sharing:
+        return
+    entry = mine.config.entry
+    source = entry.describe() if entry is not None else "the default config"
+    raise PlanError(
+        f'device "{held.device_name}" is shared with {held.sharing} by claim '
+        f"{holder.namespace}/{holder.name}; {ref.namespace}/{ref.name} asks "
+        f"{mine.prepared.sharing} ({source}); shares of one GPU must use the same "
+        "sharing, so this claim waits until that one is unprepared"
+    )
 
 
 _WHOLE_GPU = frozenset(range(64))  # more memory slices than any GPU has

@@ -9,8 +9,14 @@ the workload what was set up for that device.
 
 from __future__ import annotations
 
-from drasil.api.config import OpaqueConfig, SharingStrategy
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from drasil.api.config import OpaqueConfig, SharingStrategy, TimeSlicingInterval
 from drasil.api.quantity import format_bytes
+from drasil.driver.devices import Device
 
 ADMIN_ACCESS = "ADMIN_ACCESS"
 SHARING_STRATEGY = "SHARING_STRATEGY"
@@ -41,3 +47,84 @@ def admin_settings() -> dict[str, str]:
     """An admin-access device: it says so, and carries no sharing settings of its own
     (it sits beside whichever claim holds the device; that claim's settings apply)."""
     return {ADMIN_ACCESS: "true"}
+
+
+# --- shares of a consumable GPU and time slices (--gpu-sharing consumable) -----------
+
+MEMORY = "memory"
+COMPUTE_PERCENT = "computePercent"
+MPS = "MPS"
+TIME_SLICES: Final = {
+    TimeSlicingInterval.DEFAULT: 0,
+    TimeSlicingInterval.SHORT: 1,
+    TimeSlicingInterval.MEDIUM: 2,
+    TimeSlicingInterval.LONG: 3,
+}
+"""``nvidia-smi compute-policy --set-timeslice`` values of the config's intervals."""
+
+
+class SharingConflict(ValueError):
+    """A sharing config that cannot apply to the device it was allocated."""
+
+
+@dataclass(frozen=True)
+class ShareLimits:
+    """What an MPS share may use of its GPU: pinned memory and active threads."""
+
+    memory_bytes: int
+    thread_percentage: int
+
+
+def sharing_mode(config: OpaqueConfig, *, share: bool, defaulted: bool) -> str | None:
+    """How the GPU is used, as the checkpoint records it; None when nothing on the GPU
+    changes (an exclusive device). Claims on one GPU must agree on it.
+
+    A share (a result with a shareID) is MPS unless its config says TimeSlicing; a
+    share cannot be Exclusive, but the default config (``defaulted``) of a share means
+    MPS. A whole GPU changes only for TimeSlicing (its interval is applied).
+    """
+    sharing = config.sharing
+    strategy = sharing.strategy
+    if strategy == SharingStrategy.TIME_SLICING:
+        time_slicing = getattr(sharing, "time_slicing", None)
+        interval = (
+            time_slicing.interval if time_slicing is not None else TimeSlicingInterval.DEFAULT
+        )
+        return f"{SharingStrategy.TIME_SLICING}/{interval}"
+    if not share:
+        return None
+    if strategy == SharingStrategy.EXCLUSIVE and not defaulted:
+        raise SharingConflict(
+            "sharing.strategy: Exclusive cannot apply to a share of a shared GPU; "
+            "allowed values are MPS and TimeSlicing"
+        )
+    return MPS
+
+
+def time_slice_of(mode: str | None) -> int | None:
+    """The time slice a mode applies to its GPU, or None."""
+    if mode is None or not mode.startswith(f"{SharingStrategy.TIME_SLICING}/"):
+        return None
+    return TIME_SLICES[TimeSlicingInterval(mode.partition("/")[2])]
+
+
+def share_limits(device: Device, consumed: Mapping[str, int], config: OpaqueConfig) -> ShareLimits:
+    """The MPS limits of one share, from what the scheduler counted it as taking.
+
+    Memory: the consumed ``memory`` (else the config's pinned limit, else the GPU's).
+    Threads: the consumed ``computePercent`` when the claim asked for one; otherwise
+    the config's default percentage; otherwise the share's fraction of the GPU's
+    memory, rounded up, so four 20Gi shares of an 80Gi GPU get 25% each.
+    """
+    total = device.capacity.get(MEMORY, 0)
+    mps = config.sharing.mps
+    memory = consumed.get(MEMORY) or (
+        mps.default_pinned_device_memory_limit if mps is not None else None
+    )
+    memory_bytes = min(memory or total, total) if total else (memory or 0)
+    percent = consumed.get(COMPUTE_PERCENT, 0)
+    if not percent and mps is not None and mps.default_active_thread_percentage is not None:
+        percent = mps.default_active_thread_percentage
+    if not percent:
+        percent = math.ceil(100 * memory_bytes / total) if total else 100
+    return ShareLimits(memory_bytes=memory_bytes, thread_percentage=max(1, min(100, percent)))

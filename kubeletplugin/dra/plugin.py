@@ -28,10 +28,12 @@ from drasil.driver.slices.publisher import PoolPublisher
 from drasil.kubeletplugin.dra import reconcile
 from drasil.kubeletplugin.dra.healthservice import HealthStreams, HealthV1, HealthV1alpha1
 from drasil.kubeletplugin.dra.migs import MigInstances
+from drasil.kubeletplugin.dra.mps import MpsDaemons
 from drasil.kubeletplugin.dra.nodepool import NodeSlices
 from drasil.kubeletplugin.dra.prepare import Preparer
 from drasil.kubeletplugin.dra.registration import Registration
 from drasil.kubeletplugin.dra.service import ClaimWork, DRAPluginV1, DRAPluginV1beta1
+from drasil.kubeletplugin.dra.shares import GpuEffects
 from drasil.kubeletplugin.metrics import PluginMetrics
 from drasil.kubeletplugin.node import NodeRuntime
 from drasil.kubeletplugin.options import PluginOptions
@@ -98,8 +100,16 @@ class KubeletPlugin:
             common_edits=node_edits(self.lib),
             migs=MigInstances(self.lib, state_dir=self.opts.state_dir),
         )
+        self.preparer.effects = GpuEffects(
+            self.lib,
+            MpsDaemons(self.opts.state_dir, backend=self.opts.backend),
+            store=self.store,
+            state_lock=self.preparer.state_lock,
+            devices=self.devices,
+        )
         self._recover_checkpoint()
         self._reconcile_migs()
+        self._resume_shares()
         self.health = self.node.watch_health(
             list(self.devices.values()), fault_poll=self.intervals.fault_poll
         )
@@ -121,6 +131,14 @@ class KubeletPlugin:
         for uid in loaded.discarded:  # rebooted: whatever survived is stale now
             delete_claim_spec(self.opts.cdi_root, driver=self.opts.driver_name, claim_uid=uid)
         self.metrics.prepared_claims.set_function(lambda: len(self.store.claims()))
+
+    def _resume_shares(self) -> None:
+        """MPS daemons of prepared shares run again; what no claim needs is undone."""
+        assert self.preparer.effects is not None
+        try:
+            self.preparer.effects.resume()
+        except Exception as err:  # a GPU tool failing must not keep the plugin down
+            log.error("resuming GPU sharing state failed", extra={"error": str(err)})
 
     def _reconcile_migs(self) -> None:
         """Dynamic MIG: instances no claim holds are destroyed, lost ones re-prepared.

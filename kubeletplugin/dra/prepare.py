@@ -54,6 +54,7 @@ from drasil.driver.devices import Device, MigPlacement
 from drasil.driver.files import FileLock, LockTimeoutError, crash_point
 from drasil.driver.kubeapi import ApiError, ApiUnavailable, InvalidName
 from drasil.kubeletplugin.dra.migs import MigError, MigInstances, creating_record
+from drasil.kubeletplugin.dra.shares import GpuEffects, ShareError
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,7 @@ _CLAIM_ERRORS = (
     CdiSpecError,
     LockTimeoutError,
     MigError,
+    ShareError,
 )
 
 
@@ -139,6 +141,7 @@ class Preparer:
     common_edits: ContainerEdits = field(default_factory=ContainerEdits)
     api_readers: int = API_READERS
     migs: MigInstances | None = None  # None: no NVML to cut MIG instances with
+    effects: GpuEffects | None = None  # None: sharing reaches containers as env only
 
     def __post_init__(self) -> None:
         self._api_slots = threading.BoundedSemaphore(self.api_readers)
@@ -202,6 +205,8 @@ class Preparer:
             )
         crash_point("prepare-after-started")
         plan, prepared = self._cut_migs(plan, claim)
+        if self.effects is not None:
+            plan = self.effects.apply(plan)
         # A crash mid-write left a temp file; this claim's lock makes it ours to remove.
         sweep_claim_spec_temps(self.cdi_root, self.driver, claim_uid=ref.uid)
         write_claim_spec(plan.spec, cdi_root=self.cdi_root, driver=self.driver)
@@ -311,6 +316,18 @@ class Preparer:
         crash_point("unprepare-after-mig")
         with self.state_lock():
             self.store.remove(uid)
+        crash_point("unprepare-after-removed")
+        if self.effects is not None:
+            self._settle()
+
+    def _settle(self) -> None:
+        # The claim is gone from the checkpoint: what is left to undo on its GPUs is
+        # node state, settled again by the next unprepare and at start if this fails.
+        assert self.effects is not None
+        try:
+            self.effects.settle()
+        except Exception as err:
+            log.error("settling GPU state failed", extra={"error": str(err)})
 
     def unprepare_uid(self, uid: str) -> None:
         """Unprepare by UID alone (stale entries and leaked specs)."""
@@ -368,7 +385,9 @@ def fault_text(err: Exception, ref: ClaimRef, *, action: str) -> str:
         return f"{what}: {err}"
     if isinstance(err, ApiError):
         return f"{what}: the API server answered {err.status} {err.reason}"
-    if isinstance(err, CdiSpecError | MigError):  # a UID that names no file; NVML refused
+    if isinstance(
+        err, CdiSpecError | MigError | ShareError
+    ):  # a UID that names no file; NVML refused
         return f"{what}: {err}"
     if isinstance(err, OSError):
         where = f" ({err.filename})" if err.filename else ""

@@ -13,14 +13,17 @@ import threading
 
 from drasil.api.checkpoint import PreparedDevice
 from drasil.driver.cdi.claimspecs import (
+    SHARE_MARK,
     cdi_device_id,
     claim_identity,
     delete_claim_spec,
+    device_of_cdi_name,
     list_claim_specs,
     read_claim_spec,
     sweep_claim_spec_temps,
 )
 from drasil.driver.cdi.spec import CdiSpecError
+from drasil.driver.claims.sharing import MPS
 from drasil.driver.kubeapi import InvalidName
 from drasil.kubeletplugin.dra.migs import creating_record
 from drasil.kubeletplugin.dra.prepare import ClaimReader, Preparer
@@ -88,11 +91,19 @@ def run_periodically(
         stop.wait(interval)
 
 
-def _rebuilt_device(preparer: Preparer, uid: str, name: str) -> PreparedDevice:
+def _rebuilt_device(preparer: Preparer, uid: str, cdi_name: str) -> PreparedDevice:
+    name = device_of_cdi_name(uid, cdi_name)
+    share = cdi_name.partition(SHARE_MARK)[2] or None
     device = PreparedDevice(
         pool_name=preparer.pool,
         device_name=name,
-        cdi_device_ids=(cdi_device_id(driver=preparer.driver, claim_uid=uid, device_name=name),),
+        cdi_device_ids=(
+            cdi_device_id(driver=preparer.driver, claim_uid=uid, device_name=name, share_id=share),
+        ),
+        share_id=share,
+        # A share's spec only exists for an MPS share in practice; keeping it MPS keeps
+        # its GPU's daemon running for the containers that use it.
+        sharing=MPS if share else None,
     )
     known = preparer.devices.get(name)
     if known is None or known.mig_placement is None:
@@ -116,7 +127,7 @@ def rebuild_from_specs(preparer: Preparer) -> int:
         identity = claim_identity(spec) if spec is not None else None
         if spec is None or identity is None or identity.uid != uid:
             continue
-        names = [str(d.get("name", ""))[len(uid) + 1 :] for d in spec.get("devices", [])]
+        names = [str(d.get("name", "")) for d in spec.get("devices", [])]
         devices = [_rebuilt_device(preparer, uid, name) for name in names]
         with preparer.claim_lock(uid), preparer.state_lock():
             if preparer.store.get(uid) is None:

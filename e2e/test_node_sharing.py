@@ -1,0 +1,266 @@
+"""GPU sharing on the real node: prioritized lists, and consumable shares with MPS.
+
+The first test runs on the node as the harness starts it (whole GPUs, exclusive). The
+others restart its plugin with ``--gpu-sharing consumable`` (module fixture, put back
+afterwards): its eight simulated H100s are then published with
+``allowMultipleAllocations`` and a memory and compute capacity, and each share a
+Pod gets is enforced by the GPU's MPS daemon (a stand-in process on the simulated
+backend, with the real daemon's lifecycle).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from e2e import versions
+from e2e.cluster.node import Node
+from e2e.kube import Kube, NotYet, wait_for
+from e2e.pluginproc import DRIVER
+from e2e.pods import RESOURCE, checkpoint, container_env, delete_pod, events, wait_running
+
+GPUS = 8
+SHARED_CLASS = f"shared-node-e2e.{DRIVER}"
+CONFIG_API = "resource.drasil.dev/v1beta1"
+# The env, then what the MPS pipe directory holds (the daemon's files, if mounted).
+COMMAND = (
+    "env | sort; ls /tmp/nvidia-mps 2>/dev/null | sed 's/^/PIPE:/'; "
+    "trap 'exit 0' TERM; sleep 3600 & wait"
+)
+ATTRS = f'device.attributes["{DRIVER}"]'
+
+
+def _pod(
+    kube: Kube,
+    ns: str,
+    node: Node,
+    *,
+    requests: list[dict[str, Any]],
+    config: list[dict[str, Any]] | None = None,
+) -> str:
+    name = f"share-{secrets.token_hex(3)}"
+    devices: dict[str, Any] = {"requests": requests}
+    if config:
+        devices["config"] = config
+    kube.create(
+        {
+            "apiVersion": RESOURCE,
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name},
+            "spec": {"spec": {"devices": devices}},
+        },
+        ns,
+    )
+    container: dict[str, Any] = {
+        "name": "c",
+        "image": versions.TEST_IMAGE,
+        "imagePullPolicy": "Never",
+        "command": ["sh", "-c", COMMAND],
+        "resources": {"claims": [{"name": "gpu"}]},
+    }
+    kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": node.name},
+                "restartPolicy": "Never",
+                "dnsPolicy": "Default",
+                "terminationGracePeriodSeconds": 5,
+                "containers": [container],
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
+            },
+        },
+        ns,
+    )
+    return name
+
+
+def _time_slicing(request: str, interval: str) -> dict[str, Any]:
+    parameters = {
+        "apiVersion": CONFIG_API,
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": interval}},
+    }
+    return {"requests": [request], "opaque": {"driver": DRIVER, "parameters": parameters}}
+
+
+def test_a_prioritized_list_gets_the_config_of_the_alternative_taken(
+    kube: Kube, ns: str, node: Node
+) -> None:
+    """firstAvailable [H200, H100] on an H100-only node: the H100 alternative's config."""
+    requests = [
+        {
+            "name": "gpu",
+            "firstAvailable": [
+                {
+                    "name": "h200",
+                    "deviceClassName": DRIVER,
+                    "selectors": [{"cel": {"expression": f'{ATTRS}.productName == "NVIDIA H200"'}}],
+                },
+                {
+                    "name": "h100",
+                    "deviceClassName": DRIVER,
+                    "selectors": [
+                        {"cel": {"expression": f'{ATTRS}.productName.startsWith("NVIDIA H100")'}}
+                    ],
+                },
+            ],
+        }
+    ]
+    config = [_time_slicing("gpu/h200", "Short"), _time_slicing("gpu/h100", "Long")]
+    name = _pod(kube, ns, node, requests=requests, config=config)
+    wait_running(kube, ns, name)
+    env = container_env(kube, ns, name)
+    intervals = {k: v for k, v in env.items() if k.endswith("_TIMESLICE_INTERVAL")}
+    assert list(intervals.values()) == ["Long"], env
+
+
+# ---- consumable shares ------------------------------------------------------------------
+
+
+def _published(node: Node, count: int) -> None:
+    wait_for(
+        lambda: node.devices_published(count)[0] or NotYet(node.devices_published(count)),
+        timeout=90,
+        what=f"{count} devices published for {node.name}",
+    )
+
+
+def _restart(node: Node, *, consumable: bool) -> None:
+    before = node.registrations()
+    node.plugin.stop()
+    if consumable:
+        node.plugin.env["GPU_SHARING"] = "consumable"
+    else:
+        node.plugin.env.pop("GPU_SHARING", None)
+    node.plugin.start()
+    node.wait_plugin_registered(after=before)
+
+
+@pytest.fixture(scope="module")
+def consumable(node: Node, kube: Kube) -> Iterator[Node]:
+    shared_class = {
+        "apiVersion": RESOURCE,
+        "kind": "DeviceClass",
+        "metadata": {"name": SHARED_CLASS},
+        "spec": {
+            "selectors": [
+                {
+                    "cel": {
+                        "expression": f'device.driver == "{DRIVER}" && {ATTRS}.type == "gpu" '
+                        "&& device.allowMultipleAllocations"
+                    }
+                }
+            ]
+        },
+    }
+    kube.delete(RESOURCE, "DeviceClass", SHARED_CLASS)
+    kube.create(shared_class)
+    _restart(node, consumable=True)
+    _published(node, GPUS)
+    yield node
+    _restart(node, consumable=False)
+    _published(node, GPUS)
+    kube.delete(RESOURCE, "DeviceClass", SHARED_CLASS)
+
+
+def _share(memory: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": "gpu",
+            "exactly": {
+                "deviceClassName": SHARED_CLASS,
+                "selectors": [{"cel": {"expression": f"{ATTRS}.minor == 0"}}],
+                "capacity": {"requests": {"memory": memory}},
+            },
+        }
+    ]
+
+
+def _claim(kube: Kube, ns: str, pod: str) -> dict[str, Any]:
+    for item in kube.resource(RESOURCE, "ResourceClaim").get(namespace=ns).items:
+        claim = dict(item.to_dict())
+        if pod in [o.get("name") for o in claim["metadata"].get("ownerReferences") or []]:
+            return claim
+    raise AssertionError(f"no claim of Pod {pod}")
+
+
+def _daemon_pids(node: Node) -> list[int]:
+    gpus = json.loads((node.plugin.state_dir / "checkpoint.json").read_text()).get("gpus", {})
+    return [g["mps"]["pid"] for g in gpus.values() if g.get("mps")]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_four_20gi_shares_fit_one_h100_a_fifth_waits_and_the_daemon_goes_with_them(
+    kube: Kube, ns: str, consumable: Node, kubeconfig: Any
+) -> None:
+    pods = [_pod(kube, ns, consumable, requests=_share("20Gi")) for _ in range(4)]
+    for name in pods:
+        wait_running(kube, ns, name)
+    claims = [_claim(kube, ns, name) for name in pods]
+    results = [c["status"]["allocation"]["devices"]["results"][0] for c in claims]
+    assert {r["device"] for r in results} == {"gpu-0"}
+    assert len({r["shareID"] for r in results}) == 4
+    uuid = None
+    for name in pods:
+        env = container_env(kube, ns, name)
+        uuid = env["DRASIL_DEVICE_GPU_0"]
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{uuid}=20480M", env
+        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25", env
+        assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps", env
+        log = kube.core.read_namespaced_pod_log(name, ns, container="c")
+        assert "PIPE:" in log, log  # the daemon's pipe directory is mounted, not empty
+    (pid,) = _daemon_pids(consumable)
+    assert _alive(pid)
+
+    fifth = _pod(kube, ns, consumable, requests=_share("20Gi"))
+
+    def tried() -> Any:
+        said = events(kube, ns, fifth)
+        return said if any("FailedScheduling" in e for e in said) else NotYet(said)
+
+    wait_for(tried, timeout=60, what=f"Pod {fifth} tried by the scheduler")
+    explained = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "drasil.driver.cli",
+            "explain",
+            f"--kubeconfig={kubeconfig}",
+            f"--driver-name={DRIVER}",
+            f"{ns}/{_claim(kube, ns, fifth)['metadata']['name']}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert "memory" in explained.stdout, explained.stdout + explained.stderr
+    assert "20Gi" in explained.stdout, explained.stdout
+    delete_pod(kube, ns, fifth)
+
+    for name in pods:
+        delete_pod(kube, ns, name)
+    wait_for(
+        lambda: True if not _alive(pid) else NotYet(pid),
+        timeout=60,
+        what="the MPS daemon stopped after the last share",
+    )
+    assert _daemon_pids(consumable) == []
+    assert not any(c.get("namespace") == ns for c in checkpoint(consumable).values())
