@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import logging
 import re
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeAlias, TypeVar
+
+log = logging.getLogger(__name__)
 
 DeviceHandle: TypeAlias = object
 """An opaque handle of a full GPU or a MIG device, only valid for its own library."""
@@ -475,6 +479,43 @@ def _query_error(what: str, err: BaseException) -> NvmlQueryError:
     return error_for_code(f"{what}: {err}", _code(err))
 
 
+# ``nvidia-smi compute-policy --set-timeslice``'s values (its help text:
+# 0=DEFAULT, 1=SHORT, 2=MEDIUM, 3=LONG); the GPU scheduler's slice per context.
+TIME_SLICE_DEFAULT = 0
+TIME_SLICE_NAMES: dict[str, int] = {"default": 0, "short": 1, "medium": 2, "long": 3}
+NVIDIA_SMI_TIMEOUT = 10.0
+_TIME_SLICE_WORD = re.compile(r"time[ _-]?slice")
+
+
+def check_time_slice(interval: int) -> None:
+    """NvmlQueryError (INVALID_ARGUMENT) unless ``interval`` is one nvidia-smi takes."""
+    if interval not in TIME_SLICE_NAMES.values():
+        raise error_for_code(
+            f"time slice {interval}: must be 0 (default), 1 (short), 2 (medium) or 3 (long)",
+            NVML_ERROR_INVALID_ARGUMENT,
+        )
+
+
+def parse_time_slice(listing: str) -> int | None:
+    """The time slice in ``nvidia-smi compute-policy --list`` output, or None.
+
+    The layout is undocumented, so this reads the first line naming the time slice
+    and takes the first level name or 0-3 digit after that word (a GPU index may come
+    before it in a table row).
+    """
+    for line in listing.splitlines():
+        parts = _TIME_SLICE_WORD.split(line.lower(), maxsplit=1)
+        if len(parts) < 2:
+            continue
+        rest = parts[1]
+        for token in re.findall(r"[a-z]+|\d+", rest):
+            if token in TIME_SLICE_NAMES:
+                return TIME_SLICE_NAMES[token]
+            if token.isdigit() and int(token) in TIME_SLICE_NAMES.values():
+                return int(token)
+    return None
+
+
 class PynvmlLibrary:
     """``NvmlLibrary`` over nvidia-ml-py, mapping ``NVMLError`` to our exceptions.
 
@@ -484,6 +525,10 @@ class PynvmlLibrary:
 
     GPU and compute instance handles are NVML's and stay inside: the Protocol names
     instances by their ids, which survive a plugin restart where handles do not.
+
+    NVML has no call for the compute time slice, so the time slice methods run
+    ``nvidia_smi compute-policy`` (the binary is injectable for tests and hosts that
+    keep the driver's tools elsewhere) and wait at most ``NVIDIA_SMI_TIMEOUT``.
     """
 
     def __init__(
@@ -492,6 +537,7 @@ class PynvmlLibrary:
         pcie_root: Callable[[str], str | None] = sysfs_pcie_root,
         dev_root: str = "/dev",
         mig_minors: Path = MIG_MINORS,
+        nvidia_smi: str = "nvidia-smi",
     ) -> None:
         try:
             self._nvml: Any = importlib.import_module("pynvml")
@@ -502,6 +548,7 @@ class PynvmlLibrary:
         self._pcie_root = pcie_root
         self._dev_root = dev_root
         self._mig_minors = mig_minors
+        self._nvidia_smi = nvidia_smi
 
     def _call(self, what: str, fn: Callable[..., T], *args: object) -> T:
         try:
@@ -712,10 +759,49 @@ class PynvmlLibrary:
         self._call("nvmlComputeInstanceDestroy", self._nvml.nvmlComputeInstanceDestroy, ci)
 
     def device_time_slice(self, handle: DeviceHandle) -> int:
-        raise NvmlNotSupported("device_time_slice: not implemented yet")
+        uuid = self.device_uuid(handle)
+        listing = self._compute_policy(uuid, "--list")
+        interval = parse_time_slice(listing)
+        if interval is None:
+            # nvidia-smi documents --list but not its layout. A listing we cannot read
+            # is taken as the default: the time slice is only read to be restored,
+            # and the default is the safe value to restore to.
+            log.warning(
+                "nvidia-smi compute-policy --list shows no time slice; taking the default",
+                extra={"gpu": uuid, "output": listing[:200]},
+            )
+            return TIME_SLICE_DEFAULT
+        return interval
 
     def device_set_time_slice(self, handle: DeviceHandle, interval: int) -> None:
-        raise NvmlNotSupported("device_set_time_slice: not implemented yet")
+        check_time_slice(interval)
+        self._compute_policy(self.device_uuid(handle), f"--set-timeslice={interval}")
+
+    def _compute_policy(self, uuid: str, option: str) -> str:
+        """``nvidia-smi compute-policy -i <uuid> <option>``'s output, or NvmlQueryError
+        with what the tool said."""
+        command = [self._nvidia_smi, "compute-policy", "-i", uuid, option]
+        what = f"nvidia-smi compute-policy -i {uuid} {option}"
+        try:
+            done = subprocess.run(
+                command,
+                capture_output=True,
+                text=True,
+                timeout=NVIDIA_SMI_TIMEOUT,
+                stdin=subprocess.DEVNULL,
+                check=False,
+            )
+        except FileNotFoundError as err:
+            raise NvmlQueryError(f"{what}: {self._nvidia_smi} not found") from err
+        except subprocess.TimeoutExpired as err:
+            raise NvmlQueryError(f"{what}: no answer in {NVIDIA_SMI_TIMEOUT:g}s") from err
+        except OSError as err:
+            raise NvmlQueryError(f"{what}: {err}") from err
+        if done.returncode != 0:
+            # nvidia-smi prints some refusals on stdout, so fall back to it.
+            said = (done.stderr.strip() or done.stdout.strip())[:500]
+            raise NvmlQueryError(f"{what}: exit status {done.returncode}: {said}")
+        return done.stdout
 
     def mig_device_nodes(
         self, minor: int, gpu_instance_id: int, compute_instance_id: int

@@ -23,8 +23,14 @@ mode off while instances exist, is IN_USE. GPU instance ids are NVML's
 (``gpucatalog.gpu_instance_id_at``), compute instance ids 0. ``*-mig`` profiles start
 with their fixed layout.
 
-State file. With ``state_file``, MIG mode and instances live in a JSON file that
-outlives the process, as a real GPU's instances outlive the plugin: every change is
+Time slice. Every GPU has the compute time slice ``nvidia-smi compute-policy
+--set-timeslice`` sets on hardware (0 default, 1 short, 2 medium, 3 long), 0 at start;
+``device_set_time_slice`` changes it and ``device_time_slice`` reads it back, so tests
+see what a claim's TimeSlicing config did to the GPU. MIG devices have none of their
+own (NOT_SUPPORTED).
+
+State file. With ``state_file``, MIG mode, instances and time slices live in a JSON
+file that outlives the process, as a real GPU's state outlives the plugin: every change is
 written (``write_atomic``) under a ``FileLock`` on ``<file>.lock`` after re-reading the
 file, and every query re-reads it when it changed, so the plugin and ``drasil
 discover`` share one GPU. The file::
@@ -32,9 +38,13 @@ discover`` share one GPU. The file::
     {"version": 1, "bootId": "<boot id>",
      "gpus": {"GPU-<uuid>": {"migEnabled": true,
                              "gpuInstances": [{"id": 2, "profileId": 9, "start": 4,
-                                               "size": 4, "computeInstances": [0]}]}}}
+                                               "size": 4, "computeInstances": [0]}],
+                             "timeSlice": 2}}}
 
-A file from another boot (the node rebooted) keeps MIG mode and loses the instances.
+MIG-capable GPUs always have an entry; other GPUs only while their time slice is not
+the default, and ``timeSlice`` is left out when it is 0 (files of earlier versions
+read the same). A file from another boot (the node rebooted) keeps MIG mode and loses
+the instances and time slices, as a GPU loses its compute policy at a reboot.
 A damaged file is logged and ignored: the GPUs start as if there were none (the
 profile's own MIG mode and layout).
 
@@ -75,6 +85,8 @@ from drasil.driver.discovery.nvml import (
     NVML_ERROR_INVALID_ARGUMENT,
     NVML_ERROR_NOT_FOUND,
     NVML_ERROR_NOT_SUPPORTED,
+    TIME_SLICE_DEFAULT,
+    TIME_SLICE_NAMES,
     ComputeInstance,
     DeviceAttributes,
     DeviceHandle,
@@ -89,6 +101,7 @@ from drasil.driver.discovery.nvml import (
     NvmlQueryError,
     NvmlUnavailable,
     Placement,
+    check_time_slice,
     error_for_code,
 )
 from drasil.driver.files import FileLock, write_atomic
@@ -117,6 +130,9 @@ MIG_CALLS = frozenset(
     }
 )
 """The MIG management methods ``fail_next`` can make fail."""
+
+TIME_SLICE_CALLS = frozenset({"device_time_slice", "device_set_time_slice"})
+"""The time slice methods ``fail_next`` can make fail too."""
 
 # NVML's compute instance profile id of the profile spanning a GPU instance of this
 # many compute slices (NVML_COMPUTE_INSTANCE_PROFILE_<n>_SLICE; -cci prints it).
@@ -184,10 +200,12 @@ class _GpuInstance:
 
 @dataclass
 class _MigState:
-    """One GPU's MIG mode and instances: what survives the plugin on real hardware."""
+    """One GPU's MIG mode, instances and time slice: what survives the plugin on real
+    hardware."""
 
     enabled: bool
     instances: dict[int, _GpuInstance] = field(default_factory=dict)  # by GI id
+    time_slice: int = TIME_SLICE_DEFAULT
 
 
 @dataclass(frozen=True)
@@ -351,12 +369,23 @@ def _state_json(boot_id: str, gpus: Sequence[FakeGpu], states: Mapping[int, _Mig
     doc = {
         "version": STATE_VERSION,
         "bootId": boot_id,
-        "gpus": {gpu.uuid: _gpu_json(states[gpu.index]) for gpu in gpus if gpu.model.mig_capable},
+        "gpus": {
+            gpu.uuid: _gpu_json(states[gpu.index])
+            for gpu in gpus
+            if gpu.model.mig_capable or states[gpu.index].time_slice != TIME_SLICE_DEFAULT
+        },
     }
     return json.dumps(doc, indent=2, sort_keys=True).encode() + b"\n"
 
 
 def _gpu_json(state: _MigState) -> dict[str, Any]:
+    entry = _mig_json(state)
+    if state.time_slice != TIME_SLICE_DEFAULT:
+        entry["timeSlice"] = state.time_slice
+    return entry
+
+
+def _mig_json(state: _MigState) -> dict[str, Any]:
     return {
         "migEnabled": state.enabled,
         "gpuInstances": [
@@ -389,7 +418,10 @@ def _parse_state(raw: bytes, gpus: Sequence[FakeGpu]) -> tuple[str, dict[int, _M
 
 
 def _parse_gpu(entry: Mapping[str, Any], gpu: FakeGpu) -> _MigState:
-    state = _MigState(enabled=bool(entry["migEnabled"]))
+    time_slice = entry.get("timeSlice", TIME_SLICE_DEFAULT)
+    if type(time_slice) is not int or time_slice not in TIME_SLICE_NAMES.values():
+        raise StateFileError(f"time slice {time_slice!r}: not 0 to 3")
+    state = _MigState(enabled=bool(entry["migEnabled"]), time_slice=time_slice)
     for item in entry["gpuInstances"]:
         placement = Placement(int(item["start"]), int(item["size"]))
         profile = _profile(gpu, int(item["profileId"]), "state file")
@@ -456,14 +488,15 @@ class FakeNvml:
         after: bool = False,
         message: str = "injected failure",
     ) -> None:
-        """Make the next ``call`` (one of ``MIG_CALLS``, on any GPU) raise NVML ``code``.
+        """Make the next ``call`` (one of ``MIG_CALLS`` or ``TIME_SLICE_CALLS``, on any
+        GPU) raise NVML ``code``.
 
         With ``after`` the call takes effect first and then raises, like an NVML call
         that did its work but whose caller crashed or timed out before hearing so.
         Several failures of one call queue up in order.
         """
-        if call not in MIG_CALLS:
-            raise ValueError(f"{call!r} is not one of {sorted(MIG_CALLS)}")
+        if call not in MIG_CALLS | TIME_SLICE_CALLS:
+            raise ValueError(f"{call!r} is not one of {sorted(MIG_CALLS | TIME_SLICE_CALLS)}")
         with self._lock:
             self._next_failures.setdefault(call, deque()).append(_Failure(code, after, message))
 
@@ -634,8 +667,11 @@ class FakeNvml:
             )
             return {gpu.index: _initial_state(gpu) for gpu in self.gpus}
         if boot_id != self._boot_id():
-            # A reboot: GPU instances are gone, the MIG mode setting is not.
-            log.info("simulated GPUs rebooted: MIG instances dropped", extra={"path": str(path)})
+            # A reboot: GPU instances and time slices are gone, the MIG mode setting is not.
+            log.info(
+                "simulated GPUs rebooted: MIG instances and time slices dropped",
+                extra={"path": str(path)},
+            )
             return {i: _MigState(enabled=s.enabled) for i, s in states.items()}
         return states
 
@@ -868,10 +904,24 @@ class FakeNvml:
         self._change(call, change)
 
     def device_time_slice(self, handle: DeviceHandle) -> int:
-        raise NvmlNotSupported("device_time_slice: not implemented yet")
+        gpu = self._whole_gpu(handle, "device_time_slice")
+        return self._query("device_time_slice", lambda: self._states[gpu.index].time_slice)
 
     def device_set_time_slice(self, handle: DeviceHandle, interval: int) -> None:
-        raise NvmlNotSupported("device_set_time_slice: not implemented yet")
+        gpu = self._whole_gpu(handle, "device_set_time_slice")
+        check_time_slice(interval)
+
+        def change() -> None:
+            self._states[gpu.index].time_slice = interval
+
+        self._change("device_set_time_slice", change)
+
+    def _whole_gpu(self, handle: DeviceHandle, call: str) -> FakeGpu:
+        """A full GPU: the compute policy belongs to the GPU, not to a MIG device."""
+        h = self._handle(handle, call)
+        if h.instance is not None:
+            raise NvmlNotSupported(f"{call}: not a full GPU", code=NVML_ERROR_NOT_SUPPORTED)
+        return self._gpu(h)
 
     def mig_device_nodes(
         self, minor: int, gpu_instance_id: int, compute_instance_id: int

@@ -1,0 +1,371 @@
+"""MPS control daemons of shared GPUs, with real processes: the simulated backend's
+stand-in, and a fake ``nvidia-cuda-mps-control`` script for the real backend's path.
+
+Every test's daemons live under its own ``tmp_path``, and the ``reaper`` fixture kills
+whatever process still runs with a pipe directory there, whatever the test left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from drasil.driver.cdi.spec import Mount, edits_dict
+from drasil.driver.files import CRASH_ENV, CRASH_EXIT_CODE
+from drasil.kubeletplugin.dra.mps import (
+    PID_FILE,
+    RECORD_FILE,
+    MpsDaemon,
+    MpsDaemons,
+    MpsError,
+    process_start_time,
+    share_edits,
+)
+
+GPU_A = "GPU-5a1e9c1e-0000-4000-8000-000000000001"
+GPU_B = "GPU-5a1e9c1e-0000-4000-8000-000000000002"
+
+# Mimics nvidia-cuda-mps-control: -d leaves a daemon (a sleep) running in the
+# background with its pid in the pipe directory; "quit" on stdin ends it, unless the
+# script was made STUBBORN. Its stdin, stdout and stderr are /dev/null, as a daemon's.
+FAKE_CONTROL = """#!/bin/sh
+if [ "$1" = "-d" ]; then
+  if [ -n "$FAIL_START" ]; then echo "$FAIL_START" >&2; exit 1; fi
+  (exec sleep 300) </dev/null >/dev/null 2>&1 &
+  echo $! > "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid"
+  echo "started for $CUDA_VISIBLE_DEVICES" >> "$CUDA_MPS_LOG_DIRECTORY/control.log"
+  exit 0
+fi
+read command
+echo "$command" >> "$CUDA_MPS_LOG_DIRECTORY/control.log"
+if [ "$command" = quit ] && [ -z "$STUBBORN" ]; then
+  kill "$(cat "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid")"
+  rm -f "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid"
+fi
+"""
+
+CRASH_CHILD = """
+import sys
+from pathlib import Path
+from drasil.kubeletplugin.dra.mps import MpsDaemons
+daemons = MpsDaemons(Path(sys.argv[1]), backend="simulated")
+getattr(daemons, sys.argv[2])(sys.argv[3])
+"""
+
+
+def started_under(root: Path) -> list[int]:
+    """Running processes whose MPS pipe directory is under ``root``."""
+    found = []
+    prefix = b"CUDA_MPS_PIPE_DIRECTORY=" + str(root).encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        ours = any(var.startswith(prefix) for var in environ.split(b"\0"))
+        if ours and process_start_time(int(entry.name)) is not None:
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+@pytest.fixture
+def reaper(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path
+    for pid in started_under(tmp_path):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def state(reaper: Path) -> Path:
+    return reaper / "state"
+
+
+@pytest.fixture
+def daemons(state: Path) -> MpsDaemons:
+    return MpsDaemons(state, backend="simulated", stop_timeout=5)
+
+
+def wait_dead(pid: int, start_time: int) -> None:
+    deadline = time.monotonic() + 5
+    while process_start_time(pid) == start_time:
+        assert time.monotonic() < deadline, f"process {pid} still runs"
+        time.sleep(0.01)
+
+
+def run_child(state: Path, method: str, gpu: str, crash_at: str) -> int:
+    env = {**os.environ, CRASH_ENV: crash_at}
+    done = subprocess.run(
+        [sys.executable, "-c", CRASH_CHILD, str(state), method, gpu],
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    return done.returncode
+
+
+# ---- the stand-in ---------------------------------------------------------------------
+
+
+def test_ensure_starts_a_daemon_of_its_own(daemons: MpsDaemons, state: Path) -> None:
+    daemon = daemons.ensure(GPU_A)
+    assert daemons.alive(daemon)
+    assert started_under(state) == [daemon.pid]
+    assert os.getsid(daemon.pid) == daemon.pid  # its own session: outlives the plugin
+    assert daemon.pipe_dir == state.absolute() / "mps" / GPU_A / "pipe"
+    assert stat.S_IMODE(daemon.pipe_dir.stat().st_mode) == 0o755
+    assert (daemon.pipe_dir / PID_FILE).read_text().strip() == str(daemon.pid)
+    assert stat.S_ISFIFO((daemon.pipe_dir / "control").stat().st_mode)
+    assert f"for {GPU_A} started" in (daemon.log_dir / "control.log").read_text()
+    record = json.loads((state / "mps" / GPU_A / RECORD_FILE).read_text())
+    assert record == {"gpu": GPU_A, "pid": daemon.pid, "startTime": daemon.start_time}
+
+
+def test_ensure_is_idempotent(daemons: MpsDaemons, state: Path) -> None:
+    first = daemons.ensure(GPU_A)
+    assert daemons.ensure(GPU_A) == first
+    restarted = MpsDaemons(state, backend="simulated")  # the plugin restarted
+    assert restarted.ensure(GPU_A) == first
+    assert started_under(state) == [first.pid]
+
+
+def test_one_daemon_per_gpu(daemons: MpsDaemons, state: Path) -> None:
+    a, b = daemons.ensure(GPU_A), daemons.ensure(GPU_B)
+    assert a.pid != b.pid
+    assert a.pipe_dir != b.pipe_dir
+    assert started_under(state) == sorted([a.pid, b.pid])
+
+
+def test_ensure_restarts_a_killed_daemon(daemons: MpsDaemons, state: Path) -> None:
+    first = daemons.ensure(GPU_A)
+    os.kill(first.pid, signal.SIGKILL)
+    wait_dead(first.pid, first.start_time)
+    assert not daemons.alive(first)
+    second = daemons.ensure(GPU_A)
+    assert second.pid != first.pid
+    assert daemons.alive(second)
+    assert started_under(state) == [second.pid]
+
+
+def test_stop_ends_the_daemon_and_empties_its_pipe_dir(daemons: MpsDaemons, state: Path) -> None:
+    daemon = daemons.ensure(GPU_A)
+    assert daemons.stop(GPU_A)
+    assert not daemons.alive(daemon)
+    assert started_under(state) == []
+    assert list(daemon.pipe_dir.iterdir()) == []
+    assert not (state / "mps" / GPU_A / RECORD_FILE).exists()
+    assert "quit" in (daemon.log_dir / "control.log").read_text()  # logs are kept
+    assert not daemons.stop(GPU_A)  # twice is fine
+    assert not daemons.stop(GPU_B)  # and never started too
+    assert daemons.alive(daemons.ensure(GPU_A))  # and it starts again
+
+
+def test_a_daemon_whose_fifo_is_gone_is_stopped_by_signal(daemons: MpsDaemons) -> None:
+    daemon = daemons.ensure(GPU_A)
+    (daemon.pipe_dir / "control").unlink()
+    started = time.monotonic()
+    assert daemons.stop(GPU_A)
+    assert not daemons.alive(daemon)
+    assert time.monotonic() - started < 4  # SIGTERM, not the kill after the bound
+
+
+def test_sweep_stops_the_daemons_of_gpus_not_kept(daemons: MpsDaemons, state: Path) -> None:
+    a, b = daemons.ensure(GPU_A), daemons.ensure(GPU_B)
+    after_crash = MpsDaemons(state, backend="simulated")
+    assert after_crash.sweep(keep=[GPU_A]) == [GPU_B]
+    assert after_crash.alive(a)
+    assert not after_crash.alive(b)
+    assert started_under(state) == [a.pid]
+    assert after_crash.sweep(keep=[GPU_A]) == []
+    assert after_crash.sweep(keep=[]) == [GPU_A]
+    assert started_under(state) == []
+
+
+def test_a_reused_pid_is_not_alive(daemons: MpsDaemons, state: Path) -> None:
+    daemon = daemons.ensure(GPU_A)
+    assert not daemons.alive(replace(daemon, start_time=daemon.start_time + 1))
+    # GPU B's record and pid file name a live process that is no daemon of it (the
+    # test itself, as after pid reuse): it is neither adopted nor stopped.
+    gpu_dir = state / "mps" / GPU_B
+    (gpu_dir / "pipe").mkdir(parents=True)
+    (gpu_dir / "pipe" / PID_FILE).write_text(f"{os.getpid()}\n")
+    record = {"gpu": GPU_B, "pid": os.getpid(), "startTime": daemon.start_time}
+    (gpu_dir / RECORD_FILE).write_text(json.dumps(record))
+    assert not daemons.stop(GPU_B)
+    (gpu_dir / "pipe" / PID_FILE).write_text(f"{os.getpid()}\n")
+    assert daemons.ensure(GPU_B).pid != os.getpid()
+    assert len(started_under(state)) == 2
+
+
+def test_a_daemon_whose_record_is_lost_is_adopted(daemons: MpsDaemons, state: Path) -> None:
+    daemon = daemons.ensure(GPU_A)
+    (state / "mps" / GPU_A / RECORD_FILE).unlink()
+    assert MpsDaemons(state, backend="simulated").ensure(GPU_A) == daemon
+    assert (state / "mps" / GPU_A / RECORD_FILE).exists()
+    assert started_under(state) == [daemon.pid]
+
+
+def test_a_damaged_record_is_ignored(daemons: MpsDaemons, state: Path) -> None:
+    daemon = daemons.ensure(GPU_A)
+    (state / "mps" / GPU_A / RECORD_FILE).write_text("{not json")
+    assert daemons.ensure(GPU_A) == daemon
+
+
+def test_a_crash_after_the_start_leaves_one_daemon(state: Path) -> None:
+    assert run_child(state, "ensure", GPU_A, "mps-after-start") == CRASH_EXIT_CODE
+    (orphan,) = started_under(state)
+    assert not (state / "mps" / GPU_A / RECORD_FILE).exists()
+    daemon = MpsDaemons(state, backend="simulated").ensure(GPU_A)
+    assert daemon.pid == orphan
+    assert started_under(state) == [orphan]
+
+
+def test_a_crash_after_the_stop_is_finished_by_the_next_stop(
+    daemons: MpsDaemons, state: Path
+) -> None:
+    daemon = daemons.ensure(GPU_A)
+    assert run_child(state, "stop", GPU_A, "mps-after-stop") == CRASH_EXIT_CODE
+    assert started_under(state) == []
+    assert (state / "mps" / GPU_A / RECORD_FILE).exists()  # not cleaned up yet
+    again = MpsDaemons(state, backend="simulated")
+    assert not again.stop(GPU_A)
+    assert not (state / "mps" / GPU_A / RECORD_FILE).exists()
+    assert again.ensure(GPU_A).pid != daemon.pid
+
+
+def test_process_start_time_treats_a_zombie_as_gone() -> None:
+    child = subprocess.Popen(["true"])
+    deadline = time.monotonic() + 5
+    while process_start_time(child.pid) is not None:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert Path(f"/proc/{child.pid}").exists()  # a zombie until reaped
+    child.wait()
+    assert process_start_time(0) is None
+
+
+def test_bad_arguments_are_refused(state: Path) -> None:
+    with pytest.raises(ValueError, match="backend"):
+        MpsDaemons(state, backend="cuda")
+    daemons = MpsDaemons(state, backend="simulated")
+    for bad in ("", "../etc", "GPU-1/2", "MIG-GPU-1/1/0"):
+        with pytest.raises(MpsError):
+            daemons.ensure(bad)
+
+
+# ---- the real backend's path, over a fake nvidia-cuda-mps-control ----------------------
+
+
+@pytest.fixture
+def control(reaper: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    bin_dir = reaper / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "nvidia-cuda-mps-control"
+    script.write_text(FAKE_CONTROL)
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return script
+
+
+def test_the_control_program_starts_and_quits_the_daemon(control: Path, state: Path) -> None:
+    daemons = MpsDaemons(state, backend="nvml")  # found on PATH
+    daemon = daemons.ensure(GPU_A)
+    assert daemons.alive(daemon)
+    assert started_under(state) == [daemon.pid]
+    assert f"started for {GPU_A}" in (daemon.log_dir / "control.log").read_text()
+    assert daemons.ensure(GPU_A) == daemon
+    assert daemons.stop(GPU_A)
+    assert not daemons.alive(daemon)
+    assert "quit" in (daemon.log_dir / "control.log").read_text()
+    assert not daemons.stop(GPU_A)
+
+
+def test_a_daemon_that_ignores_quit_is_killed(
+    control: Path, state: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STUBBORN", "1")
+    daemons = MpsDaemons(state, backend="nvml", control=str(control), stop_timeout=0.3)
+    daemon = daemons.ensure(GPU_A)
+    assert daemons.stop(GPU_A)
+    assert not daemons.alive(daemon)
+    assert started_under(state) == []
+
+
+def test_the_real_backend_sweeps_too(control: Path, state: Path) -> None:
+    daemons = MpsDaemons(state, backend="nvml", control=str(control))
+    daemons.ensure(GPU_A)
+    assert MpsDaemons(state, backend="nvml", control=str(control)).sweep(keep=()) == [GPU_A]
+    assert started_under(state) == []
+
+
+def test_a_failed_start_carries_the_message(
+    control: Path, state: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAIL_START", "An instance of this daemon is already running")
+    daemons = MpsDaemons(state, backend="nvml", control=str(control))
+    with pytest.raises(MpsError, match="status 1: An instance of this daemon"):
+        daemons.ensure(GPU_A)
+
+
+def test_a_missing_control_program_is_an_error(state: Path) -> None:
+    daemons = MpsDaemons(state, backend="nvml", control=str(state / "absent"))
+    with pytest.raises(MpsError, match="absent"):
+        daemons.ensure(GPU_A)
+
+
+def test_a_daemon_that_writes_no_pid_file_times_out(reaper: Path, state: Path) -> None:
+    silent = reaper / "silent-control"
+    silent.write_text("#!/bin/sh\nexit 0\n")
+    silent.chmod(0o755)
+    daemons = MpsDaemons(state, backend="nvml", control=str(silent), start_timeout=0.3)
+    with pytest.raises(MpsError, match=PID_FILE):
+        daemons.ensure(GPU_A)
+
+
+# ---- container edits -----------------------------------------------------------------
+
+
+def test_share_edits_point_the_container_at_the_daemon(tmp_path: Path) -> None:
+    daemon = MpsDaemon(GPU_A, 42, 7, tmp_path / "pipe", tmp_path / "log")
+    edits = share_edits(
+        daemon, memory_limit_bytes=10 * 2**30 + 5, thread_percentage=25, gpu_uuid=GPU_A
+    )
+    assert edits.env == {
+        "CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps",
+        "CUDA_MPS_LOG_DIRECTORY": "/tmp/nvidia-log",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"{GPU_A}=10240M",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
+    }
+    assert edits.mounts == (
+        Mount(str(tmp_path / "pipe"), "/tmp/nvidia-mps", options=("rbind", "rw")),
+        Mount(str(tmp_path / "log"), "/tmp/nvidia-log", options=("rbind", "rw")),
+    )
+    assert edits.device_nodes == ()
+    assert edits_dict(edits.env, edits.device_nodes, edits.mounts)["mounts"][0] == {
+        "hostPath": str(tmp_path / "pipe"),
+        "containerPath": "/tmp/nvidia-mps",
+        "options": ["rbind", "rw"],
+    }
+
+
+@pytest.mark.parametrize(("memory", "threads"), [(2**20 - 1, 50), (2**30, 0), (2**30, 101)])
+def test_share_edits_refuse_limits_mps_cannot_take(
+    tmp_path: Path, memory: int, threads: int
+) -> None:
+    daemon = MpsDaemon(GPU_A, 42, 7, tmp_path / "pipe", tmp_path / "log")
+    with pytest.raises(ValueError, match=r"thread percentage|memory limit"):
+        share_edits(daemon, memory_limit_bytes=memory, thread_percentage=threads, gpu_uuid=GPU_A)
