@@ -32,7 +32,7 @@ from drasil.driver.claims.sharing import MPS, time_slice_of
 from drasil.driver.devices import Device
 from drasil.driver.discovery.nvml import DeviceHandle, NvmlError, NvmlLibrary
 from drasil.driver.files import crash_point
-from drasil.kubeletplugin.dra.mps import MpsDaemon, MpsDaemons, share_edits
+from drasil.kubeletplugin.dra.mps import MpsDaemon, MpsDaemons, MpsError, share_edits
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class GpuEffects:
     def _daemon(self, gpu: str) -> MpsDaemon:
         try:
             daemon = self.daemons.ensure(gpu)
-        except OSError as err:
+        except (OSError, MpsError) as err:
             raise ShareError(f"GPU {gpu}: the MPS control daemon did not start: {err}") from err
         record = MpsDaemonRecord(
             pid=daemon.pid,

@@ -1,0 +1,257 @@
+"""Shares of a consumable GPU and time slices, prepared for real: MPS daemons, settle.
+
+The Preparer runs with its GPU effects over the simulated NVML (state in a file) and
+the MPS stand-in daemon, as the plugin runs them. Crash tests kill a child process at
+each step and check that a restart (``resume``) and the repeated call leave exactly
+one daemon while shares exist and none after the last, and the GPU's time slice as
+it was.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubelet_client import DRIVER, NODE, FileClaims, claim_json, ref_of, result, spec_file
+
+from drasil.driver.checkpoint import CheckpointStore
+from drasil.driver.devices import CapacityPolicy, Device
+from drasil.driver.discovery.nodedevices import discover
+from drasil.driver.discovery.nvml import NvmlLibrary
+from drasil.driver.discovery.simulated import simulated_library
+from drasil.driver.files import CRASH_ENV, CRASH_EXIT_CODE
+from drasil.kubeletplugin.dra.mps import MpsDaemons, process_start_time
+from drasil.kubeletplugin.dra.prepare import Preparer
+from drasil.kubeletplugin.dra.shares import GpuEffects
+
+GIB = 2**30
+CONFIG_API = "resource.drasil.dev/v1beta1"
+UID_A = "aaaaaaaa-0000-4000-8000-00000000000a"
+UID_B = "bbbbbbbb-0000-4000-8000-00000000000b"
+
+
+def library(root: Path) -> NvmlLibrary:
+    return simulated_library("h100-80gb:2", node_name=NODE, state_file=root / "gpus.json")
+
+
+def devices(root: Path) -> dict[str, Device]:
+    """gpu-0 shareable (as --gpu-sharing consumable publishes it), gpu-1 exclusive."""
+    found = {d.name: d for d in discover(library(root), node_name=NODE).devices}
+    found["gpu-0"] = dataclasses.replace(
+        found["gpu-0"],
+        capacity={**found["gpu-0"].capacity, "computePercent": 100},
+        allow_multiple_allocations=True,
+        capacity_policies={
+            "memory": CapacityPolicy(default=GIB, minimum=GIB, step=GIB),
+            "computePercent": CapacityPolicy(default=0, minimum=0, step=1, maximum=100),
+        },
+    )
+    return found
+
+
+def preparer(root: Path) -> Preparer:
+    state, cdi = root / "state", root / "cdi"
+    state.mkdir(parents=True, exist_ok=True)
+    cdi.mkdir(parents=True, exist_ok=True)
+    store = CheckpointStore(state / "checkpoint.json")
+    store.load()
+    p = Preparer(
+        driver=DRIVER,
+        pool=NODE,
+        devices=devices(root),
+        claims=FileClaims(root / "claims"),
+        store=store,
+        cdi_root=cdi,
+        state_dir=state,
+    )
+    p.effects = GpuEffects(
+        library(root),
+        MpsDaemons(state, backend="simulated"),
+        store=store,
+        state_lock=p.state_lock,
+        devices=p.devices,
+    )
+    return p
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path
+    MpsDaemons(tmp_path / "state", backend="simulated").sweep(keep=())
+
+
+def share_claim(root: Path, uid: str, memory: str, *, configs: tuple[Any, ...] = ()) -> Any:
+    entry = result("gpu-0", share_id=f"share-{uid[:4]}")
+    entry["consumedCapacity"] = {"memory": memory}
+    claim = claim_json(uid, entry, name=f"c-{uid[:4]}", namespace="ml", config=configs)
+    FileClaims(root / "claims").put(claim)
+    return ref_of(claim)
+
+
+def time_slicing(interval: str) -> dict[str, Any]:
+    parameters = {
+        "apiVersion": CONFIG_API,
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": interval}},
+    }
+    return {
+        "source": "FromClaim",
+        "requests": [],
+        "opaque": {"driver": DRIVER, "parameters": parameters},
+    }
+
+
+def daemon_pids(root: Path) -> list[int]:
+    """Pids of stand-in daemons alive under the state dir (whatever the checkpoint says)."""
+    pids = []
+    for record in (root / "state" / "mps").glob("*/daemon.json"):
+        pid = int(json.loads(record.read_text())["pid"])
+        if process_start_time(pid) is not None:
+            pids.append(pid)
+    return pids
+
+
+def gpu_records(root: Path) -> dict[str, Any]:
+    path = root / "state" / "checkpoint.json"
+    records: dict[str, Any] = json.loads(path.read_text()).get("gpus", {}) if path.exists() else {}
+    return records
+
+
+def spec_env(root: Path, uid: str) -> dict[str, str]:
+    spec = json.loads(spec_file(root, uid).read_text())
+    env = [e for d in spec["devices"] for e in d["containerEdits"].get("env") or []]
+    return dict(str(e).split("=", 1) for e in env)
+
+
+def test_shares_run_one_daemon_with_their_own_limits_until_the_last_goes(root: Path) -> None:
+    p = preparer(root)
+    a, b = share_claim(root, UID_A, "20Gi"), share_claim(root, UID_B, "40Gi")
+    assert p.prepare(a).error == ""
+    assert p.prepare(b).error == ""
+    (pid,) = daemon_pids(root)
+    gpu = p.devices["gpu-0"].uuid
+    assert gpu_records(root)[gpu]["mps"]["pid"] == pid
+    env_a, env_b = spec_env(root, UID_A), spec_env(root, UID_B)
+    assert env_a["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{gpu}=20480M"
+    assert env_a["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    assert env_b["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    spec = json.loads(spec_file(root, UID_A).read_text())
+    mounts = spec["devices"][0]["containerEdits"]["mounts"]
+    assert {m["containerPath"] for m in mounts} == {"/tmp/nvidia-mps", "/tmp/nvidia-log"}
+    assert p.unprepare(a) == ""
+    assert daemon_pids(root) == [pid]
+    assert p.unprepare(b) == ""
+    assert daemon_pids(root) == []
+    assert gpu_records(root) == {}
+
+
+def test_a_time_slice_is_applied_and_put_back_after_the_claim(root: Path) -> None:
+    p = preparer(root)
+    claim = claim_json(
+        UID_A, result("gpu-1"), name="sliced", namespace="ml", config=(time_slicing("Long"),)
+    )
+    FileClaims(root / "claims").put(claim)
+    lib = library(root)
+    handle = lib.device_handle_by_index(1)
+    lib.device_set_time_slice(handle, 1)  # what the operator had set
+    assert p.prepare(ref_of(claim)).error == ""
+    assert library(root).device_time_slice(handle) == 3
+    assert p.unprepare(ref_of(claim)) == ""
+    assert library(root).device_time_slice(handle) == 1
+    assert gpu_records(root) == {}
+
+
+def test_a_share_asking_another_sharing_is_refused_and_leaves_nothing(root: Path) -> None:
+    p = preparer(root)
+    assert p.prepare(share_claim(root, UID_A, "20Gi")).error == ""
+    b = share_claim(root, UID_B, "20Gi", configs=(time_slicing("Long"),))
+    error = p.prepare(b).error
+    assert "shared with MPS by claim ml/c-aaaa" in error
+    assert "ml/c-bbbb asks TimeSlicing/Long" in error
+    assert p.unprepare(b) == ""  # what kubelet does with a claim it could not prepare
+    assert UID_B not in p.store.claims()
+    assert not spec_file(root, UID_B).exists()
+    assert len(daemon_pids(root)) == 1  # the first share's daemon is untouched
+
+
+# ---- crashes ---------------------------------------------------------------------------
+
+CHILD = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from test_shares import preparer
+from drasil.driver.claims.plan import ClaimRef
+
+root = Path(sys.argv[2])
+ref = ClaimRef(namespace="ml", name=sys.argv[4], uid=sys.argv[5])
+p = preparer(root)
+error = p.prepare(ref).error if sys.argv[3] == "prepare" else p.unprepare(ref)
+print(json.dumps({"error": error}))
+"""
+
+
+def crashed(root: Path, operation: str, ref: Any, point: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
+    env[CRASH_ENV] = point
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(Path(__file__).parent), str(root), operation,
+         ref.name, ref.uid],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == CRASH_EXIT_CODE, done.stderr
+
+
+def restarted(root: Path) -> Preparer:
+    """The plugin after a crash: a new Preparer, and the start-up resume."""
+    p = preparer(root)
+    assert p.effects is not None
+    p.effects.resume()
+    return p
+
+
+@pytest.mark.parametrize(
+    "point", ["prepare-after-started", "mps-after-start", "prepare-after-share"]
+)
+def test_a_share_prepared_again_after_a_crash_has_exactly_one_daemon(
+    root: Path, point: str
+) -> None:
+    ref = share_claim(root, UID_A, "20Gi")
+    crashed(root, "prepare", ref, point)
+    p = restarted(root)
+    assert p.prepare(ref).error == ""
+    (pid,) = daemon_pids(root)
+    assert gpu_records(root)[p.devices["gpu-0"].uuid]["mps"]["pid"] == pid
+    assert p.unprepare(ref) == ""
+    assert daemon_pids(root) == []
+
+
+@pytest.mark.parametrize("point", ["mps-after-start", "prepare-after-share"])
+def test_a_crashed_share_unprepared_instead_leaves_no_daemon(root: Path, point: str) -> None:
+    ref = share_claim(root, UID_A, "20Gi")
+    crashed(root, "prepare", ref, point)
+    p = restarted(root)
+    assert p.unprepare(ref) == ""
+    assert daemon_pids(root) == []
+    assert gpu_records(root) == {}
+
+
+@pytest.mark.parametrize(
+    "point",
+    ["unprepare-after-cdi", "unprepare-after-removed", "mps-after-stop", "settle-after-stop"],
+)
+def test_an_unprepare_after_a_crash_stops_the_daemon_once(root: Path, point: str) -> None:
+    ref = share_claim(root, UID_A, "20Gi")
+    assert preparer(root).prepare(ref).error == ""
+    crashed(root, "unprepare", ref, point)
+    p = restarted(root)
+    assert p.unprepare(ref) == ""
+    assert daemon_pids(root) == []
+    assert gpu_records(root) == {}
