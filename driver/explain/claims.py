@@ -10,7 +10,9 @@ each stage the allocator applies, in its order:
 3. those passing each of the request's selectors in turn (the first one that leaves
    none is named, with any CEL error the scheduler would hit),
 4. those whose capacity covers the request's ``capacity.requests`` (for devices with
-   ``allowMultipleAllocations``: what other claims left),
+   ``allowMultipleAllocations``: what other claims left of every capacity, the
+   request rounded by the capacity's ``requestPolicy`` and unnamed capacities taking
+   their default; ``capacity``),
 5. those not blocked by a taint the request does not tolerate,
 6. those not allocated to other claims (with the holders named),
 7. those whose shared counters (partitionable devices) are usable and still cover
@@ -33,7 +35,7 @@ constraints. The result renders as an Event message
 Nothing here talks to the API server: ``drasil.driver.explain.fromapi`` reads what
 ``explain_claim`` needs for the CLI, the controller passes what it watches. The
 pieces: ``inventory`` (devices of complete pools, their holders), ``requests`` (one
-request's stages), ``counters`` (shared counters and their wording), ``jointcounters``
+request's stages), ``capacity`` (capacities of shared devices), ``counters`` (shared counters and their wording), ``jointcounters``
 (the requests' counters together), ``nodefit`` (which nodes a Pod may go to), this
 module (the claim as a whole, joint checks, the table).
 """
