@@ -35,9 +35,10 @@ constraints. The result renders as an Event message
 Nothing here talks to the API server: ``drasil.driver.explain.fromapi`` reads what
 ``explain_claim`` needs for the CLI, the controller passes what it watches. The
 pieces: ``inventory`` (devices of complete pools, their holders), ``requests`` (one
-request's stages), ``capacity`` (capacities of shared devices), ``counters`` (shared counters and their wording), ``jointcounters``
-(the requests' counters together), ``nodefit`` (which nodes a Pod may go to), this
-module (the claim as a whole, joint checks, the table).
+request's stages), ``capacity`` (capacities of shared devices), ``counters`` (shared
+counters and their wording), ``jointcounters`` (the requests' counters together),
+``nodefit`` (which nodes a Pod may go to), this module (the claim as a whole, joint
+checks, the table).
 """
 
 from __future__ import annotations
