@@ -13,17 +13,17 @@ import yaml
 
 from drasil.api.limits import MAX_FILE_BYTES, allow_nesting
 from drasil.driver.claims.configcheck import validate_config_document
-from drasil.driver.devices import Device, Version
+from drasil.driver.devices import CapacityPolicy, Device, Version
 from drasil.driver.discovery.backends import BACKENDS, open_backend
 from drasil.driver.discovery.health import FAULT_FILE, read_faults, write_faults
-from drasil.driver.discovery.nodedevices import MIG_MODES, DiscoveryResult, discover
+from drasil.driver.discovery.nodedevices import GPU_SHARING, MIG_MODES, DiscoveryResult, discover
 from drasil.driver.discovery.nvml import NvmlError, NvmlLibrary
 from drasil.driver.discovery.partitions import ExistingMig, existing_mig_instances
 from drasil.driver.discovery.simulated import ProfileSpecError
 from drasil.driver.explain.claims import render_table
 from drasil.driver.explain.fromapi import ClaimNotFound, explain_from_api
 from drasil.driver.kubeapi import KubeApi, KubeconfigError, load_user_api_client
-from drasil.driver.slices.build import build_slices
+from drasil.driver.slices.build import build_slices, quantity
 
 DEFAULT_DRIVER = "gpu.drasil.dev"
 DESCRIPTION = "The drasil command (also kubectl drasil): inspect what the driver would do."
@@ -44,6 +44,12 @@ def _parser() -> argparse.ArgumentParser:
         choices=MIG_MODES,
         default="static",
         help="static: publish existing MIG devices; dynamic: every placement, with counters",
+    )
+    d.add_argument(
+        "--gpu-sharing",
+        choices=GPU_SHARING,
+        default="exclusive",
+        help="exclusive: one claim per GPU; consumable: GPUs shared by memory and compute",
     )
     d.add_argument(
         "--simulated-state",
@@ -75,16 +81,34 @@ def _attribute_text(value: object) -> str:
     return value.value if isinstance(value, Version) else str(value)
 
 
-def _device_row(device: Device) -> list[str]:
+def _device_row(device: Device, *, shared_column: bool) -> list[str]:
     memory = device.capacity.get("memory", 0) / 2**30
-    return [
+    row = [
         device.name,
         str(device.type),
         _attribute_text(device.attributes.get("productName", "")),
         f"{memory:g}Gi",
-        device.uuid,
-        device.parent_uuid or "",
     ]
+    if shared_column:
+        row.append("yes" if device.allow_multiple_allocations else "")
+    return [*row, device.uuid, device.parent_uuid or ""]
+
+
+def _policy_text(name: str, policy: CapacityPolicy) -> str:
+    top = "the capacity" if policy.maximum is None else quantity(policy.maximum)
+    step = f" in steps of {quantity(policy.step)}" if policy.step is not None else ""
+    return f"{name} {quantity(policy.minimum)} to {top}{step} (default {quantity(policy.default)})"
+
+
+def _sharing_notes(devices: Sequence[Device]) -> list[str]:
+    """One line per distinct set of request policies, naming its devices."""
+    groups: dict[str, list[str]] = {}
+    for device in devices:
+        if device.allow_multiple_allocations:
+            policies = device.capacity_policies
+            text = ", ".join(_policy_text(n, policies[n]) for n in sorted(policies))
+            groups.setdefault(text, []).append(device.name)
+    return [f"shared by capacity: {', '.join(names)}: {text}" for text, names in groups.items()]
 
 
 def _print_table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
@@ -94,6 +118,15 @@ def _print_table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
         out.write("\n")
 
 
+def _print_devices(devices: Sequence[Device], out: TextIO) -> None:
+    # The SHARED column appears only with shareable devices, so exclusive output is
+    # what scripts parsing it have always seen.
+    shared = any(d.allow_multiple_allocations for d in devices)
+    header = ["NAME", "TYPE", "PRODUCT", "MEMORY", *(["SHARED"] if shared else []), "UUID"]
+    rows = [_device_row(d, shared_column=shared) for d in devices]
+    _print_table([[*header, "PARENT"], *rows], out)
+
+
 def _discover(args: argparse.Namespace, out: TextIO) -> int:
     lib = open_backend(
         args.backend,
@@ -101,7 +134,9 @@ def _discover(args: argparse.Namespace, out: TextIO) -> int:
         node_name=args.node_name,
         state_file=args.simulated_state,
     )
-    result: DiscoveryResult = discover(lib, node_name=args.node_name, mig_mode=args.mig_mode)
+    result: DiscoveryResult = discover(
+        lib, node_name=args.node_name, mig_mode=args.mig_mode, gpu_sharing=args.gpu_sharing
+    )
     for skipped in result.skipped:
         print(f"warning: device {skipped.index} skipped: {skipped.reason}", file=sys.stderr)
     slices = build_slices(
@@ -119,13 +154,14 @@ def _discover(args: argparse.Namespace, out: TextIO) -> int:
     elif args.output == "yaml":
         yaml.safe_dump_all(slices, out, sort_keys=False)
     else:
-        header = ["NAME", "TYPE", "PRODUCT", "MEMORY", "UUID", "PARENT"]
-        _print_table([header, *(_device_row(d) for d in result.devices)], out)
+        _print_devices(result.devices, out)
         out.write(
             f"\n{len(result.devices)} devices in {len(slices)} ResourceSlice(s) of pool "
             f"{args.node_name} (driver {args.driver_name}, NVIDIA driver "
             f"{result.driver_version.value}, CUDA {result.cuda_driver_version.value})\n"
         )
+        for note in _sharing_notes(result.devices):
+            out.write(note + "\n")
         _print_mig_instances(_mig_instances(lib), out)
     return 0
 

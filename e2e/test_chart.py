@@ -112,7 +112,7 @@ def test_template_renders_both_daemons_as_documented(values_file: Path | None) -
             expected += ["rbac.authorization.k8s.io/v1/Role"]
             expected += ["rbac.authorization.k8s.io/v1/RoleBinding"]
     if values["deviceClasses"]["create"]:
-        expected += ["resource.k8s.io/v1/DeviceClass"] * 2
+        expected += ["resource.k8s.io/v1/DeviceClass"] * 3
     if values["validatingAdmissionPolicy"]["enabled"]:
         policies = int(dra) + int(controller)
         expected += ["admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"] * policies
@@ -241,6 +241,7 @@ def test_daemonset_command_line_is_accepted_by_the_plugin(values_file: Path | No
     assert opts.health_addr == f":{plugin['healthPort']}"
     if values["mode"] == "dra":
         assert str(opts.registrar_dir) == plugin["registrarDir"]
+        assert opts.gpu_sharing == values["gpuSharing"]
     else:
         assert str(opts.device_plugins_dir) == plugin["devicePluginsDir"]
         assert opts.resource_name == plugin["devicePlugin"]["resourceName"]
@@ -324,6 +325,17 @@ def test_device_classes_select_our_driver_and_type() -> None:
                     "cel": {
                         "expression": 'device.driver == "gpu.example.com" && '
                         'device.attributes["gpu.example.com"].type == "mig"'
+                    }
+                }
+            ]
+        },
+        "shared.drasil.dev": {
+            "selectors": [
+                {
+                    "cel": {
+                        "expression": 'device.driver == "gpu.example.com" && '
+                        'device.attributes["gpu.example.com"].type == "gpu" && '
+                        "device.allowMultipleAllocations"
                     }
                 }
             ]

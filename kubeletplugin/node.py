@@ -76,7 +76,12 @@ class NodeRuntime:
         # Only DRA mode can cut MIG devices on demand (prepare creates them); the
         # device-plugin API has no counters, so it always sees the static layout.
         mig_mode = self.opts.mig_mode if self.opts.mode == "dra" else "static"
-        result = discover(self.lib, node_name=self.opts.node_name, mig_mode=mig_mode)
+        # Sharing by capacity is a DRA feature too: kubelet's device-plugin API hands
+        # each device to one container, so that mode always sees exclusive GPUs.
+        sharing = self.opts.gpu_sharing if self.opts.mode == "dra" else "exclusive"
+        result = discover(
+            self.lib, node_name=self.opts.node_name, mig_mode=mig_mode, gpu_sharing=sharing
+        )
         self.counter_sets = result.counter_sets
         for skipped in result.skipped:
             log.error("device skipped", extra={"index": skipped.index, "why": skipped.reason})

@@ -21,6 +21,19 @@ GPU and every placement of every MIG profile, all consuming from one counter set
 GPU (``DiscoveryResult.counter_sets``); MIG instances that exist are prepared claims'
 and are not published. GPUs without MIG are published whole in both modes.
 
+With ``gpu_sharing="consumable"`` a whole GPU that no MIG layout claims is published
+with ``allowMultipleAllocations`` so several claims can share it by capacity
+(KEP-5075): its ``memory`` (bytes) gets a request policy of 1Gi steps from 1Gi up to
+the GPU's memory rounded down to whole GiB (the API server wants the maximum on a
+step), and a new capacity ``computePercent`` (100) one of 0..100 in steps of 1 with
+default 0, meaning "no compute share asked" (prepare then derives the MPS thread
+percentage from the memory share). MIG devices are never shareable, and neither are
+the whole GPUs of ``mig_mode="dynamic"``: they keep consuming their counter set, and
+a shared GPU cannot be cut into MIG devices under its tenants. So in dynamic MIG mode
+with consumable sharing only GPUs that are not MIG-capable become shareable; in static
+mode, every GPU whose MIG mode is off. A GPU with less than 2 GiB of memory, where
+one step past the minimum would not fit, stays exclusive.
+
 Attributes are those of docs/design.md#names (NVIDIA's names, so selectors are portable); MIG
 devices share their parent's ``index``, ``minor``, PCI attributes and product facts and
 add ``parentUUID`` and ``profile``. ``device_nodes`` is ``/dev/nvidia<minor>`` on real
@@ -38,10 +51,17 @@ import logging
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
-from drasil.driver.devices import AttributeValue, CounterSet, Device, DeviceType, Version
+from drasil.driver.devices import (
+    AttributeValue,
+    CapacityPolicy,
+    CounterSet,
+    Device,
+    DeviceType,
+    Version,
+)
 from drasil.driver.discovery.nvml import (
     ARCHITECTURE_NAMES,
     BRAND_NAMES,
@@ -92,6 +112,15 @@ class DiscoveryResult:
 
 
 MIG_MODES = ("static", "dynamic")
+GPU_SHARING = ("exclusive", "consumable")
+
+# The capacity a consumable GPU adds next to ``memory``: the share of its SMs a claim
+# asks for, in percent (MPS' active thread percentage).
+COMPUTE_PERCENT = "computePercent"
+# Memory shares come in whole GiB: finer steps buy nothing for CUDA workloads and
+# keep the scheduler's packing (and users' arithmetic) simple.
+MEMORY_STEP = GiB
+COMPUTE_POLICY = CapacityPolicy(default=0, minimum=0, step=1, maximum=100)
 
 
 @dataclass(frozen=True)
@@ -166,17 +195,33 @@ def mig_device_name(
     return f"gpu-{parent_minor}-mig-{compact}-{gpu_instance}-{compute_instance}"
 
 
-def discover(lib: NvmlLibrary, *, node_name: str, mig_mode: str = "static") -> DiscoveryResult:
+def discover(
+    lib: NvmlLibrary,
+    *,
+    node_name: str,
+    mig_mode: str = "static",
+    gpu_sharing: str = "exclusive",
+) -> DiscoveryResult:
     """Every publishable device of the node behind ``lib``; see the module docstring.
+
+    With ``gpu_sharing="consumable"`` whole GPUs outside any MIG layout are shareable;
+    in dynamic MIG mode that leaves only the GPUs that are not MIG-capable.
 
     Raises ``NvmlUnavailable`` when NVML cannot be initialised or answers no system
     query; per-device failures end up in ``skipped`` instead.
     """
     if mig_mode not in MIG_MODES:
         raise ValueError(f"mig_mode {mig_mode!r} is not one of {MIG_MODES}")
+    if gpu_sharing not in GPU_SHARING:
+        raise ValueError(f"gpu_sharing {gpu_sharing!r} is not one of {GPU_SHARING}")
     lib.init()
     try:
-        return _discover(lib, node_name=node_name, dynamic=mig_mode == "dynamic")
+        return _discover(
+            lib,
+            node_name=node_name,
+            dynamic=mig_mode == "dynamic",
+            shareable=gpu_sharing == "consumable",
+        )
     finally:
         try:
             lib.shutdown()
@@ -184,13 +229,17 @@ def discover(lib: NvmlLibrary, *, node_name: str, mig_mode: str = "static") -> D
             log.warning("nvmlShutdown failed: %s", err, extra={"node": node_name})
 
 
-def _discover(lib: NvmlLibrary, *, node_name: str, dynamic: bool) -> DiscoveryResult:
+def _discover(
+    lib: NvmlLibrary, *, node_name: str, dynamic: bool, shareable: bool
+) -> DiscoveryResult:
     system = _system(lib)
     devices: list[Device] = []
     skipped: list[SkippedDevice] = []
     counter_sets: list[CounterSet] = []
     for index in range(system.device_count):
-        found = _discover_gpu(lib, index=index, system=system, skipped=skipped, dynamic=dynamic)
+        found = _discover_gpu(
+            lib, index=index, system=system, skipped=skipped, dynamic=dynamic, shareable=shareable
+        )
         if isinstance(found, PartitionableGpu):
             counter_sets.append(found.counter_set)
             found = list(found.devices)
@@ -236,6 +285,7 @@ def _discover_gpu(
     system: _System,
     skipped: list[SkippedDevice],
     dynamic: bool,
+    shareable: bool,
 ) -> list[Device] | PartitionableGpu:
     uuid: str | None = None
     try:
@@ -252,7 +302,7 @@ def _discover_gpu(
         skipped.append(SkippedDevice(index=index, uuid=uuid, reason=f"GPU {index}: {err}"))
         return []
     if mig_slots is None:
-        return [_full_gpu(gpu)]
+        return [_shared_gpu(gpu) if shareable else _full_gpu(gpu)]
     migs = _mig_devices(lib, handle, gpu=gpu, slots=mig_slots, skipped=skipped)
     if not migs and not any(s.index == index for s in skipped):
         reason = f"GPU {index}: MIG mode is enabled but no MIG devices are configured"
@@ -325,6 +375,36 @@ def _full_gpu(gpu: _Gpu) -> Device:
         device_nodes=gpu.device_nodes,
         numa_node=gpu.numa_node,
         pcie_root=gpu.pcie_root,
+    )
+
+
+def memory_policy(memory: int) -> CapacityPolicy | None:
+    """The memory request policy of a consumable GPU, None when it is too small to share.
+
+    The maximum is the memory rounded down to a whole step: the API server rejects a
+    maximum that is not ``min + n * step``, and NVML reports odd sizes (81559 MiB).
+    """
+    if memory < MEMORY_STEP * 2:
+        return None
+    return CapacityPolicy(
+        default=MEMORY_STEP,
+        minimum=MEMORY_STEP,
+        step=MEMORY_STEP,
+        maximum=memory // MEMORY_STEP * MEMORY_STEP,
+    )
+
+
+def _shared_gpu(gpu: _Gpu) -> Device:
+    device = _full_gpu(gpu)
+    memory = memory_policy(gpu.memory)
+    if memory is None:
+        log.info("GPU %d has too little memory to share; it stays exclusive", gpu.index)
+        return device
+    return replace(
+        device,
+        capacity={**device.capacity, COMPUTE_PERCENT: 100},
+        allow_multiple_allocations=True,
+        capacity_policies={"memory": memory, COMPUTE_PERCENT: COMPUTE_POLICY},
     )
 
 

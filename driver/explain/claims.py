@@ -10,7 +10,9 @@ each stage the allocator applies, in its order:
 3. those passing each of the request's selectors in turn (the first one that leaves
    none is named, with any CEL error the scheduler would hit),
 4. those whose capacity covers the request's ``capacity.requests`` (for devices with
-   ``allowMultipleAllocations``: what other claims left),
+   ``allowMultipleAllocations``: what other claims left of every capacity, the
+   request rounded by the capacity's ``requestPolicy`` and unnamed capacities taking
+   their default; ``capacity``),
 5. those not blocked by a taint the request does not tolerate,
 6. those not allocated to other claims (with the holders named),
 7. those whose shared counters (partitionable devices) are usable and still cover
@@ -18,7 +20,12 @@ each stage the allocator applies, in its order:
    counter sets and profiles named, with the claims holding the counters).
 
 A request can be satisfied on its own when at least ``count`` devices (``All``: every
-matching device, at least one) are left. When all are, the claim as a whole is
+matching device, at least one) are left. A ``firstAvailable`` request is explained
+alternative by alternative (``gpu/h200``, ``gpu/h100``), in the order the scheduler
+tries them; the texts group them under their request (``request "gpu": alternative
+"h200": 0 pass selector …; alternative "h100": 2 free, 1 needed``), and for an
+allocated claim name the alternative the scheduler took (from the results'
+``request: "gpu/h100"``). When all are, the claim as a whole is
 checked: distinct devices for all requests together, one node, the requests' shared
 counters together (``jointcounters``) and ``matchAttribute`` / ``distinctAttribute``
 constraints. The result renders as an Event message
@@ -28,9 +35,10 @@ constraints. The result renders as an Event message
 Nothing here talks to the API server: ``drasil.driver.explain.fromapi`` reads what
 ``explain_claim`` needs for the CLI, the controller passes what it watches. The
 pieces: ``inventory`` (devices of complete pools, their holders), ``requests`` (one
-request's stages), ``counters`` (shared counters and their wording), ``jointcounters``
-(the requests' counters together), ``nodefit`` (which nodes a Pod may go to), this
-module (the claim as a whole, joint checks, the table).
+request's stages), ``capacity`` (capacities of shared devices), ``counters`` (shared
+counters and their wording), ``jointcounters`` (the requests' counters together),
+``nodefit`` (which nodes a Pod may go to), this module (the claim as a whole, joint
+checks, the table).
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -79,22 +87,44 @@ class ClaimExplanation:
     notes: tuple[str, ...] = ()
     allocated: bool = False
     cut_short: str = ""  # why the explanation stopped before every request was explained
+    # Allocated claims: per firstAvailable request, the alternative taken and its devices.
+    taken: Mapping[str, str] = field(default_factory=dict)
 
     def failing_parents(self) -> list[str]:
         """Requests none of whose alternatives can be satisfied on its own."""
-        by_parent: dict[str, list[RequestExplanation]] = defaultdict(list)
-        for explanation in self.requests:
-            by_parent[explanation.parent].append(explanation)
-        return [p for p, group in by_parent.items() if all(e.problem for e in group)]
+        return [p for p, group in self._groups().items() if all(e.problem for e in group)]
 
     @property
     def unsatisfiable(self) -> bool:
         return bool(self.failing_parents() or self.problems)
 
+    def _groups(self) -> dict[str, list[RequestExplanation]]:
+        by_parent: dict[str, list[RequestExplanation]] = defaultdict(list)
+        for explanation in self.requests:
+            by_parent[explanation.parent].append(explanation)
+        return by_parent
+
+    def alternatives(self) -> list[str]:
+        """Per ``firstAvailable`` request: the alternative taken, or each one's verdict."""
+        if self.taken:
+            return [
+                f'request "{parent}": the scheduler took alternative {taken}'
+                for parent, taken in self.taken.items()
+            ]
+        return [
+            _alternatives_text(parent, group)
+            for parent, group in self._groups().items()
+            if group[0].alternative
+        ]
+
     def message(self) -> str:
         """The Event text: the requests that fail, then the joint problems."""
         failing = set(self.failing_parents())
-        parts = [e.text() for e in self.requests if e.parent in failing]
+        parts = [
+            _alternatives_text(parent, group) if group[0].alternative else group[0].text()
+            for parent, group in self._groups().items()
+            if parent in failing
+        ]
         parts += list(self.problems)
         if not parts:
             return self.summary()
@@ -105,14 +135,37 @@ class ClaimExplanation:
         if self.cut_short:
             return f"could not explain claim {self.claim}: {self.cut_short}"
         if self.allocated:
-            return f"claim {self.claim} is allocated"
+            return ". ".join([f"claim {self.claim} is allocated", *self.alternatives()])
         if not self.requests:
             return f"claim {self.claim} has no requests for driver {self.driver}"
-        return (
-            f"every request of claim {self.claim} can be satisfied from the devices of "
-            f"{self.driver}; the scheduler may still be working on it, or the Pod's node "
-            "constraints rule the devices out"
+        return ". ".join(
+            [
+                f"every request of claim {self.claim} can be satisfied from the devices of "
+                f"{self.driver}; the scheduler may still be working on it, or the Pod's "
+                "node constraints rule the devices out",
+                *self.alternatives(),
+            ]
         )
+
+
+def _alternatives_text(parent: str, group: Sequence[RequestExplanation]) -> str:
+    """``request "gpu": alternative "h200": …; alternative "h100": 2 free, 1 needed``,
+    naming the first that fits: the scheduler takes it."""
+    texts = [f'alternative "{e.alternative}": {e.verdict()}' for e in group]
+    first = next((e for e in group if e.problem is None), None)
+    fits = f' (the first that fits: "{first.alternative}")' if first is not None else ""
+    return f'request "{parent}": ' + "; ".join(texts) + fits
+
+
+def taken_alternatives(claim: JsonObject, driver: str) -> dict[str, str]:
+    """``{"gpu": '"h100" (gpu-3 of pool node-a)'}`` from an allocated claim's results."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    devices: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for result in (allocation.get("devices") or {}).get("results") or []:
+        parent, _, sub = str(result.get("request", "")).partition("/")
+        if sub and result.get("driver") == driver:
+            devices[parent, sub].append(f"{result.get('device')} of pool {result.get('pool')}")
+    return {parent: f'"{sub}" ({", ".join(names)})' for (parent, sub), names in devices.items()}
 
 
 @dataclass(frozen=True)
@@ -206,6 +259,7 @@ def explain_claim(
         notes=tuple(notes),
         allocated=bool((claim.get("status") or {}).get("allocation")),
         cut_short=cut_short,
+        taken=taken_alternatives(claim, driver),
     )
     if result.unsatisfiable or not explained or cut_short:
         return result
@@ -262,6 +316,7 @@ def _with_joint_problems(
         notes=explanation.notes,
         allocated=explanation.allocated,
         cut_short=incomplete,
+        taken=explanation.taken,
     )
 
 
@@ -480,7 +535,8 @@ def render_table(explanation: ClaimExplanation) -> str:
             continue
         rows += [(e.request, str(n), f"blocked by taint {t}") for t, n in e.blocked.items()]
         if e.short_capacity:
-            rows.append((e.request, str(e.short_capacity), "without the requested capacity"))
+            text = f"without the requested capacity: {e.capacity_text()}"
+            rows.append((e.request, str(e.short_capacity), text))
         rows += [(e.request, str(n), f"allocated to {h}") for h, n in e.held.items()]
         rows += [
             (e.request, str(len(d)), f"unusable ({listing(d, limit=3)}): {why}")
@@ -492,6 +548,14 @@ def render_table(explanation: ClaimExplanation) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(2)]
     lines = [f"{r[0]:<{widths[0]}}  {r[1]:>{widths[1]}}  {r[2]}".rstrip() for r in rows]
     verdict = explanation.message() if explanation.unsatisfiable else explanation.summary()
+    # The alternatives again, one line each, unless the verdict already says them.
+    alternatives = [a for a in explanation.alternatives() if a not in verdict]
     return "\n".join(
-        [f"claim {explanation.claim} (driver {explanation.driver})", *lines, "", verdict]
+        [
+            f"claim {explanation.claim} (driver {explanation.driver})",
+            *lines,
+            "",
+            *alternatives,
+            verdict,
+        ]
     )

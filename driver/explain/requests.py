@@ -7,17 +7,16 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any
 
 from drasil.driver.cel.selectors import CelCompileError, CelDeadlineExceeded, compile_selector
+from drasil.driver.explain.capacity import Shortfall, shortfall, shortfall_texts
 from drasil.driver.explain.counters import CounterBook, Shortage, shortage_texts
 from drasil.driver.explain.inventory import (
     Inventory,
     PoolDevice,
     Usage,
     object_spec,
-    quantity_value,
 )
 from drasil.driver.explain.nodefit import BLOCKING_EFFECTS, taint_text, tolerated
 
@@ -58,6 +57,7 @@ class RequestExplanation:
     blocked: Mapping[str, int] = field(default_factory=dict)  # taint -> devices
     held: Mapping[str, int] = field(default_factory=dict)  # holder claim -> devices
     short_capacity: int = 0
+    capacity_texts: tuple[str, ...] = ()  # the shortfalls worded, amounts named
     unusable: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # why -> devices
     # (devices, why) per counter set and profile: left out for want of shared counters
     short_counters: tuple[tuple[int, str], ...] = ()
@@ -69,6 +69,21 @@ class RequestExplanation:
     def parent(self) -> str:
         return self.request.partition("/")[0]
 
+    @property
+    def alternative(self) -> str:
+        """The ``firstAvailable`` subrequest's name; empty for an ``exactly`` request."""
+        return self.request.partition("/")[2]
+
+    def verdict(self) -> str:
+        """The decisive part only: the stage that left no device, or what came after
+        the selectors (exclusions and free devices)."""
+        if self.stages and self.stages[-1].count == 0:
+            return self.stages[-1].text()
+        after = self._parts()[len(self.stages) :]
+        if self.problem is None:
+            after.append(self._shortfall())
+        return "; ".join(after) or self._shortfall()
+
     def text(self) -> str:
         return f'request "{self.request}": ' + "; ".join(self._parts())
 
@@ -78,7 +93,7 @@ class RequestExplanation:
             return parts
         parts += [f"{n} blocked by taint {taint}" for taint, n in self.blocked.items()]
         if self.short_capacity:
-            parts.append(f"{self.short_capacity} without the requested capacity left")
+            parts.append(self.capacity_text())
         if self.held:
             parts.append(self._held_text())
         parts += [unusable_text(why, names) for why, names in self.unusable.items()]
@@ -87,6 +102,11 @@ class RequestExplanation:
         if self.problem and (self.free or not self._excluded()):
             parts.append(self._shortfall())
         return parts
+
+    def capacity_text(self) -> str:
+        """``gpu-1 has 12Gi of memory left; request needs 20Gi``."""
+        texts = "; ".join(self.capacity_texts)
+        return texts or f"{self.short_capacity} without the requested capacity left"
 
     def _excluded(self) -> bool:
         """Whether some devices were left out for a reason the text already names."""
@@ -255,28 +275,21 @@ def _blocking_taint(device: PoolDevice, tolerations: Sequence[JsonObject]) -> st
     return None
 
 
-def _capacity_of(device: PoolDevice, name: str, driver: str) -> Decimal | None:
-    capacity = device.spec.get("capacity") or {}
-    domain, _, ident = name.rpartition("/")
-    keys = [name] if domain and domain != driver else [ident, f"{driver}/{ident}"]
-    for key in keys:
-        if key in capacity:
-            return quantity_value((capacity[key] or {}).get("value"))
-    return None
-
-
-def _capacity_fits(
-    device: PoolDevice, wanted: Mapping[str, Any], *, usage: Usage, driver: str
-) -> bool:
-    used = usage.consumed.get(device.key, {}) if device.spec.get("allowMultipleAllocations") else {}
-    for name, value in wanted.items():
-        amount, total = quantity_value(value), _capacity_of(device, name, driver)
-        if amount is None or total is None:
-            return False
-        taken = used.get(name, used.get(name.rpartition("/")[2], Decimal(0)))
-        if total - taken < amount:
-            return False
-    return True
+def _by_capacity(
+    devices: Sequence[PoolDevice], request: JsonObject, *, usage: Usage, driver: str
+) -> tuple[list[PoolDevice], list[Shortfall]]:
+    """Stage 4: the devices whose capacity takes the request, and why the others do not."""
+    wanted = (request.get("capacity") or {}).get("requests") or {}
+    fitting: list[PoolDevice] = []
+    short: list[Shortfall] = []
+    for device in devices:
+        used = usage.consumed.get(device.key, {})
+        found = shortfall(device, wanted, used=used, driver=driver)
+        if found is None:
+            fitting.append(device)
+        else:
+            short.append(found)
+    return fitting, short
 
 
 def _needed(request: JsonObject) -> int | None:
@@ -306,10 +319,7 @@ def explain_request(
     needed = _needed(request)
     if problem is not None:
         return RequestExplanation(name, needed, tuple(stages), problem=problem)
-    wanted = (request.get("capacity") or {}).get("requests") or {}
-    fitting = [
-        d for d in devices if _capacity_fits(d, wanted, usage=usage, driver=inventory.driver)
-    ]
+    fitting, short = _by_capacity(devices, request, usage=usage, driver=inventory.driver)
     blocked: Counter[str] = Counter()
     held: Counter[str] = Counter()
     free: list[PoolDevice] = []
@@ -333,7 +343,8 @@ def explain_request(
         stages=tuple(stages),
         blocked=dict(blocked.most_common()),
         held=dict(held.most_common()),
-        short_capacity=len(devices) - len(fitting),
+        short_capacity=len(short),
+        capacity_texts=tuple(shortfall_texts(short)),
         unusable=checked.unusable,
         short_counters=tuple(shortage_texts(checked.shortages, driver=inventory.driver)),
         unchecked=checked.unchecked,

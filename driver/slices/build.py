@@ -24,12 +24,20 @@ import hashlib
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, TypeAlias
 
 from drasil.api.quantity import QuantityError, format_bytes, parse_quantity
-from drasil.driver.devices import AttributeValue, CounterConsumption, CounterSet, Device, Version
+from drasil.driver.devices import (
+    AttributeValue,
+    CapacityPolicy,
+    CounterConsumption,
+    CounterSet,
+    Device,
+    Version,
+)
 
 JsonObject: TypeAlias = dict[str, Any]
 
@@ -48,6 +56,7 @@ MAX_VALUE_LENGTH = 64
 MAX_DRIVER_NAME = 63
 MAX_POOL_NAME = 253
 MAX_SUBDOMAIN = 253
+MAX_VALID_VALUES = 10
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
@@ -192,6 +201,28 @@ def _counters(counters: Mapping[str, int]) -> JsonObject:
     return {name: {"value": quantity(counters[name])} for name in sorted(counters)}
 
 
+def _request_policy(policy: CapacityPolicy) -> JsonObject:
+    valid_range: JsonObject = {"min": quantity(policy.minimum)}
+    if policy.maximum is not None:
+        valid_range["max"] = quantity(policy.maximum)
+    if policy.step is not None:
+        valid_range["step"] = quantity(policy.step)
+    return {"default": quantity(policy.default), "validRange": valid_range}
+
+
+def _capacity(device: Device) -> JsonObject:
+    out = _counters(device.capacity)
+    for name in sorted(device.capacity_policies):
+        if name not in out:
+            # A policy for a capacity the device lacks is a discovery bug; the API
+            # server would not see it at all, so fail here where it is clear.
+            raise SliceValidationError(
+                f'device "{device.name}": request policy for unknown capacity "{name}"'
+            )
+        out[name]["requestPolicy"] = _request_policy(device.capacity_policies[name])
+    return out
+
+
 def _taint(taint: Taint) -> JsonObject:
     out: JsonObject = {"key": taint.key}
     if taint.value:
@@ -210,7 +241,9 @@ def _device(
         attrs = device.attributes
         out["attributes"] = {name: _attribute(attrs[name]) for name in sorted(attrs)}
     if device.capacity:
-        out["capacity"] = _counters(device.capacity)
+        out["capacity"] = _capacity(device)
+    if device.allow_multiple_allocations:
+        out["allowMultipleAllocations"] = True
     if consumes:
         out["consumesCounters"] = [
             {"counterSet": c.counter_set, "counters": _counters(c.counters)} for c in consumes
@@ -495,13 +528,99 @@ def validate_device(device: Mapping[str, Any], *, where: str = "ResourceSlice") 
         raise _fail(at, f"more than {MAX_ATTRIBUTES_AND_CAPACITIES} attributes and capacities")
     for key, value in attributes.items():
         _validate_attribute(at, key, value)
+    shareable = device.get("allowMultipleAllocations") is True
     for key, value in capacity.items():
         error = qualified_name_error(key)
         if error:
             raise _fail(at, f'capacity "{key}": {error}')
         _validate_quantity(f'{at}: capacity "{key}"', value)
+        policy = value.get("requestPolicy")
+        if policy is not None:
+            if not shareable:
+                raise _fail(at, f'capacity "{key}": requestPolicy needs allowMultipleAllocations')
+            _validate_request_policy(f'{at}: capacity "{key}": requestPolicy', value, policy)
     _validate_taints(at, device.get("taints") or [])
     _validate_consumption(at, device.get("consumesCounters") or [])
+
+
+def _policy_quantity(where: str, field: str, text: Any) -> Decimal:
+    if not isinstance(text, str):
+        raise _fail(where, f"{field} must be a quantity string")
+    try:
+        return parse_quantity(text)
+    except QuantityError as err:
+        raise _fail(where, f"{field}: {err}") from None
+
+
+def _validate_request_policy(where: str, capacity: Mapping[str, Any], policy: Any) -> None:
+    """The API server's rules for a ``requestPolicy`` (pkg/apis/resource/validation)."""
+    if not isinstance(policy, Mapping):
+        raise _fail(where, "must be an object")
+    value = parse_quantity(capacity["value"])
+    values, valid_range = policy.get("validValues"), policy.get("validRange")
+    if values and valid_range is not None:
+        raise _fail(where, "set validValues or validRange, not both")
+    if not values and valid_range is None:
+        return  # a bare default is not checked by the API server either
+    if policy.get("default") is None:
+        raise _fail(where, "default is required with validValues or validRange")
+    default = _policy_quantity(where, "default", policy["default"])
+    if values:
+        _validate_valid_values(where, value, default, values)
+    else:
+        _validate_valid_range(where, value, default, valid_range)
+
+
+def _validate_valid_values(where: str, value: Decimal, default: Decimal, values: Any) -> None:
+    if not isinstance(values, list) or len(values) > MAX_VALID_VALUES:
+        raise _fail(where, f"validValues must be a list of at most {MAX_VALID_VALUES}")
+    options = [_policy_quantity(where, "validValues", v) for v in values]
+    if options != sorted(options) or len(set(options)) != len(options):
+        raise _fail(where, "validValues must be unique and in ascending order")
+    if options[-1] > value:
+        raise _fail(where, "validValues has an option larger than the capacity")
+    if default not in options:
+        raise _fail(where, "default is not one of validValues")
+
+
+def _validate_valid_range(where: str, value: Decimal, default: Decimal, bounds: Any) -> None:
+    if not isinstance(bounds, Mapping) or bounds.get("min") is None:
+        raise _fail(where, "validRange.min is required")
+    low = _policy_quantity(where, "validRange.min", bounds["min"])
+    high = _policy_quantity(where, "validRange.max", bounds["max"]) if "max" in bounds else None
+    if low > value:
+        raise _fail(where, "validRange.min is larger than the capacity")
+    if default < low:
+        raise _fail(where, "default is less than validRange.min")
+    if high is not None and not low <= high <= value:
+        raise _fail(where, "validRange.max must lie between min and the capacity")
+    if high is not None and default > high:
+        raise _fail(where, "default is more than validRange.max")
+    if bounds.get("step") is not None:
+        step = _policy_quantity(where, "validRange.step", bounds["step"])
+        _validate_step(where, value=value, default=default, low=low, high=high, step=step)
+
+
+def _validate_step(
+    where: str,
+    *,
+    value: Decimal,
+    default: Decimal,
+    low: Decimal,
+    high: Decimal | None,
+    step: Decimal,
+) -> None:
+    if step <= 0:
+        raise _fail(where, "validRange.step must be greater than zero")
+    if low + step > value:
+        raise _fail(where, "validRange.min + step is larger than the capacity")
+    # Only with a step does the server read the bounds as int64 and refuse negative
+    # ones; without a step a negative min passes.
+    if any(q < 0 for q in (low, default, step, high or 0)):
+        raise _fail(where, "default and validRange bounds must not be negative with a step")
+    for name, bound in (("default", default), ("validRange.max", high)):
+        if bound is not None and (bound - low) % step != 0:
+            raise _fail(where, f"{name} is not validRange.min plus a multiple of step")
 
 
 def _validate_attribute(where: str, key: str, value: Any) -> None:

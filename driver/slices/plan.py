@@ -21,8 +21,9 @@ deleting them last never leaves the pool empty. On a conflict (409/412) list the
 pool again and plan again; the generation only moves forward.
 
 Content is compared the way the API server stores it: empty lists and maps equal
-missing ones, quantities compare by value (``1000`` equals ``1k``), and a taint's
-``timeAdded``, which the server fills in, is ignored.
+missing ones, quantities compare by value (``1000`` equals ``1k``) in capacities,
+counters and request policies alike, ``allowMultipleAllocations: false`` equals its
+absence, and a taint's ``timeAdded``, which the server fills in, is ignored.
 """
 
 from __future__ import annotations
@@ -160,7 +161,11 @@ def comparable(obj: Mapping[str, Any]) -> Any:
 
 def _device(device: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(device)
-    out["capacity"] = _quantities(device.get("capacity"))
+    out["capacity"] = {
+        name: _capacity(entry) for name, entry in _quantities(device.get("capacity")).items()
+    }
+    # false and absent mean the same to the scheduler; only true is ever written.
+    out["allowMultipleAllocations"] = device.get("allowMultipleAllocations") or None
     out["consumesCounters"] = [
         {"counterSet": c.get("counterSet"), "counters": _quantities(c.get("counters"))}
         for c in device.get("consumesCounters") or []
@@ -176,6 +181,22 @@ def _quantities(entries: Mapping[str, Any] | None) -> dict[str, Any]:
         name: {**entry, "value": _value(entry.get("value"))}
         for name, entry in (entries or {}).items()
     }
+
+
+def _capacity(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """A capacity with its request policy's quantities compared by value too."""
+    policy = entry.get("requestPolicy")
+    if not isinstance(policy, Mapping):
+        return dict(entry)
+    bounds = policy.get("validRange")
+    normal: dict[str, Any] = {
+        **policy,
+        "default": _value(policy.get("default")),
+        "validValues": [_value(v) for v in policy.get("validValues") or []],
+    }
+    if isinstance(bounds, Mapping):
+        normal["validRange"] = {key: _value(bounds[key]) for key in bounds}
+    return {**entry, "requestPolicy": normal}
 
 
 def _value(text: Any) -> Decimal | Any:

@@ -247,3 +247,23 @@ def test_validate_config_command_prints_no_traceback(tmp_path: Path) -> None:
         assert done.returncode == 1, done.stderr
         assert "Traceback" not in done.stderr
         assert expected in done.stderr
+
+
+def test_discover_consumable_marks_shared_gpus() -> None:
+    argv = ["discover", "--backend", "simulated", "--profile", "h100-80gb:2", "--node-name", "n"]
+    code, text = run(*argv, "--gpu-sharing", "consumable")
+    assert code == 0
+    lines = text.splitlines()
+    assert lines[0].split() == ["NAME", "TYPE", "PRODUCT", "MEMORY", "SHARED", "UUID", "PARENT"]
+    assert lines[1].split()[:7] == ["gpu-0", "gpu", "NVIDIA", "H100", "80GB", "HBM3", "80Gi"]
+    assert lines[1].split()[7] == "yes"
+    assert (
+        "shared by capacity: gpu-0, gpu-1: computePercent 0 to 100 in steps of 1 (default 0), "
+        "memory 1Gi to 80Gi in steps of 1Gi (default 1Gi)"
+    ) in lines
+    code, text = run(*argv)
+    assert "SHARED" not in text
+    assert "shared by capacity" not in text
+    code, text = run(*argv, "--gpu-sharing", "consumable", "-o", "json")
+    devices = json.loads(text)[0]["spec"]["devices"]
+    assert all(d["allowMultipleAllocations"] for d in devices)

@@ -36,7 +36,7 @@ in Python. This chart installs:
 - the **controller** (Deployment `<release>-controller`, 2 replicas, leader election):
   DevicePools, claim config validation, explanations for pending claims;
 - the **DevicePool** CRD (`drasil.dev/v1alpha1`, in `crds/`);
-- **DeviceClasses** `gpu.drasil.dev` and `mig.drasil.dev`;
+- **DeviceClasses** `gpu.drasil.dev`, `mig.drasil.dev` and `shared.drasil.dev`;
 - **ValidatingAdmissionPolicies** that keep each node's plugin to its own node's
   ResourceSlices and the controller off node-local ones;
 - a ServiceAccount and least-privilege RBAC per daemon, headless metrics Services and,
