@@ -383,15 +383,14 @@ def memory_policy(memory: int) -> CapacityPolicy | None:
 
     The maximum is the memory rounded down to a whole step: the API server rejects a
     maximum that is not ``min + n * step``, and NVML reports odd sizes (81559 MiB).
+    The default is that maximum: a claim that names no amount (one through
+    ``gpu.drasil.dev``, written for whole GPUs) gets the whole GPU's memory, never a
+    surprise 1Gi share; shares say how much they need.
     """
     if memory < MEMORY_STEP * 2:
         return None
-    return CapacityPolicy(
-        default=MEMORY_STEP,
-        minimum=MEMORY_STEP,
-        step=MEMORY_STEP,
-        maximum=memory // MEMORY_STEP * MEMORY_STEP,
-    )
+    maximum = memory // MEMORY_STEP * MEMORY_STEP
+    return CapacityPolicy(default=maximum, minimum=MEMORY_STEP, step=MEMORY_STEP, maximum=maximum)
 
 
 def _shared_gpu(gpu: _Gpu) -> Device:

@@ -62,7 +62,7 @@ def test_consumable_shares_whole_gpus_with_both_policies() -> None:
     memory = l4_exclusive.capacity["memory"]
     assert memory % GiB != 0  # an L4's 23034 MiB: the maximum must round down
     assert dict(l4.capacity_policies) == {
-        "memory": CapacityPolicy(default=GiB, minimum=GiB, step=GiB, maximum=22 * GiB),
+        "memory": CapacityPolicy(default=22 * GiB, minimum=GiB, step=GiB, maximum=22 * GiB),
         COMPUTE_PERCENT: CapacityPolicy(default=0, minimum=0, step=1, maximum=100),
     }
 
@@ -87,8 +87,9 @@ def test_unknown_sharing_mode_is_refused() -> None:
 
 
 def test_memory_policy_rounds_down_and_refuses_tiny_gpus() -> None:
-    assert memory_policy(81559 * 2**20) == CapacityPolicy(GiB, GiB, GiB, 79 * GiB)
-    assert memory_policy(2 * GiB) == CapacityPolicy(GiB, GiB, GiB, 2 * GiB)
+    # The default is the maximum: a claim that names no amount takes the whole GPU.
+    assert memory_policy(81559 * 2**20) == CapacityPolicy(79 * GiB, GiB, GiB, 79 * GiB)
+    assert memory_policy(2 * GiB) == CapacityPolicy(2 * GiB, GiB, GiB, 2 * GiB)
     assert memory_policy(2 * GiB - 1) is None
 
 
@@ -110,7 +111,7 @@ def test_shareable_device_json() -> None:
         "memory": {
             "value": "80Gi",
             "requestPolicy": {
-                "default": "1Gi",
+                "default": "80Gi",
                 "validRange": {"min": "1Gi", "max": "80Gi", "step": "1Gi"},
             },
         },
