@@ -200,6 +200,39 @@ def chart_identity(
     """The chart's RBAC of one daemon (`component`: controller or kubelet-plugin) for
     `driver`, applied in a namespace of its own, and a kubeconfig with a token of that
     daemon's service account; removed after."""
+    objs: list[dict[str, Any]] = []
+    try:
+        identity = create_chart_identity(
+            kube,
+            kubeconfig,
+            component=component,
+            release=release,
+            driver=driver,
+            directory=directory,
+            created=objs,
+        )
+        yield identity
+    finally:
+        for obj in objs:
+            if obj["kind"].startswith("Cluster"):
+                kube.delete(obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
+        kube.delete("v1", "Namespace", f"{release}-system")
+
+
+def create_chart_identity(
+    kube: Kube,
+    kubeconfig: Path,
+    *,
+    component: str,
+    release: str,
+    driver: str,
+    directory: Path,
+    expiration_seconds: int = 3600,
+    created: list[dict[str, Any]] | None = None,
+) -> ChartIdentity:
+    """What `chart_identity` sets up, left in place (a daemon that lives as long as its
+    cluster); `created` collects the objects as they are made, for a caller that
+    removes them."""
     namespace = f"{release}-system"
     kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     objs = [
@@ -208,22 +241,18 @@ def chart_identity(
         if o["kind"] in _RBAC_KINDS
         and o["metadata"].get("labels", {}).get("app.kubernetes.io/component") == component
     ]
-    try:
-        for obj in objs:
-            kube.create(obj, namespace)
-        sa = next(o["metadata"]["name"] for o in objs if o["kind"] == "ServiceAccount")
-        request = client.AuthenticationV1TokenRequest(
-            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
-        )
-        issued = kube.core.create_namespaced_service_account_token(sa, namespace, request)
-        token = issued.status.token if issued.status is not None else None
-        assert token, f"no token issued for {namespace}/{sa}"
-        path = token_kubeconfig(kubeconfig, token, directory / f"{sa}.kubeconfig", sa)
-        roles = [o for o in objs if o["kind"] == "Role"]
-        lease = roles[0]["rules"][0]["resourceNames"][0] if roles else ""
-        yield ChartIdentity(kubeconfig=path, namespace=namespace, lease=lease)
-    finally:
-        for obj in objs:
-            if obj["kind"].startswith("Cluster"):
-                kube.delete(obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
-        kube.delete("v1", "Namespace", namespace)
+    for obj in objs:
+        kube.create(obj, namespace)
+        if created is not None:
+            created.append(obj)
+    sa = next(o["metadata"]["name"] for o in objs if o["kind"] == "ServiceAccount")
+    request = client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=expiration_seconds)
+    )
+    issued = kube.core.create_namespaced_service_account_token(sa, namespace, request)
+    token = issued.status.token if issued.status is not None else None
+    assert token, f"no token issued for {namespace}/{sa}"
+    path = token_kubeconfig(kubeconfig, token, directory / f"{sa}.kubeconfig", sa)
+    roles = [o for o in objs if o["kind"] == "Role"]
+    lease = roles[0]["rules"][0]["resourceNames"][0] if roles else ""
+    return ChartIdentity(kubeconfig=path, namespace=namespace, lease=lease)

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from e2e import binaries, node_images, pluginproc, procs, recipes
+from e2e.chart import create_chart_identity
 from e2e.cluster import host
 from e2e.cluster.nodeconfig import (
     DEFAULT_PROFILE,
@@ -55,6 +56,7 @@ from e2e.cluster.nodeconfig import (
     new_config,
 )
 from e2e.cluster.rundir import RunDir, http_get
+from e2e.kube import Kube
 
 __all__ = ["DEFAULT_PROFILE", "NODE_NAME", "Node", "NodeConfig", "NodeError", "describe"]
 
@@ -103,7 +105,7 @@ class Node(NodeFiles):
     ) -> pluginproc.PluginProcess:
         return pluginproc.PluginProcess(
             root=root,
-            kubeconfig=self.cluster.kubeconfig,
+            kubeconfig=self.plugin_kubeconfig,
             node_name=self.name,
             profile=self.config.profile,
             cdi_dir=self.cdi_dir,
@@ -113,6 +115,29 @@ class Node(NodeFiles):
             die_with_parent=self.cluster.die_with_parent,
             mode=mode,
         )
+
+    @property
+    def plugin_kubeconfig(self) -> Path:
+        """The plugin's credentials: a token of the Helm chart's kubelet-plugin service
+        account with the chart's RBAC (made by `start`), so that a permission the chart
+        lacks fails here before it fails on a user's cluster."""
+        return self.run_dir / "plugin.kubeconfig"
+
+    def _make_plugin_identity(self) -> None:
+        kube = Kube(self.cluster.kubeconfig)
+        directory = self.run_dir / "plugin-identity"
+        directory.mkdir(parents=True, exist_ok=True)
+        identity = create_chart_identity(
+            kube,
+            self.cluster.kubeconfig,
+            component="kubelet-plugin",
+            release="drasil-node",
+            driver=pluginproc.DRIVER,
+            directory=directory,
+            # The node lives as long as its cluster; the API server may cap this.
+            expiration_seconds=7 * 24 * 3600,
+        )
+        identity.kubeconfig.replace(self.plugin_kubeconfig)
 
     def _proc(self, name: str) -> procs.Proc | None:
         return self._procs.get(name) or procs.read_pid_file(self.cluster.pid_file(name))
@@ -289,7 +314,8 @@ class Node(NodeFiles):
         self._wait("kubelet /healthz", self._kubelet_healthy, left())
         self._wait(f"Node {name} Ready", self.node_ready, left())
         self._wait_startup_wipe(after=0, timeout=left())
-        self._say(f"starting the drasil kubelet plugin ({profile})")
+        self._say(f"starting the drasil kubelet plugin ({profile}) with the chart's RBAC")
+        self._make_plugin_identity()
         self.plugin.start(timeout=left())
         self.wait_plugin_registered(after=0, timeout=left())
         count = _profile_size(profile)
