@@ -116,14 +116,14 @@ class PoolDevice(_Model):
         alias="bindingConditions",
         description="Condition types (label names) that must be True in the claim's "
         "status.devices entry before the Pod is bound; with bindingFailureConditions.",
-        json_schema_extra={"maxItems": MAX_BINDING_CONDITIONS},
+        max_length=MAX_BINDING_CONDITIONS,
     )
     binding_failure_conditions: list[str] = Field(
         default_factory=list,
         alias="bindingFailureConditions",
         description="Condition types of which any True makes the scheduler un-allocate "
         "the device and schedule the Pod again; with bindingConditions.",
-        json_schema_extra={"maxItems": MAX_BINDING_FAILURE_CONDITIONS},
+        max_length=MAX_BINDING_FAILURE_CONDITIONS,
     )
 
 
