@@ -36,6 +36,12 @@ from typing import Any, Final, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from drasil.api.limits import (
+    MAX_BINDING_CONDITIONS,
+    MAX_BINDING_FAILURE_CONDITIONS,
+    MAX_SIMULATED_ATTACH_SECONDS,
+)
+
 GROUP: Final = "drasil.dev"
 VERSION: Final = "v1alpha1"
 API_VERSION: Final = "drasil.dev/v1alpha1"
@@ -98,6 +104,42 @@ class PoolDevice(_Model):
     attributes: dict[str, DeviceAttribute] = Field(default_factory=dict)
     capacity: dict[str, DeviceCapacity] = Field(default_factory=dict)
     taints: list[DeviceTaint] = Field(default_factory=list)
+    # KEP-5007, per device as in a ResourceSlice: a pool may mix devices that are
+    # reachable at once with devices that must first be attached.
+    binds_to_node: bool | None = Field(
+        None,
+        alias="bindsToNode",
+        description="The allocation is limited to the node the scheduler picked.",
+    )
+    binding_conditions: list[str] = Field(
+        default_factory=list,
+        alias="bindingConditions",
+        description="Condition types (label names) that must be True in the claim's "
+        "status.devices entry before the Pod is bound; with bindingFailureConditions.",
+        max_length=MAX_BINDING_CONDITIONS,
+    )
+    binding_failure_conditions: list[str] = Field(
+        default_factory=list,
+        alias="bindingFailureConditions",
+        description="Condition types of which any True makes the scheduler un-allocate "
+        "the device and schedule the Pod again; with bindingConditions.",
+        max_length=MAX_BINDING_FAILURE_CONDITIONS,
+    )
+
+
+class SimulatedFabric(_Model):
+    """SIMULATED: how the controller pretends to attach devices with binding conditions.
+
+    drasil has no fabric manager. The controller plays one so that binding conditions
+    can be shown and tested: an attach takes ``attachSeconds`` from the allocation and
+    fails for the devices in ``failDevices``."""
+
+    attach_seconds: int = Field(0, alias="attachSeconds", ge=0, le=MAX_SIMULATED_ATTACH_SECONDS)
+    fail_devices: list[str] = Field(
+        default_factory=list,
+        alias="failDevices",
+        json_schema_extra={"maxItems": MAX_DEVICES},
+    )
 
 
 class DevicePoolSpec(_Model):
@@ -132,6 +174,11 @@ class DevicePoolSpec(_Model):
             "x-kubernetes-list-map-keys": ["name"],
             "maxItems": MAX_DEVICES,
         },
+    )
+    simulated_fabric: SimulatedFabric | None = Field(
+        None,
+        alias="simulatedFabric",
+        description="SIMULATED attach of devices with binding conditions (demo and tests).",
     )
 
 

@@ -72,3 +72,16 @@ def allow_nesting() -> None:
     """
     if sys.getrecursionlimit() < RECURSION_LIMIT:
         sys.setrecursionlimit(RECURSION_LIMIT)
+
+
+MAX_BINDING_CONDITIONS: Final = 4
+"""Condition types in a device's ``bindingConditions`` (KEP-5007,
+BindingConditionsMaxSize); each is a label name (``drasil.dev/Attached``)."""
+
+MAX_BINDING_FAILURE_CONDITIONS: Final = 4
+"""Condition types in a device's ``bindingFailureConditions``
+(BindingFailureConditionsMaxSize)."""
+
+MAX_SIMULATED_ATTACH_SECONDS: Final = 3600
+"""The simulated fabric's attach delay: an hour is far past kube-scheduler's default
+binding timeout (600 s) and keeps a typo from parking a claim for days."""

@@ -12,7 +12,9 @@ DevicePool a lock also keeps the event path and the periodic resync apart.
 - ResourceClaims and ResourceClaimTemplates: opaque configs checked on every event;
   each distinct problem is one ``InvalidDeviceConfig`` Event on the object and on the
   Pods using it. Allocated claims get our ``status.devices`` entries for DevicePool
-  devices.
+  devices; a device with binding conditions is attached first (``attach``, simulated):
+  the claim is looked at again when its attach is due, a failed device is tainted
+  before the failure is reported, so the scheduler picks another one.
 - Pods: reduced to the claims they use; a new Pod of a broken claim hears about it.
 - Pending claims: every second ``PendingClaims`` says which to explain; each is
   re-read from the API server (the cache may be a moment old), explained against the
@@ -30,8 +32,25 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from drasil.api.devicepool import DevicePoolError, SimulatedFabric, parse_devicepool
+from drasil.controller.attach import (
+    Attach,
+    AttachState,
+    allocated_at,
+    allocated_node,
+    has_binding_conditions,
+    recorded,
+    simulate,
+)
 from drasil.controller.devicepools import POOL_LABEL, now_rfc3339
-from drasil.controller.devicestatus import apply_entries, desired_entries, needs_apply
+from drasil.controller.devicestatus import (
+    EntryKey,
+    apply_entries,
+    desired_entries,
+    entry_key,
+    needs_apply,
+    pool_results,
+)
 from drasil.controller.events import (
     EXPLANATION_INCOMPLETE,
     INVALID_DEVICE_CONFIG,
@@ -104,6 +123,13 @@ class Controller:
         # explanation delay: a Node made before a Pod is then always in the list.
         self._nodes: tuple[float, Sequence[JsonObject] | None] = (float("-inf"), None)
         self._nodes_max_age = min(NODES_MAX_AGE, options.explain_after)
+        # Simulated attaches (under _lock): devices whose attach failed, per pool (they
+        # are tainted; lost on restart, when a failing device may be tried once more),
+        # when a claim without allocationTimestamp was first seen, and when to look at
+        # a claim again because an attach of it is due.
+        self._attach_failed: dict[str, set[str]] = {}
+        self._first_seen: dict[tuple[str, EntryKey], float] = {}
+        self._attach_due: dict[Key, float] = {}
 
     # ---- DevicePools ----------------------------------------------------------------
 
@@ -137,7 +163,7 @@ class Controller:
                 return
             progress = self._progress.setdefault(name, PoolProgress())
             try:
-                result = self.pools.reconcile(obj)
+                result = self.pools.reconcile(obj, attach_failed=self._failed_in(name))
             except Exception:
                 delay = RETRY_DELAYS[min(progress.failures, len(RETRY_DELAYS) - 1)]
                 progress.failures += 1
@@ -190,6 +216,9 @@ class Controller:
         namespace, name = key_of(obj)
         with self._lock:
             self._invalid.pop((str(obj.get("kind", "")), namespace, name), None)
+            self._attach_due.pop((namespace, name), None)
+            for seen in [k for k in self._first_seen if k[0] == uid]:
+                del self._first_seen[seen]
 
     def _check_claim(self, claim: JsonObject) -> None:
         self.check_configs(claim)
@@ -258,7 +287,10 @@ class Controller:
     def update_device_status(self, claim: JsonObject) -> bool:
         """Apply our status.devices entries if they differ; returns whether it wrote."""
         pools = self.view.published_pools()
-        entries = desired_entries(claim, driver=self.driver, pools=pools, now=now_rfc3339())
+        attaches = self._attaches(claim, pools)
+        entries = desired_entries(
+            claim, driver=self.driver, pools=pools, now=now_rfc3339(), attaches=attaches
+        )
         if not needs_apply(claim, entries, driver=self.driver, pools=pools):
             return False
         apply_entries(self.api, claim, entries, manager=FIELD_MANAGER)
@@ -268,6 +300,73 @@ class Controller:
             extra={"claim": "/".join(key_of(claim)), "devices": len(entries)},
         )
         return True
+
+    # ---- binding conditions: the simulated fabric ------------------------------------
+
+    def _attaches(self, claim: JsonObject, pools: set[str]) -> dict[EntryKey, Attach]:
+        """The attach of each allocated DevicePool device with binding conditions.
+
+        A device whose attach fails is tainted (its pool re-published) before the
+        failure is written: the scheduler reacts to the failure by allocating again,
+        and should find the taint by then (KEP-5007 asks the provider for this).
+        """
+        existing = {entry_key(e): e for e in (claim.get("status") or {}).get("devices") or []}
+        now, node = time.time(), allocated_node(claim)
+        attaches: dict[EntryKey, Attach] = {}
+        for result in pool_results(claim, driver=self.driver, pools=pools):
+            if not has_binding_conditions(result):
+                continue
+            key, entry = entry_key(result), existing.get(entry_key(result))
+            started = allocated_at(claim) or self._seen(_uid(claim), key, now)
+            attach = simulate(
+                result, entry, fabric=self._fabric(key[1]), started=started, now=now, node=node
+            )
+            if attach.state is AttachState.PENDING:
+                self._due(key_of(claim), attach.due)
+            elif attach.state is AttachState.FAILED and recorded(result, entry) is None:
+                self._taint_failed(key[1], key[2])
+            attaches[key] = attach
+        return attaches
+
+    def _seen(self, uid: str, key: EntryKey, now: float) -> float:
+        with self._lock:
+            return self._first_seen.setdefault((uid, key), now)
+
+    def _due(self, claim: Key, due: float) -> None:
+        with self._lock:
+            self._attach_due[claim] = min(due, self._attach_due.get(claim, due))
+
+    def _fabric(self, pool: str) -> SimulatedFabric | None:
+        obj = self.view.pool(pool)
+        try:
+            return parse_devicepool(obj).spec.simulated_fabric if obj else None
+        except DevicePoolError:
+            return None  # reported on the pool; attach as if it had no fabric settings
+
+    def _failed_in(self, pool: str) -> set[str]:
+        with self._lock:
+            return set(self._attach_failed.get(pool, ()))
+
+    def _taint_failed(self, pool: str, device: str) -> None:
+        with self._lock:
+            known = device in self._attach_failed.setdefault(pool, set())
+            self._attach_failed[pool].add(device)
+        if not known:
+            log.info("simulated attach failed", extra={"pool": pool, "device": device})
+            self.sync_pool(pool)
+
+    def due_attaches(self, now: float) -> list[Key]:
+        """Claims with an attach due by ``now`` (each handed out once)."""
+        with self._lock:
+            due = [key for key, at in self._attach_due.items() if at <= now]
+            for key in due:
+                del self._attach_due[key]
+        return due
+
+    def _recheck(self, key: Key) -> None:
+        claim = self.view.claim(key)
+        if claim is not None:
+            self._update_device_status_safely(claim)
 
     # ---- slices and classes ---------------------------------------------------------
 
@@ -303,6 +402,8 @@ class Controller:
     async def tick(self, now: float) -> None:
         for name in self.due_pools(now):
             await asyncio.to_thread(self.sync_pool, name)
+        for key in self.due_attaches(time.time()):
+            await asyncio.to_thread(self._recheck, key)
         waiting: dict[str, Key] = {}
         for claim in self.view.unallocated_claims():
             key = key_of(claim)

@@ -13,7 +13,7 @@ where those exist.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -39,6 +39,11 @@ from drasil.driver.slices.build import (
 
 POOL_LABEL = "drasil.dev/devicepool"
 """Label on every slice of a DevicePool: finds them when the driver changes or the pool goes."""
+
+ATTACH_FAILED_TAINT = "drasil.dev/attach-failed"
+"""Taint (NoSchedule) on a device whose simulated attach failed: KEP-5007 asks the
+provider to keep the scheduler from picking a failed device again, and a taint does
+that without taking the device out of the pool."""
 
 
 class PoolSpecError(ValueError):
@@ -91,13 +96,34 @@ def to_device(spec: PoolDevice) -> Device:
         minor=minor if isinstance(minor, int) and not isinstance(minor, bool) else 0,
         attributes=attributes,
         capacity={k: _capacity(spec.name, k, v.value) for k, v in spec.capacity.items()},
+        binds_to_node=spec.binds_to_node is True,
+        binding_conditions=tuple(spec.binding_conditions),
+        binding_failure_conditions=tuple(spec.binding_failure_conditions),
     )
 
 
-def to_taints(spec: PoolDevice) -> list[Taint]:
-    return [
+def to_taints(spec: PoolDevice, *, attach_failed: bool = False) -> list[Taint]:
+    taints = [
         Taint(key=t.key, value=t.value or "", effect=TaintEffect(t.effect)) for t in spec.taints
     ]
+    if attach_failed:
+        taints.append(Taint(key=ATTACH_FAILED_TAINT, value="", effect=TaintEffect.NO_SCHEDULE))
+    return taints
+
+
+def _check_fabric(pool: DevicePool) -> None:
+    fabric = pool.spec.simulated_fabric
+    names = {d.name for d in pool.spec.devices}
+    for name in fabric.fail_devices if fabric else ():
+        if name not in names:
+            raise PoolSpecError(f'spec.simulatedFabric.failDevices: no device named "{name}"')
+
+
+def failing_devices(pool: DevicePool, attach_failed: Collection[str]) -> set[str]:
+    """Devices to taint: their attach failed and the (simulated) fabric still fails
+    them. Taking a device off ``failDevices`` repairs it and lifts the taint."""
+    fabric = pool.spec.simulated_fabric
+    return set(attach_failed) & set(fabric.fail_devices if fabric else ())
 
 
 def pool_driver(pool: DevicePool, default: str) -> str:
@@ -120,10 +146,19 @@ def _node_selection(pool: DevicePool) -> dict[str, Any]:
     return {"node_selector": selector} if selector is not None else {"all_nodes": True}
 
 
-def desired_slices(pool: DevicePool, *, driver: str) -> list[JsonObject]:
-    """The ResourceSlices of the pool (generation 0: the planner sets the real one)."""
+def desired_slices(
+    pool: DevicePool, *, driver: str, attach_failed: Collection[str] = ()
+) -> list[JsonObject]:
+    """The ResourceSlices of the pool (generation 0: the planner sets the real one);
+    devices in ``attach_failed`` are tainted while the fabric still fails them."""
+    _check_fabric(pool)
     devices = [to_device(d) for d in pool.spec.devices]
-    taints = {d.name: to_taints(d) for d in pool.spec.devices if d.taints}
+    failing = failing_devices(pool, attach_failed)
+    taints = {
+        d.name: to_taints(d, attach_failed=d.name in failing)
+        for d in pool.spec.devices
+        if d.taints or d.name in failing
+    }
     try:
         return build_slices(
             driver=driver,

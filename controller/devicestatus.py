@@ -8,6 +8,11 @@ written by server-side apply under our own field manager: the apply names only o
 entries, and the API server leaves every other writer's entries alone. An apply
 always carries all our entries, because entries we applied before and leave out
 would be removed.
+
+A device with binding conditions (KEP-5007, see ``attach``) is Ready only once
+attached. Until then its entry says so: the binding conditions False (reason
+``Attaching``), Ready False; after a failed attach the first failure condition True
+(reason ``AttachFailed``), which makes the scheduler allocate another device.
 """
 
 from __future__ import annotations
@@ -15,9 +20,13 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from drasil.controller.attach import Attach, AttachState
 from drasil.driver.kubeapi import RESOURCE_GROUP, RESOURCE_VERSION, KubeApi
 
 READY_REASON = "DevicePoolDevice"
+ATTACHING = "Attaching"
+ATTACHED = "Attached"
+ATTACH_FAILED = "AttachFailed"
 EntryKey = tuple[str, str, str, str]  # driver, pool, device, shareID
 
 
@@ -35,14 +44,66 @@ def _existing(claim: Mapping[str, Any]) -> dict[EntryKey, Mapping[str, Any]]:
     return {_key(entry): entry for entry in devices}
 
 
-def _ready_since(entry: Mapping[str, Any] | None) -> str | None:
+def entry_key(result: Mapping[str, Any]) -> EntryKey:
+    """The status.devices key of an allocation result."""
+    return _key(result)
+
+
+def _since(entry: Mapping[str, Any] | None, kind: str, status: str) -> str | None:
     for condition in (entry or {}).get("conditions") or []:
-        if condition.get("type") == "Ready" and condition.get("status") == "True":
+        if condition.get("type") == kind and condition.get("status") == status:
             return str(condition.get("lastTransitionTime") or "") or None
     return None
 
 
-def _pool_results(
+def _condition(
+    old: Mapping[str, Any] | None, kind: str, status: str, reason: str, message: str, *, now: str
+) -> dict[str, Any]:
+    # lastTransitionTime moves only when the status flips, as metav1.Condition asks.
+    return {
+        "type": kind,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": _since(old, kind, status) or now,
+    }
+
+
+def _attach_message(result: Mapping[str, Any], attach: Attach) -> str:
+    where = f" to node {attach.node}" if attach.node else ""
+    device = f"device {result['device']} of DevicePool {result['pool']}"
+    if attach.state is AttachState.PENDING:
+        return f"attaching {device}{where} (simulated fabric)"
+    if attach.state is AttachState.FAILED:
+        return f"attaching {device}{where} failed (simulated fabric: failDevices)"
+    return f"{device} attached{where} (simulated fabric)"
+
+
+def _binding_conditions(
+    result: Mapping[str, Any], attach: Attach, old: Mapping[str, Any] | None, now: str
+) -> list[dict[str, Any]]:
+    """Ready, the binding conditions and (after a failure) the first failure condition."""
+    message = _attach_message(result, attach)
+    attached = attach.state is AttachState.ATTACHED
+    reason = {
+        AttachState.PENDING: ATTACHING,
+        AttachState.ATTACHED: ATTACHED,
+        AttachState.FAILED: ATTACH_FAILED,
+    }[attach.state]
+    status = "True" if attached else "False"
+    ready_reason = READY_REASON if attached else reason
+    conditions = [_condition(old, "Ready", status, ready_reason, message, now=now)]
+    conditions += [
+        _condition(old, str(kind), status, reason, message, now=now)
+        for kind in result.get("bindingConditions") or []
+    ]
+    failures = result.get("bindingFailureConditions") or []
+    if attach.state is AttachState.FAILED and failures:
+        conditions.append(_condition(old, str(failures[0]), "True", reason, message, now=now))
+    return conditions
+
+
+def pool_results(
     claim: Mapping[str, Any], *, driver: str, pools: Collection[str]
 ) -> list[Mapping[str, Any]]:
     allocation = (claim.get("status") or {}).get("allocation") or {}
@@ -51,12 +112,18 @@ def _pool_results(
 
 
 def desired_entries(
-    claim: Mapping[str, Any], *, driver: str, pools: Collection[str], now: str
+    claim: Mapping[str, Any],
+    *,
+    driver: str,
+    pools: Collection[str],
+    now: str,
+    attaches: Mapping[EntryKey, Attach] | None = None,
 ) -> list[dict[str, Any]]:
-    """Our entries for the claim's allocated DevicePool devices (``pools``: their names)."""
+    """Our entries for the claim's allocated DevicePool devices (``pools``: their names);
+    ``attaches`` holds the attach of each device with binding conditions."""
     existing = _existing(claim)
     entries = []
-    for result in _pool_results(claim, driver=driver, pools=pools):
+    for result in pool_results(claim, driver=driver, pools=pools):
         entry: dict[str, Any] = {
             "driver": driver,
             "pool": result["pool"],
@@ -64,16 +131,13 @@ def desired_entries(
         }
         if result.get("shareID"):
             entry["shareID"] = result["shareID"]
-        since = _ready_since(existing.get(_key(entry))) or now
-        entry["conditions"] = [
-            {
-                "type": "Ready",
-                "status": "True",
-                "reason": READY_REASON,
-                "message": f"device {result['device']} of DevicePool {result['pool']}",
-                "lastTransitionTime": since,
-            }
-        ]
+        old = existing.get(_key(entry))
+        attach = (attaches or {}).get(_key(entry))
+        if attach is not None:
+            entry["conditions"] = _binding_conditions(result, attach, old, now)
+        else:
+            message = f"device {result['device']} of DevicePool {result['pool']}"
+            entry["conditions"] = [_condition(old, "Ready", "True", READY_REASON, message, now=now)]
         entry["data"] = {"devicePool": result["pool"]}
         entries.append(entry)
     return entries
@@ -92,10 +156,16 @@ def needs_apply(
         for key, entry in _existing(claim).items()
         if key[0] == driver and key[1] in pools
     }
-    wanted = {_key(entry) for entry in entries}
-    if set(existing) != wanted:
-        return True
-    return any(_ready_since(entry) is None for entry in existing.values())
+    wanted = {_key(entry): _states(entry) for entry in entries}
+    return {key: _states(entry) for key, entry in existing.items()} != wanted
+
+
+def _states(entry: Mapping[str, Any]) -> set[tuple[str, str, str]]:
+    """What an apply would change: condition types, statuses and reasons (not times)."""
+    return {
+        (str(c.get("type")), str(c.get("status")), str(c.get("reason")))
+        for c in entry.get("conditions") or []
+    }
 
 
 def apply_entries(

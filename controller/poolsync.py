@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -79,8 +79,11 @@ class PoolSync:
 
     # ---- reconcile ----------------------------------------------------------------
 
-    def reconcile(self, obj: Mapping[str, Any]) -> str:
-        """Make the pool's slices and status match the object; returns the result."""
+    def reconcile(self, obj: Mapping[str, Any], *, attach_failed: Collection[str] = ()) -> str:
+        """Make the pool's slices and status match the object; returns the result.
+
+        ``attach_failed``: devices whose simulated attach failed (tainted while the
+        fabric still fails them)."""
         name = str((obj.get("metadata") or {}).get("name", ""))
         try:
             pool = parse_pool(obj)
@@ -92,7 +95,7 @@ class PoolSync:
                 # admission policy lets each controller touch its own driver's slices).
                 self.remove(name)
                 return SKIPPED
-            outcome = self._publish(pool, obj)
+            outcome = self._publish(pool, obj, attach_failed)
         if outcome.status is not None:
             self._write_status(name, obj.get("status"), outcome.status)
         self.metrics.pool_publishes.labels(outcome.result).inc()
@@ -104,10 +107,12 @@ class PoolSync:
         status = PoolStatus(False, "InvalidSpec", reason + suffix, tuple(kept), generation)
         return Outcome("invalid", status)
 
-    def _publish(self, pool: DevicePool, obj: Mapping[str, Any]) -> Outcome:
+    def _publish(
+        self, pool: DevicePool, obj: Mapping[str, Any], attach_failed: Collection[str]
+    ) -> Outcome:
         generation = _generation(obj)
         try:
-            desired = desired_slices(pool, driver=self.driver)
+            desired = desired_slices(pool, driver=self.driver, attach_failed=attach_failed)
         except PoolSpecError as err:
             return self._invalid(obj, str(err), generation=generation)
         existing = self.api.list_slices(driver=self.driver, pool=pool.name)

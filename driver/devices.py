@@ -109,6 +109,13 @@ class Device:
     # of the capacities that have a policy.
     allow_multiple_allocations: bool = False
     capacity_policies: Mapping[str, CapacityPolicy] = field(default_factory=dict)
+    # KEP-5007 (DevicePool devices behind a fabric): the scheduler limits the claim
+    # to the node it chose and waits, before binding the Pod, until every binding
+    # condition is True in the claim's status.devices entry (any failure condition
+    # True: it un-allocates and tries again).
+    binds_to_node: bool = False
+    binding_conditions: tuple[str, ...] = ()
+    binding_failure_conditions: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Devices are shared between threads (publisher, prepare, health); make the

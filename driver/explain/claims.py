@@ -51,6 +51,7 @@ from functools import partial
 from typing import Any
 
 from drasil.driver.cel.selectors import CelDeviceCache
+from drasil.driver.explain.binding import binding_waits
 from drasil.driver.explain.counters import CounterBook, listing
 from drasil.driver.explain.inventory import (
     DeviceKey,
@@ -89,6 +90,8 @@ class ClaimExplanation:
     cut_short: str = ""  # why the explanation stopped before every request was explained
     # Allocated claims: per firstAvailable request, the alternative taken and its devices.
     taken: Mapping[str, str] = field(default_factory=dict)
+    # Allocated claims: devices still waiting for their binding conditions (KEP-5007).
+    binding: tuple[str, ...] = ()
 
     def failing_parents(self) -> list[str]:
         """Requests none of whose alternatives can be satisfied on its own."""
@@ -135,7 +138,9 @@ class ClaimExplanation:
         if self.cut_short:
             return f"could not explain claim {self.claim}: {self.cut_short}"
         if self.allocated:
-            return ". ".join([f"claim {self.claim} is allocated", *self.alternatives()])
+            return ". ".join(
+                [f"claim {self.claim} is allocated", *self.binding, *self.alternatives()]
+            )
         if not self.requests:
             return f"claim {self.claim} has no requests for driver {self.driver}"
         return ". ".join(
@@ -260,6 +265,7 @@ def explain_claim(
         allocated=bool((claim.get("status") or {}).get("allocation")),
         cut_short=cut_short,
         taken=taken_alternatives(claim, driver),
+        binding=tuple(binding_waits(claim, driver=driver, now=time.time())),
     )
     if result.unsatisfiable or not explained or cut_short:
         return result
@@ -317,6 +323,7 @@ def _with_joint_problems(
         allocated=explanation.allocated,
         cut_short=incomplete,
         taken=explanation.taken,
+        binding=explanation.binding,
     )
 
 

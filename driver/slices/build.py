@@ -29,6 +29,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, TypeAlias
 
+from drasil.api.limits import MAX_BINDING_CONDITIONS, MAX_BINDING_FAILURE_CONDITIONS
 from drasil.api.quantity import QuantityError, format_bytes, parse_quantity
 from drasil.driver.devices import (
     AttributeValue,
@@ -250,6 +251,18 @@ def _device(
         ]
     if taints:
         out["taints"] = [_taint(t) for t in taints]
+    out.update(_binding(device))
+    return out
+
+
+def _binding(device: Device) -> JsonObject:
+    out: JsonObject = {}
+    if device.binds_to_node:
+        out["bindsToNode"] = True
+    if device.binding_conditions:
+        out["bindingConditions"] = list(device.binding_conditions)
+    if device.binding_failure_conditions:
+        out["bindingFailureConditions"] = list(device.binding_failure_conditions)
     return out
 
 
@@ -541,6 +554,7 @@ def validate_device(device: Mapping[str, Any], *, where: str = "ResourceSlice") 
             _validate_request_policy(f'{at}: capacity "{key}": requestPolicy', value, policy)
     _validate_taints(at, device.get("taints") or [])
     _validate_consumption(at, device.get("consumesCounters") or [])
+    _validate_binding(at, device)
 
 
 def _policy_quantity(where: str, field: str, text: Any) -> Decimal:
@@ -669,4 +683,46 @@ def _validate_consumption(where: str, consumes: Sequence[Mapping[str, Any]]) -> 
             raise _fail(where, f'consumesCounters: "{counter_set}" is not a DNS label')
         _validate_counter_map(
             f'{where}: consumesCounters "{counter_set}"', use.get("counters") or {}
+        )
+
+
+def _validate_condition_types(where: str, field: str, types: Any, limit: int) -> list[str]:
+    if not isinstance(types, list):
+        raise _fail(where, f"{field} must be a list of condition types")
+    if len(types) > limit:
+        raise _fail(where, f"{field}: {len(types)} condition types, more than {limit}")
+    seen: set[str] = set()
+    for kind in types:
+        error = _label_key_error(kind) if isinstance(kind, str) else "not a string"
+        if error:
+            raise _fail(where, f"{field}: {kind!r}: {error}")
+        if kind in seen:
+            raise _fail(where, f"{field}: {kind!r} is listed twice")
+        seen.add(kind)
+    return list(types)
+
+
+def _validate_binding(where: str, device: Mapping[str, Any]) -> None:
+    """KEP-5007's rules: condition types are label names, at most 4 of each, no
+    repeats and no overlap, and the two lists only together."""
+    binds = device.get("bindsToNode")
+    if binds is not None and not isinstance(binds, bool):
+        raise _fail(where, "bindsToNode must be a boolean")
+    ok = _validate_condition_types(
+        where, "bindingConditions", device.get("bindingConditions") or [], MAX_BINDING_CONDITIONS
+    )
+    failed = _validate_condition_types(
+        where,
+        "bindingFailureConditions",
+        device.get("bindingFailureConditions") or [],
+        MAX_BINDING_FAILURE_CONDITIONS,
+    )
+    both = sorted(set(ok) & set(failed))
+    if both:
+        raise _fail(where, f"bindingFailureConditions: {both[0]!r} is also a binding condition")
+    if bool(ok) != bool(failed):
+        missing = "bindingFailureConditions" if ok else "bindingConditions"
+        raise _fail(
+            where,
+            f"{missing} are required: bindingConditions and bindingFailureConditions go together",
         )

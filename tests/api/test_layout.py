@@ -66,6 +66,7 @@ LAYOUT: dict[str, set[str]] = {
     },
     "kubeletplugin": {"main", "metrics", "node", "options", "sockets", "dra/", "deviceplugin/"},
     "controller": {
+        "attach",
         "controller",
         "devicepools",
         "devicestatus",
