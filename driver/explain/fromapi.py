@@ -36,7 +36,7 @@ def _list(api: KubeApi, plural: str, *, field_selector: str = "") -> list[JsonOb
     return list(cast(Mapping[str, Any], result).get("items") or [])
 
 
-def _taint_rules(api: KubeApi) -> list[JsonObject]:
+def list_taint_rules(api: KubeApi) -> list[JsonObject]:
     """The DeviceTaintRules, or none when this user may not list them or the cluster
     does not serve them (resource.k8s.io/v1 has them from 1.37): the explanation
     then leaves them out, as it leaves out Nodes it may not read."""
@@ -61,7 +61,7 @@ def fetch_inputs(api: KubeApi, *, namespace: str, name: str, driver: str) -> Exp
         classes=_list(api, "deviceclasses"),
         nodes=api.list_nodes(),
         pods=[p for p in api.list_pods(namespace) or [] if waits_for(p, name)],
-        taint_rules=_taint_rules(api),
+        taint_rules=list_taint_rules(api),
     )
 
 
