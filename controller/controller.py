@@ -18,8 +18,8 @@ DevicePool a lock also keeps the event path and the periodic resync apart.
 - Pods: reduced to the claims they use; a new Pod of a broken claim hears about it.
 - Pending claims: every second ``PendingClaims`` says which to explain; each is
   re-read from the API server (the cache may be a moment old), explained against the
-  cached slices, claims and classes, and an ``Unsatisfiable`` Event goes to the claim
-  and its waiting Pods when the text is new.
+  cached slices, claims, classes and DeviceTaintRules, and an ``Unsatisfiable`` Event
+  goes to the claim and its waiting Pods when the text is new.
 """
 
 from __future__ import annotations
@@ -388,6 +388,13 @@ class Controller:
         else:
             self.view.put_class(obj)
 
+    async def on_taint_rule(self, event: Mapping[str, Any], **_: Any) -> None:
+        obj = event["object"]
+        if event.get("type") == "DELETED":
+            self.view.drop_taint_rule(obj)
+        else:
+            self.view.put_taint_rule(obj)
+
     # ---- housekeeping ---------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event, *, period: float = 1.0) -> None:
@@ -441,6 +448,7 @@ class Controller:
             slices=snapshot.slices,
             claims=snapshot.claims,
             classes=snapshot.classes,
+            taint_rules=snapshot.taint_rules,
             driver=self.driver,
             cache=self.cel_cache,
             nodes=nodes,

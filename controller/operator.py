@@ -85,6 +85,7 @@ def registry(controller: Controller, api_client: ApiClient) -> kopf.OperatorRegi
         (RESOURCE_API, "resourceclaimtemplates", controller.on_template),
         (RESOURCE_API, "resourceslices", controller.on_slice),
         (RESOURCE_API, "deviceclasses", controller.on_class),
+        (RESOURCE_API, "devicetaintrules", controller.on_taint_rule),
         ("v1", "pods", controller.on_pod),
     )
     for api_version, plural, handler in watched:

@@ -1,10 +1,10 @@
 """What the controller knows of the cluster, fed by kopf's watch events, kept in memory.
 
 Nothing here is written to the objects themselves (docs/design.md#decisions: no kopf annotations,
-finalizers or status on objects we do not own): claims, Pods, slices, classes and
-DevicePools live in plain dicts, replaced on every event and dropped on deletion.
-Pods are reduced to the claims they use, which is all the controller needs of them.
-Readers on worker threads get copies under the lock.
+finalizers or status on objects we do not own): claims, Pods, slices, classes,
+DeviceTaintRules and DevicePools live in plain dicts, replaced on every event and
+dropped on deletion. Pods are reduced to the claims they use, which is all the
+controller needs of them. Readers on worker threads get copies under the lock.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from drasil.controller.events import ObjectRef
@@ -93,6 +93,7 @@ class ExplainSnapshot:
     slices: list[JsonObject]
     claims: list[JsonObject]
     classes: list[JsonObject]
+    taint_rules: list[JsonObject] = field(default_factory=list)
 
 
 class ClusterView:
@@ -108,6 +109,7 @@ class ClusterView:
         self._slices: dict[str, JsonObject] = {}
         self._classes: dict[str, JsonObject] = {}
         self._pools: dict[str, JsonObject] = {}
+        self._taint_rules: dict[str, JsonObject] = {}
 
     # ---- claims -------------------------------------------------------------------
 
@@ -202,6 +204,15 @@ class ClusterView:
     def _driver_classes(self) -> set[str]:
         return {n for n, c in self._classes.items() if is_driver_class(c, self.driver)}
 
+    def put_taint_rule(self, obj: JsonObject) -> None:
+        # Cluster-scoped and few; kept whole, since matching needs only their spec.
+        with self._lock:
+            self._taint_rules[str(_meta(obj).get("name", ""))] = obj
+
+    def drop_taint_rule(self, obj: JsonObject) -> None:
+        with self._lock:
+            self._taint_rules.pop(str(_meta(obj).get("name", "")), None)
+
     def put_pool(self, obj: JsonObject) -> None:
         with self._lock:
             self._pools[str(_meta(obj).get("name", ""))] = obj
@@ -230,4 +241,5 @@ class ClusterView:
                 slices=list(self._slices.values()),
                 claims=list(self._claims.values()),
                 classes=list(self._classes.values()),
+                taint_rules=list(self._taint_rules.values()),
             )

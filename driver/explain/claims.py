@@ -13,7 +13,8 @@ each stage the allocator applies, in its order:
    ``allowMultipleAllocations``: what other claims left of every capacity, the
    request rounded by the capacity's ``requestPolicy`` and unnamed capacities taking
    their default; ``capacity``),
-5. those not blocked by a taint the request does not tolerate,
+5. those not blocked by a taint the request does not tolerate, in the slice or from a
+   DeviceTaintRule (``taintrules``: the rule is named),
 6. those not allocated to other claims (with the holders named),
 7. those whose shared counters (partitionable devices) are usable and still cover
    what they draw after the allocated devices of other claims (``counters``: the
@@ -66,6 +67,7 @@ from drasil.driver.explain.inventory import (
 from drasil.driver.explain.jointcounters import JointVerdict, joint_counter_problem
 from drasil.driver.explain.nodefit import misfit, node_name
 from drasil.driver.explain.requests import OutOfTime, RequestExplanation, explain_request
+from drasil.driver.explain.taintrules import TaintRules, ruled_text
 
 JsonObject = Mapping[str, Any]
 EXPLAIN_BUDGET = 2.0
@@ -214,12 +216,14 @@ def explain_claim(
     nodes: Iterable[JsonObject] | None = None,
     pods: Sequence[JsonObject] = (),
     budget: float = EXPLAIN_BUDGET,
+    taint_rules: Iterable[JsonObject] = (),
 ) -> ClaimExplanation:
     """Explain ``claim`` against the cluster's state (see the module docstring).
 
     Requests whose DeviceClass belongs to another driver are left out (noted). With
     ``nodes`` (and the ``pods`` waiting for the claim), only the nodes those Pods may
-    go to count for the one-node check. Selectors are evaluated for at most
+    go to count for the one-node check. ``taint_rules`` (DeviceTaintRules) taint
+    devices like the slices' own taints do. Selectors are evaluated for at most
     ``budget`` seconds; past it the explanation stops and says so (``cut_short``),
     so one costly claim cannot hold up the explanations of all others.
     """
@@ -228,6 +232,7 @@ def explain_claim(
     inventory = build_inventory(slices, driver=driver, cache=cache)
     usage = build_usage(claims, driver=driver, skip_uid=str(object_meta(claim).get("uid", "")))
     book = CounterBook(inventory, usage)
+    rules = TaintRules.of(taint_rules, driver=driver)
     explained: list[RequestExplanation] = []
     others: list[str] = []
     for name, request in _requests(claim):
@@ -245,6 +250,7 @@ def explain_claim(
                     usage=usage,
                     deadline=deadline,
                     counters=book,
+                    rules=rules,
                 )
             )
         except OutOfTime as err:
@@ -541,6 +547,7 @@ def render_table(explanation: ClaimExplanation) -> str:
         if e.stages and e.stages[-1].count == 0:
             continue
         rows += [(e.request, str(n), f"blocked by taint {t}") for t, n in e.blocked.items()]
+        rows += [(e.request, str(len(d)), ruled_text(r, d)) for r, d in e.ruled.items()]
         if e.short_capacity:
             text = f"without the requested capacity: {e.capacity_text()}"
             rows.append((e.request, str(e.short_capacity), text))

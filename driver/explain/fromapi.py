@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from drasil.driver.explain.claims import ClaimExplanation, explain_claim
-from drasil.driver.kubeapi import RESOURCE_GROUP, RESOURCE_VERSION, KubeApi
+from drasil.driver.kubeapi import RESOURCE_GROUP, RESOURCE_VERSION, ApiError, KubeApi
 
 JsonObject = Mapping[str, Any]
 
@@ -22,6 +22,7 @@ class ExplainInputs:
     classes: Sequence[JsonObject]
     nodes: Sequence[JsonObject] | None = None  # None: not allowed to list them
     pods: Sequence[JsonObject] = ()  # the Pods waiting for the claim
+    taint_rules: Sequence[JsonObject] = ()  # DeviceTaintRules
 
 
 class ClaimNotFound(LookupError):
@@ -35,8 +36,21 @@ def _list(api: KubeApi, plural: str, *, field_selector: str = "") -> list[JsonOb
     return list(cast(Mapping[str, Any], result).get("items") or [])
 
 
+def list_taint_rules(api: KubeApi) -> list[JsonObject]:
+    """The DeviceTaintRules, or none when this user may not list them or the cluster
+    does not serve them (resource.k8s.io/v1 has them from 1.37): the explanation
+    then leaves them out, as it leaves out Nodes it may not read."""
+    try:
+        return _list(api, "devicetaintrules")
+    except ApiError as err:
+        if err.status in (403, 404):
+            return []
+        raise
+
+
 def fetch_inputs(api: KubeApi, *, namespace: str, name: str, driver: str) -> ExplainInputs:
-    """Read the claim, the driver's slices, all claims and all DeviceClasses."""
+    """Read the claim, the driver's slices, all claims, DeviceClasses and
+    DeviceTaintRules."""
     claim = api.get_claim(namespace, name)
     if claim is None:
         raise ClaimNotFound(f"ResourceClaim {namespace}/{name} not found")
@@ -47,6 +61,7 @@ def fetch_inputs(api: KubeApi, *, namespace: str, name: str, driver: str) -> Exp
         classes=_list(api, "deviceclasses"),
         nodes=api.list_nodes(),
         pods=[p for p in api.list_pods(namespace) or [] if waits_for(p, name)],
+        taint_rules=list_taint_rules(api),
     )
 
 
@@ -70,4 +85,5 @@ def explain_from_api(api: KubeApi, *, namespace: str, name: str, driver: str) ->
         driver=driver,
         nodes=inputs.nodes,
         pods=inputs.pods,
+        taint_rules=inputs.taint_rules,
     )

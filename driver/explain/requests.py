@@ -19,6 +19,7 @@ from drasil.driver.explain.inventory import (
     object_spec,
 )
 from drasil.driver.explain.nodefit import BLOCKING_EFFECTS, taint_text, tolerated
+from drasil.driver.explain.taintrules import TaintRules, ruled_text
 
 JsonObject = Mapping[str, Any]
 MAX_SELECTOR_TEXT = 160
@@ -55,6 +56,7 @@ class RequestExplanation:
     needed: int | None  # None: allocationMode All
     stages: tuple[Stage, ...]
     blocked: Mapping[str, int] = field(default_factory=dict)  # taint -> devices
+    ruled: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # rule -> devices
     held: Mapping[str, int] = field(default_factory=dict)  # holder claim -> devices
     short_capacity: int = 0
     capacity_texts: tuple[str, ...] = ()  # the shortfalls worded, amounts named
@@ -92,6 +94,7 @@ class RequestExplanation:
         if self.stages and self.stages[-1].count == 0:
             return parts
         parts += [f"{n} blocked by taint {taint}" for taint, n in self.blocked.items()]
+        parts += [ruled_text(rule, names) for rule, names in self.ruled.items()]
         if self.short_capacity:
             parts.append(self.capacity_text())
         if self.held:
@@ -110,7 +113,7 @@ class RequestExplanation:
 
     def _excluded(self) -> bool:
         """Whether some devices were left out for a reason the text already names."""
-        return bool(self.held or self.blocked or self.unusable or self.short_counters)
+        return bool(self.held or self.blocked or self.ruled or self.unusable or self.short_counters)
 
     def _counters_text(self) -> str:
         total = sum(n for n, _ in self.short_counters)
@@ -307,8 +310,11 @@ def explain_request(
     usage: Usage,
     deadline: float = math.inf,
     counters: CounterBook | None = None,
+    rules: TaintRules | None = None,
 ) -> RequestExplanation:
     """The funnel of one ``exactly`` request or ``firstAvailable`` subrequest.
+
+    ``rules`` are the DeviceTaintRules; their taints count like the slices' own.
 
     Raises ``OutOfTime`` when selectors (or shared counters) are still being checked
     at ``deadline``.
@@ -321,14 +327,19 @@ def explain_request(
         return RequestExplanation(name, needed, tuple(stages), problem=problem)
     fitting, short = _by_capacity(devices, request, usage=usage, driver=inventory.driver)
     blocked: Counter[str] = Counter()
+    ruled: dict[str, list[str]] = defaultdict(list)
     held: Counter[str] = Counter()
     free: list[PoolDevice] = []
     tolerations = request.get("tolerations") or []
+    rules = rules or TaintRules(driver=inventory.driver)
     for device in fitting:
         taint = _blocking_taint(device, tolerations)
+        rule = rules.blocking(device, tolerations) if taint is None else None
         holders = () if _shareable(device, request) else usage.holders.get(device.key, ())
         if taint is not None:
             blocked[taint] += 1
+        elif rule is not None:
+            ruled[rule.text()].append(device.name)
         elif holders:
             held.update(holders[:1])
         else:
@@ -342,6 +353,7 @@ def explain_request(
         needed=needed,
         stages=tuple(stages),
         blocked=dict(blocked.most_common()),
+        ruled={rule: tuple(names) for rule, names in ruled.items()},
         held=dict(held.most_common()),
         short_capacity=len(short),
         capacity_texts=tuple(shortfall_texts(short)),

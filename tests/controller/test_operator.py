@@ -50,6 +50,7 @@ def test_only_event_handlers_are_registered() -> None:
             "resourceclaimtemplates",
             "resourceslices",
             "deviceclasses",
+            "devicetaintrules",
             "pods",
         ]
     )
