@@ -65,7 +65,24 @@ getattr(daemons, sys.argv[2])(sys.argv[3])
 
 
 def started_under(root: Path) -> list[int]:
-    """Running processes whose MPS pipe directory is under ``root``."""
+    """Running processes whose MPS pipe directory is under ``root``.
+
+    A process that is just exec'ing may not show its environment for a moment (the
+    read fails); that is read again until the answer holds still, so a loaded machine
+    does not make the list come up short.
+    """
+    deadline = time.monotonic() + 5.0
+    found = _started_under(root)
+    while time.monotonic() < deadline:
+        again = _started_under(root)
+        if again == found:
+            return found
+        found = again
+        time.sleep(0.05)
+    return found
+
+
+def _started_under(root: Path) -> list[int]:
     found = []
     prefix = b"CUDA_MPS_PIPE_DIRECTORY=" + str(root).encode()
     for entry in Path("/proc").iterdir():
