@@ -11,7 +11,9 @@ sets only variables named after that device (``DRASIL_DEVICE_GPU_0``,
 ``DRASIL_DEVICE_GPU_0_SHARING_STRATEGY``); the spec-wide edits are the node's common
 ones, identical in every spec; and the claim's identity, which a lost checkpoint is
 rebuilt from, is in the spec's annotations, which no container sees
-(docs/kubelet-plugin.md, "What a container sees").
+(docs/kubelet-plugin.md, "What a container sees"). Beside the devices, one CDI device
+per request, ``<claimUID>_<request>``, only bind-mounts that request's KEP-5304
+metadata file (``drasil.driver.cdi.metadata``).
 
 Specs are validated (``drasil.driver.cdi.spec``) before they are written. Crash points
 (see ``drasil.driver.files``): ``cdi-mid-write``, ``cdi-before-rename``,
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from drasil.driver.cdi.metadata import MetadataMount, metadata_cdi_name
 from drasil.driver.cdi.spec import (
     DEVICE_NAME,
     ENV_DEVICE_PREFIX,
@@ -88,6 +91,8 @@ class ClaimSpecRequest:
     name: str
     devices: tuple[ClaimDevice, ...]
     common_edits: ContainerEdits = field(default_factory=ContainerEdits)
+    # KEP-5304: one CDI device per request, mounting only its metadata file.
+    metadata: tuple[MetadataMount, ...] = ()
 
 
 # --- names -------------------------------------------------------------------------
@@ -118,6 +123,11 @@ def cdi_device_id(
 ) -> str:
     """The fully-qualified ID kubelet passes to the runtime: ``vendor/class=name``."""
     return f"{claim_kind(driver)}={cdi_device_name(claim_uid, device_name, share_id)}"
+
+
+def metadata_cdi_device_id(*, driver: str, claim_uid: str, request: str) -> str:
+    """The fully-qualified ID of a request's metadata mount (KEP-5304)."""
+    return f"{claim_kind(driver)}={metadata_cdi_name(claim_uid, request)}"
 
 
 def claim_cdi_device_ids(req: ClaimSpecRequest, *, driver: str) -> dict[str, str]:
@@ -171,7 +181,10 @@ def build_claim_spec(req: ClaimSpecRequest, *, driver: str) -> CdiSpec:
             ANNOTATION_CLAIM_NAMESPACE: req.namespace,
             ANNOTATION_CLAIM_NAME: req.name,
         },
-        "devices": [_device_entry(req.claim_uid, d, index=i) for i, d in enumerate(req.devices)],
+        "devices": [
+            *(_device_entry(req.claim_uid, d, index=i) for i, d in enumerate(req.devices)),
+            *(_metadata_entry(m) for m in req.metadata),
+        ],
         "containerEdits": edits_dict(common.env, common.device_nodes, common.mounts),
     }
     spec["cdiVersion"] = required_cdi_version(spec)
@@ -200,6 +213,12 @@ def _device_entry(claim_uid: str, claim_device: ClaimDevice, *, index: int) -> C
         "name": cdi_device_name(claim_uid, device.name, claim_device.share_id),
         "containerEdits": edits_dict(env, nodes, extra.mounts),
     }
+
+
+def _metadata_entry(metadata: MetadataMount) -> CdiSpec:
+    # Only a mount at a path named after one claim and request: nothing another
+    # spec could set differently in the same container.
+    return {"name": metadata.cdi_name, "containerEdits": edits_dict({}, (), (metadata.mount,))}
 
 
 def write_claim_spec(req: ClaimSpecRequest, *, cdi_root: Path, driver: str) -> Path:

@@ -4,8 +4,12 @@
 this node and decides everything a prepare does: which allocated devices are ours,
 the opaque config of each (``deviceconfigs``), the settings its CDI edits carry
 (``sharing``), the CDI device IDs kubelet hands the runtime and the spec
-they come from (``drasil.driver.cdi.claimspecs``), and the devices the checkpoint
-records and kubelet gets back (request names included). It has no side effect: no
+they come from (``drasil.driver.cdi.claimspecs``), the devices the checkpoint
+records and kubelet gets back (request names included), and, with a metadata
+directory, each request's KEP-5304 metadata (``drasil.driver.cdi.metadata``): the
+devices' attributes as published, their capacities as int attributes (a share's:
+what it consumed) and a share's ``shareID``; the first device of each request
+carries the CDI ID of its metadata mount. It has no side effect: no
 file, no API call, no checkpoint; the same claim gives an equal plan every time.
 
 ``check_not_held`` is the one decision that needs the checkpoint: given its records,
@@ -18,11 +22,25 @@ CDI spec, checkpoint PrepareCompleted) and is its only user.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from drasil.api.checkpoint import ClaimRecord, PreparedDevice
-from drasil.driver.cdi.claimspecs import ClaimDevice, ClaimSpecRequest, cdi_device_id
+from drasil.driver.cdi.claimspecs import (
+    ClaimDevice,
+    ClaimSpecRequest,
+    cdi_device_id,
+    metadata_cdi_device_id,
+)
+from drasil.driver.cdi.metadata import (
+    POD_CLAIM_NAME_ANNOTATION,
+    ClaimMetadata,
+    MetadataDevice,
+    MetadataMount,
+    RequestMetadata,
+    metadata_mounts,
+)
 from drasil.driver.cdi.spec import ContainerEdits
 from drasil.driver.claims.deviceconfigs import (
     AllocatedDevice,
@@ -39,7 +57,7 @@ from drasil.driver.claims.sharing import (
     sharing_mode,
     sharing_settings,
 )
-from drasil.driver.devices import Device, DeviceType
+from drasil.driver.devices import AttributeValue, Device, DeviceType
 
 
 class PlanError(ValueError):
@@ -66,6 +84,8 @@ class NodePool:
     pool: str
     devices: Mapping[str, Device]
     common_edits: ContainerEdits = field(default_factory=ContainerEdits)
+    # Where the claims' KEP-5304 metadata files go on the host; None: no metadata.
+    metadata_root: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +112,7 @@ class PreparePlan:
     claim: ClaimRef
     devices: tuple[DevicePlan, ...]
     spec: ClaimSpecRequest
+    metadata: ClaimMetadata | None = None  # written before the spec that mounts it
 
     @property
     def prepared(self) -> tuple[PreparedDevice, ...]:
@@ -110,14 +131,88 @@ def plan_prepare(claim: Mapping[str, Any], *, ref: ClaimRef, node: NodePool) -> 
     results = _own_results(allocation.devices, node)
     configs = resolve_configs(allocation, devices=node.devices)
     devices = tuple(_device_plan(ref, result, configs[result.device], node) for result in results)
+    metadata: ClaimMetadata | None = None
+    mounts: tuple[MetadataMount, ...] = ()
+    if node.metadata_root is not None:
+        metadata = claim_metadata(claim, ref, devices)
+        mounts = metadata_mounts(metadata, driver=node.driver, root=node.metadata_root)
+        devices = _with_metadata_ids(devices, ref, driver=node.driver)
     spec = ClaimSpecRequest(
         claim_uid=ref.uid,
         namespace=ref.namespace,
         name=ref.name,
         devices=tuple(d.cdi for d in devices),
         common_edits=node.common_edits,
+        metadata=mounts,
     )
-    return PreparePlan(claim=ref, devices=devices, spec=spec)
+    return PreparePlan(claim=ref, devices=devices, spec=spec, metadata=metadata)
+
+
+# --- device metadata (KEP-5304) ------------------------------------------------------
+
+
+def claim_metadata(
+    claim: Mapping[str, Any], ref: ClaimRef, devices: Sequence[DevicePlan]
+) -> ClaimMetadata:
+    """What the claim's metadata files say, one request after another in result order."""
+    by_request: dict[str, list[MetadataDevice]] = {}
+    for plan in devices:
+        by_request.setdefault(plan.result.request, []).append(_metadata_device(plan))
+    annotations = claim.get("metadata", {}).get("annotations") or {}
+    pod_claim_name = annotations.get(POD_CLAIM_NAME_ANNOTATION)
+    return ClaimMetadata(
+        claim_uid=ref.uid,
+        namespace=ref.namespace,
+        name=ref.name,
+        pod_claim_name=pod_claim_name if isinstance(pod_claim_name, str) else None,
+        requests=tuple(RequestMetadata(r, tuple(d)) for r, d in by_request.items()),
+    )
+
+
+def _metadata_device(plan: DevicePlan) -> MetadataDevice:
+    return MetadataDevice(
+        pool=plan.result.pool, name=plan.result.device, attributes=metadata_attributes(plan)
+    )
+
+
+def metadata_attributes(plan: DevicePlan) -> dict[str, AttributeValue]:
+    """The published attributes, then the capacities the claim gets as int attributes.
+
+    The metadata schema has attributes only, and a workload wants to know its memory:
+    a whole device's capacities as published, a share's as it consumed them (its
+    ``shareID`` beside them). An attribute wins over a capacity of the same name.
+    """
+    device = plan.cdi.device
+    attributes: dict[str, AttributeValue] = dict(device.attributes)
+    capacity: Mapping[str, int] = device.capacity
+    if plan.result.share_id is not None:
+        attributes["shareID"] = plan.result.share_id
+        capacity = plan.result.consumed_capacity
+    for name, value in capacity.items():
+        attributes.setdefault(name, value)
+    return attributes
+
+
+def _with_metadata_ids(
+    devices: tuple[DevicePlan, ...], ref: ClaimRef, *, driver: str
+) -> tuple[DevicePlan, ...]:
+    """The first device of each request also hands out its request's metadata mount.
+
+    Once per request: a container naming the request gets that device, and a CDI ID
+    listed twice would mount the file twice.
+    """
+    seen: set[str] = set()
+    out = []
+    for plan in devices:
+        request = plan.result.base_request
+        if request in seen:
+            out.append(plan)
+            continue
+        seen.add(request)
+        extra = metadata_cdi_device_id(driver=driver, claim_uid=ref.uid, request=request)
+        ids = (*plan.prepared.cdi_device_ids, extra)
+        out.append(replace(plan, prepared=plan.prepared.model_copy(update={"cdi_device_ids": ids})))
+    return tuple(out)
 
 
 def _own_results(results: Sequence[AllocatedDevice], node: NodePool) -> list[AllocatedDevice]:

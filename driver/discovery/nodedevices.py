@@ -84,6 +84,11 @@ GiB = 2**30
 
 PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
 PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
+# KEP-6072's standard NUMA attribute (k8s.io/dynamic-resource-allocation/deviceattribute,
+# StandardDeviceAttributeNUMANode): the scalar int form, which needs no feature gate; the
+# list form needs DRAListTypeAttributes on every component. Drivers of other devices
+# (NICs, CPUs) publish the same name, so one matchAttribute lines them up with a GPU.
+NUMA_NODE_ATTRIBUTE = "resource.kubernetes.io/numaNode"
 
 # Errors that disqualify one device; anything else is a bug and should surface.
 _DEVICE_ERRORS = (NvmlQueryError, ValueError)
@@ -331,6 +336,11 @@ def _read_gpu(
     }
     if pcie_root is not None:
         attributes[PCIE_ROOT_ATTRIBUTE] = pcie_root
+    numa_node = lib.device_numa_node(handle)
+    # Only a known node: a GPU without NUMA affinity must not publish one, or it would
+    # match every other device without affinity under matchAttribute.
+    if numa_node is not None and numa_node >= 0:
+        attributes[NUMA_NODE_ATTRIBUTE] = numa_node
     return _Gpu(
         index=index,
         uuid=uuid,
@@ -338,7 +348,7 @@ def _read_gpu(
         memory=lib.device_memory_total(handle),
         attributes=attributes,
         device_nodes=lib.device_nodes(minor),
-        numa_node=lib.device_numa_node(handle),
+        numa_node=numa_node,
         pcie_root=pcie_root,
     )
 

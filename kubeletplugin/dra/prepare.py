@@ -7,8 +7,13 @@ chosen so that a crash (kill -9) at any point leaves a state the next call repai
 
 prepare:   checkpoint PrepareStarted (with the planned devices)
            [-> MIG instances created -> checkpoint PrepareStarted with their ids]
-           -> CDI spec written atomically -> checkpoint PrepareCompleted
-unprepare: CDI spec deleted [-> MIG instances destroyed] -> checkpoint entry removed
+           -> metadata files written atomically -> CDI spec written atomically
+           -> checkpoint PrepareCompleted
+unprepare: CDI spec deleted -> metadata files deleted [-> MIG instances destroyed]
+           -> checkpoint entry removed
+
+The metadata files (KEP-5304, ``drasil.driver.cdi.metadata``) are written before the
+spec that mounts them and deleted after it, so a spec never names a missing file.
 
 The bracketed steps are those of dynamic MIG devices (``drasil.kubeletplugin.dra.migs``):
 the checkpoint names the placement before NVML is asked and the instance ids after,
@@ -39,6 +44,7 @@ from drasil.driver.cdi.claimspecs import (
     sweep_claim_spec_temps,
     write_claim_spec,
 )
+from drasil.driver.cdi.metadata import METADATA_DIR, delete_claim_metadata, write_claim_metadata
 from drasil.driver.cdi.spec import CdiSpecError, ContainerEdits
 from drasil.driver.checkpoint import CheckpointStore
 from drasil.driver.claims.deviceconfigs import AllocationError, ConfigResolutionError
@@ -153,8 +159,17 @@ class Preparer:
     def node(self) -> NodePool:
         """The devices claims are prepared with, as the prepare plan sees them."""
         return NodePool(
-            driver=self.driver, pool=self.pool, devices=self.devices, common_edits=self.common_edits
+            driver=self.driver,
+            pool=self.pool,
+            devices=self.devices,
+            common_edits=self.common_edits,
+            metadata_root=self.metadata_root,
         )
+
+    @property
+    def metadata_root(self) -> Path:
+        """Where the claims' KEP-5304 metadata files are kept on the host."""
+        return self.state_dir / METADATA_DIR
 
     @contextmanager
     def state_lock(self) -> Iterator[None]:
@@ -209,6 +224,8 @@ class Preparer:
             plan = self.effects.apply(plan)
         # A crash mid-write left a temp file; this claim's lock makes it ours to remove.
         sweep_claim_spec_temps(self.cdi_root, self.driver, claim_uid=ref.uid)
+        if plan.metadata is not None:
+            write_claim_metadata(plan.metadata, driver=self.driver, root=self.metadata_root)
         write_claim_spec(plan.spec, cdi_root=self.cdi_root, driver=self.driver)
         crash_point("prepare-after-cdi")
         with self.state_lock():
@@ -304,6 +321,7 @@ class Preparer:
         sweep_claim_spec_temps(self.cdi_root, self.driver, claim_uid=uid)
         delete_claim_spec(self.cdi_root, driver=self.driver, claim_uid=uid)
         crash_point("unprepare-after-cdi")
+        delete_claim_metadata(self.metadata_root, uid)
         with self.state_lock():
             record = self.store.get(uid)
         # The record stays until its instances are gone: it is what names them.

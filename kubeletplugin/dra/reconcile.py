@@ -2,7 +2,8 @@
 
 At start and periodically: checkpoint entries (PrepareStarted or PrepareCompleted)
 whose claim no longer exists, or exists with another UID, are unprepared; CDI specs
-of ours that no checkpoint entry accounts for are deleted. kubelet would never call
+and KEP-5304 metadata directories of ours that no checkpoint entry accounts for are
+deleted. kubelet would never call
 unprepare for a claim deleted while the plugin was down, so nobody else will.
 """
 
@@ -21,6 +22,11 @@ from drasil.driver.cdi.claimspecs import (
     list_claim_specs,
     read_claim_spec,
     sweep_claim_spec_temps,
+)
+from drasil.driver.cdi.metadata import (
+    delete_claim_metadata,
+    is_metadata_cdi_name,
+    list_claim_metadata,
 )
 from drasil.driver.cdi.spec import CdiSpecError
 from drasil.driver.claims.sharing import MPS
@@ -60,6 +66,7 @@ def reconcile(preparer: Preparer, claims: ClaimReader) -> int:
                 preparer.store.remove(uid)
         cleaned += 1
     cleaned += _leaked_specs(preparer)
+    cleaned += _leaked_metadata(preparer)
     # Temp files of writes that crashed for claims nobody asks about again.
     old = sweep_claim_spec_temps(preparer.cdi_root, preparer.driver, older_than=TEMP_MAX_AGE)
     return cleaned + len(old)
@@ -76,6 +83,20 @@ def _leaked_specs(preparer: Preparer) -> int:
                 continue
             delete_claim_spec(preparer.cdi_root, driver=preparer.driver, claim_uid=uid)
         log.info("deleted leaked CDI spec", extra={"claimUID": uid})
+        cleaned += 1
+    return cleaned
+
+
+def _leaked_metadata(preparer: Preparer) -> int:
+    # Written after PrepareStarted and deleted before the entry, so metadata without an
+    # entry belongs to no live prepare (a lost checkpoint rebuilt from the specs, say).
+    cleaned = 0
+    for uid in list_claim_metadata(preparer.metadata_root):
+        with preparer.claim_lock(uid), preparer.state_lock():
+            if preparer.store.get(uid) is not None:
+                continue
+            delete_claim_metadata(preparer.metadata_root, uid)
+        log.info("deleted leaked device metadata", extra={"claimUID": uid})
         cleaned += 1
     return cleaned
 
@@ -128,6 +149,8 @@ def rebuild_from_specs(preparer: Preparer) -> int:
         if spec is None or identity is None or identity.uid != uid:
             continue
         names = [str(d.get("name", "")) for d in spec.get("devices", [])]
+        # A request's metadata mount is not a device: nothing to reserve.
+        names = [name for name in names if not is_metadata_cdi_name(name)]
         devices = [_rebuilt_device(preparer, uid, name) for name in names]
         with preparer.claim_lock(uid), preparer.state_lock():
             if preparer.store.get(uid) is None:

@@ -14,6 +14,7 @@ import pytest
 
 from drasil.driver.devices import DeviceType, Version
 from drasil.driver.discovery.nodedevices import (
+    NUMA_NODE_ATTRIBUTE,
     PCI_BUS_ID_ATTRIBUTE,
     PCIE_ROOT_ATTRIBUTE,
     cuda_version_semver,
@@ -51,6 +52,7 @@ GPU_ATTRIBUTES = {
     "minor": int,
     PCI_BUS_ID_ATTRIBUTE: str,
     PCIE_ROOT_ATTRIBUTE: str,
+    NUMA_NODE_ATTRIBUTE: int,
 }
 
 
@@ -74,6 +76,7 @@ def test_h100_node() -> None:
         assert dict(device.capacity) == {"memory": 80 * 1024 * MiB}
         assert device.device_nodes == ()
         assert device.numa_node == (0 if i < 4 else 1)
+        assert device.attributes[NUMA_NODE_ATTRIBUTE] == device.numa_node
         assert device.pcie_root == device.attributes[PCIE_ROOT_ATTRIBUTE]
         assert len(device.attributes) + len(device.capacity) <= 32
     assert result.driver_version == Version("580.95.5")
@@ -131,6 +134,8 @@ def test_mig_devices_replace_their_parent() -> None:
     for device in result.devices:
         assert DNS_LABEL.fullmatch(device.name)
         assert len(device.attributes) + len(device.capacity) <= 32
+        # A MIG device sits on its parent's NUMA node and says so with the standard name.
+        assert device.attributes[NUMA_NODE_ATTRIBUTE] == device.numa_node is not None
     assert {d.parent_uuid for d in result.devices[4:]} == {gpus[1].uuid}
 
 
@@ -359,6 +364,8 @@ def test_real_adapter_discovers(fake_pynvml: FakePynvml) -> None:
     assert full.name == "gpu-0"
     assert full.device_nodes == ("/dev/nvidia0",)
     assert full.numa_node is None
+    # No NUMA affinity known: no standard attribute, never a -1 that would match others.
+    assert NUMA_NODE_ATTRIBUTE not in full.attributes
     assert full.attributes["productName"] == "NVIDIA H100 80GB HBM3"
     assert full.attributes["driverVersion"] == Version("550.54.15")
     assert full.attributes["cudaDriverVersion"] == Version("12.4.0")

@@ -88,7 +88,10 @@ def test_prepare_answers_every_claim_by_uid(
         device = good.devices[0]
         assert list(device.request_names) == ["gpu"]
         assert (device.pool_name, device.device_name) == ("n1", "gpu-1")
-        assert list(device.cdi_device_ids) == [f"k8s.gpu.drasil.dev/claim={UID_GOOD}-gpu-1"]
+        assert list(device.cdi_device_ids) == [
+            f"k8s.gpu.drasil.dev/claim={UID_GOOD}-gpu-1",
+            f"k8s.gpu.drasil.dev/claim={UID_GOOD}_gpu",  # the request's metadata mount
+        ]
         if pb is v1:
             assert not device.HasField("share_id")
         assert spec_file(tmp_path, UID_GOOD).is_file()

@@ -94,8 +94,22 @@ def temp_files(root: Path) -> list[str]:
 
 def leftovers(root: Path) -> list[str]:
     cdi = sorted(p.name for p in (root / "cdi").iterdir())
-    state = sorted(p.name for p in (root / "state").iterdir() if p.name != "checkpoint.lock")
-    return cdi + [n for n in state if n != "checkpoint.json"] + temp_files(root)
+    # Files only: the metadata directory itself may stay, empty.
+    state = sorted(
+        str(p.relative_to(root / "state")) for p in (root / "state").rglob("*") if p.is_file()
+    )
+    kept = {"checkpoint.json", "checkpoint.lock"}
+    return cdi + [n for n in state if n not in kept] + temp_files(root)
+
+
+def spec_bytes(root: Path) -> bytes:
+    """The spec with the root replaced: its metadata mounts name host paths under it."""
+    return spec_file(root, UID).read_bytes().replace(str(root).encode(), b"<root>")
+
+
+def metadata_files(root: Path) -> dict[str, bytes]:
+    base = root / "state" / "dra-device-metadata"
+    return {str(p.relative_to(base)): p.read_bytes() for p in base.rglob("*") if p.is_file()}
 
 
 @pytest.fixture
@@ -109,14 +123,16 @@ def reference(tmp_path: Path) -> dict[str, Any]:
     assert record is not None
     return {
         "devices": outcome.devices,
-        "spec": spec_file(root, UID).read_bytes(),
+        "spec": spec_bytes(root),
+        "metadata": metadata_files(root),
         "record": (record.namespace, record.name, record.state, record.devices),
     }
 
 
 def assert_like_reference(root: Path, reference: dict[str, Any], devices: object) -> None:
     assert devices == reference["devices"]
-    assert spec_file(root, UID).read_bytes() == reference["spec"]
+    assert spec_bytes(root) == reference["spec"]
+    assert metadata_files(root) == reference["metadata"]
     store = make_preparer(root, FileClaims(root / "claims")).store
     record = store.get(UID)
     assert record is not None
@@ -141,6 +157,8 @@ PREPARE_CRASHES = [
     ("checkpoint-mid-write", False, None, True),
     ("checkpoint-before-rename", False, None, True),
     ("prepare-after-started", False, ClaimState.PREPARE_STARTED, False),
+    ("metadata-mid-write", False, ClaimState.PREPARE_STARTED, True),
+    ("metadata-after-rename", False, ClaimState.PREPARE_STARTED, False),
     ("cdi-mid-write", False, ClaimState.PREPARE_STARTED, True),
     ("cdi-before-rename", False, ClaimState.PREPARE_STARTED, True),
     ("cdi-after-rename", True, ClaimState.PREPARE_STARTED, False),
@@ -187,6 +205,7 @@ def test_prepare_after_a_crash_ends_like_a_crash_free_run(
 UNPREPARE_CRASHES = [
     ("cdi-before-remove", True, True, False),
     ("unprepare-after-cdi", False, True, False),
+    ("metadata-before-remove", False, True, False),
     ("checkpoint-mid-write", False, True, True),
     ("checkpoint-after-rename", False, False, False),
 ]

@@ -69,7 +69,11 @@ def test_prepare_writes_the_cdi_spec_and_returns_cdi_ids(tmp_path: Path) -> None
             request_names=("gpu",),
             pool_name="n1",
             device_name="gpu-1",
-            cdi_device_ids=(f"k8s.gpu.drasil.dev/claim={UID_A}-gpu-1",),
+            # The device, then its request's KEP-5304 metadata mount.
+            cdi_device_ids=(
+                f"k8s.gpu.drasil.dev/claim={UID_A}-gpu-1",
+                f"k8s.gpu.drasil.dev/claim={UID_A}_gpu",
+            ),
         ),
     )
     path = tmp_path / "cdi" / f"k8s.gpu.drasil.dev-claim_{UID_A}.json"
@@ -79,7 +83,7 @@ def test_prepare_writes_the_cdi_spec_and_returns_cdi_ids(tmp_path: Path) -> None
     spec = json.loads(path.read_text())
     assert claim_identity(spec) == ClaimIdentity(UID_A, "ml", "train")
     assert spec["kind"] == "k8s.gpu.drasil.dev/claim"
-    assert [d["name"] for d in spec["devices"]] == [f"{UID_A}-gpu-1"]
+    assert [d["name"] for d in spec["devices"]] == [f"{UID_A}-gpu-1", f"{UID_A}_gpu"]
 
     record = preparer.store.get(UID_A)
     assert record is not None
@@ -97,7 +101,12 @@ def test_all_devices_of_a_claim_are_visible_in_order(tmp_path: Path) -> None:
         ("gpu-0", ("b",)),
     ]
     spec = json.loads(spec_file(tmp_path, UID_A).read_text())
-    assert [d["name"] for d in spec["devices"]] == [f"{UID_A}-gpu-3", f"{UID_A}-gpu-0"]
+    assert [d["name"] for d in spec["devices"]] == [
+        f"{UID_A}-gpu-3",
+        f"{UID_A}-gpu-0",
+        f"{UID_A}_a",
+        f"{UID_A}_b",
+    ]
     env = env_of(spec_file(tmp_path, UID_A))
     assert env["DRASIL_DEVICE_GPU_3"] == DEVICES["gpu-3"].uuid
     assert env["DRASIL_DEVICE_GPU_0"] == DEVICES["gpu-0"].uuid

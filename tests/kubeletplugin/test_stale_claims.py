@@ -140,8 +140,10 @@ def test_rebuild_from_specs_reserves_the_devices_again(tmp_path: Path) -> None:
         ("n1", "gpu-0"),
         ("n1", "gpu-3"),
     ]
+    # Each device's own CDI ID; the metadata mounts are no devices and come back with
+    # the next prepare (below).
     assert [d.cdi_device_ids for d in record.devices] == [
-        d.cdi_device_ids for d in prepared[UID_A].devices
+        d.cdi_device_ids[:1] for d in prepared[UID_A].devices
     ]
     record_b = preparer.store.get(UID_B)
     assert record_b is not None
@@ -159,6 +161,24 @@ def test_rebuild_from_specs_reserves_the_devices_again(tmp_path: Path) -> None:
     assert completed is not None
     assert completed.state == ClaimState.PREPARE_COMPLETED
     assert spec_file(tmp_path, UID_A).read_bytes() == spec_bytes
+
+
+def test_leaked_metadata_is_removed(tmp_path: Path) -> None:
+    claim = claim_json(UID_A, result("gpu-0"), name="x")
+    reader = MemoryClaims(claim)
+    preparer = make_preparer(tmp_path, reader)
+    preparer.prepare(ref_of(claim))
+    kept = preparer.metadata_root / UID_A
+    assert sorted(p.name for p in kept.iterdir()) == ["gpu.json"]
+    # A directory no entry accounts for (its entry lost with the spec, say).
+    leaked = preparer.metadata_root / UID_B
+    leaked.mkdir()
+    (leaked / "gpu.json").write_text("{}")
+    assert reconcile(preparer, reader) == 1
+    assert not leaked.exists()
+    assert kept.is_dir()
+    assert preparer.unprepare(ref_of(claim)) == ""
+    assert not kept.exists()
 
 
 def test_rebuilt_entry_of_a_deleted_claim_is_cleaned_up(tmp_path: Path) -> None:
