@@ -179,7 +179,9 @@ def test_slices_are_accepted_allocated_and_prepared(
     assert device.device_name == result["device"]
     assert list(device.request_names) == ["gpu"]
     expected_id = f"k8s.{DRIVER}/claim={ref.uid}-{result['device']}"
-    assert list(device.cdi_device_ids) == [expected_id]
+    # The device, then the request's device metadata file (KEP-5304, docs/kubelet-plugin.md).
+    metadata_id = f"k8s.{DRIVER}/claim={ref.uid}_gpu"
+    assert list(device.cdi_device_ids) == [expected_id, metadata_id]
 
     spec = json.loads(cdi_file(plugin, ref.uid).read_text())
     cdi_validator.validate(spec)
@@ -190,10 +192,10 @@ def test_slices_are_accepted_allocated_and_prepared(
 
     # kubelet may call again (its own restart): same answer.
     again = kubelet.prepare([ref]).claims[ref.uid]
-    assert list(again.devices[0].cdi_device_ids) == [expected_id]
+    assert list(again.devices[0].cdi_device_ids) == [expected_id, metadata_id]
     # v1beta1 speaks the same.
     beta = kubelet.prepare_v1beta1([ref]).claims[ref.uid]
-    assert list(beta.devices[0].cdi_device_ids) == [expected_id]
+    assert list(beta.devices[0].cdi_device_ids) == [expected_id, metadata_id]
 
     assert kubelet.unprepare([ref]).claims[ref.uid].error == ""
     assert_clean(plugin)
