@@ -33,16 +33,21 @@ def template(
     config: dict[str, Any] | None = None,
     device_class: str = DRIVER,
     name: str | None = None,
+    requests: list[dict[str, Any]] | None = None,
+    configs: list[dict[str, Any]] | None = None,
 ) -> str:
-    """A ResourceClaimTemplate for one GPU of `device_class` (default gpu.drasil.dev,
-    with `config` as its opaque GpuConfig parameters); its name."""
+    """A ResourceClaimTemplate; its name. By default one request "gpu" for a device of
+    `device_class` (gpu.drasil.dev), with `config` as its opaque GpuConfig parameters;
+    `requests` and `configs` replace those with the claim's own lists."""
     devices: dict[str, Any] = {
-        "requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]
+        "requests": requests or [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]
     }
     if config is not None:
         devices["config"] = [
             {"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": config}}
         ]
+    if configs:
+        devices["config"] = configs
     name = name or f"gpu-{secrets.token_hex(3)}"
     kube.create(
         {
@@ -59,23 +64,25 @@ def template(
 def pod(
     kube: Kube,
     namespace: str,
-    node: Node,
+    node: Node | str,
     *,
     template_name: str | None = None,
     claim_name: str | None = None,
     limits: dict[str, Any] | None = None,
     name: str | None = None,
+    command: str = COMMAND,
 ) -> str:
-    """A Pod on the node running the test image; its container uses the claim."""
+    """A Pod on the node (a Node, or the name of a node without kubelet, where it
+    is only scheduled) running the test image; its container uses the claim."""
     name = name or f"pod-{secrets.token_hex(3)}"
     container: dict[str, Any] = {
         "name": "c",
         "image": versions.TEST_IMAGE,
         "imagePullPolicy": "Never",
-        "command": ["sh", "-c", COMMAND],
+        "command": ["sh", "-c", command],
     }
     spec: dict[str, Any] = {
-        "nodeSelector": {"kubernetes.io/hostname": node.name},
+        "nodeSelector": {"kubernetes.io/hostname": node if isinstance(node, str) else node.name},
         "restartPolicy": "Never",
         "dnsPolicy": "Default",
         "terminationGracePeriodSeconds": 5,

@@ -24,6 +24,7 @@ import pytest
 from bench import mig as mig_bench
 from e2e.kube import Kube, NotYet, wait_for
 from e2e.pluginproc import DRIVER, GPU_CLASS, ClaimId, KubeletClient, PluginProcess
+from e2e.pods import pod, template
 from e2e.test_kubeletplugin import cdi_file, checkpoint_claims
 
 RESOURCE = "resource.k8s.io/v1"
@@ -98,39 +99,11 @@ def wait_partitions(kube: Kube, node: str) -> list[str]:
 
 def claim_pod(kube: Kube, namespace: str, node: str, *, device_class: str, cel: str) -> str:
     """A Pod pinned to ``node`` whose claim (from a template) asks for one device."""
-    name = f"mig-{secrets.token_hex(3)}"
     request = {
         "name": "gpu",
         "exactly": {"deviceClassName": device_class, "selectors": [{"cel": {"expression": cel}}]},
     }
-    kube.create(
-        {
-            "apiVersion": RESOURCE,
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name},
-            "spec": {"spec": {"devices": {"requests": [request]}}},
-        },
-        namespace,
-    )
-    container = {
-        "name": "c",
-        "image": "registry.invalid/none:1",
-        "resources": {"claims": [{"name": "gpu"}]},
-    }
-    kube.create(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": node},
-                "containers": [container],
-                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
-            },
-        },
-        namespace,
-    )
-    return name
+    return pod(kube, namespace, node, template_name=template(kube, namespace, requests=[request]))
 
 
 def pod_claim(kube: Kube, namespace: str, pod: str) -> dict[str, Any] | None:
@@ -267,9 +240,9 @@ def test_two_3g_placements_are_cut_a_1g_waits_and_the_whole_gpu_after_them(
     # The whole GPU consumes every counter: it waits until both MIG claims are gone.
     whole = claim_pod(kube, namespace, node, device_class=DRIVER, cel="true")
     stays_pending(kube, namespace, whole)
-    for pod, ref in ((first, ref_a), (second, ref_b)):
+    for holder, ref in ((first, ref_a), (second, ref_b)):
         assert kubelet.unprepare([ref]).claims[ref.uid].error == ""
-        delete_pod(kube, namespace, pod)
+        delete_pod(kube, namespace, holder)
     assert instances(plugin) == []
     ref_w, dev_w = wait_allocated(kube, namespace, whole)
     assert dev_w == "gpu-0"

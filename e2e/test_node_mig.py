@@ -9,22 +9,20 @@ before.
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
-from e2e import versions
 from e2e.cluster.node import Node
 from e2e.kube import Kube, NotYet, wait_for
 from e2e.pluginproc import DRIVER
 from e2e.pods import (
-    COMMAND,
     RESOURCE,
     checkpoint,
     container_env,
     delete_pod,
+    pod,
+    template,
     visible_uuids,
     wait_running,
 )
@@ -32,27 +30,6 @@ from e2e.pods import (
 GPUS = 8
 DEVICES_PER_H100 = 26  # the whole GPU and its 25 MIG placements
 MIG_CLASS = f"mig-node-e2e.{DRIVER}"
-
-
-def _published(node: Node, count: int) -> None:
-    wait_for(
-        lambda: node.devices_published(count)[0] or NotYet(node.devices_published(count)),
-        timeout=90,
-        what=f"{count} devices published for {node.name}",
-    )
-
-
-def _restart(node: Node, *, dynamic: bool) -> None:
-    before = node.registrations()
-    node.plugin.stop()
-    if dynamic:
-        node.plugin.env["MIG_MODE"] = "dynamic"
-    else:
-        node.plugin.env.pop("MIG_MODE", None)
-        # A GPU reset: MIG mode off, so that static mode publishes the GPUs whole again.
-        (node.plugin.state_dir / "simulated-gpus.json").unlink(missing_ok=True)
-    node.plugin.start()
-    node.wait_plugin_registered(after=before)
 
 
 @pytest.fixture(scope="module")
@@ -74,56 +51,22 @@ def dynamic(node: Node, kube: Kube) -> Iterator[Node]:
     }
     kube.delete(RESOURCE, "DeviceClass", MIG_CLASS)
     kube.create(mig_class)
-    _restart(node, dynamic=True)
-    _published(node, GPUS * DEVICES_PER_H100)
+    node.restart_plugin_with({"MIG_MODE": "dynamic"}, published=GPUS * DEVICES_PER_H100)
     yield node
-    _restart(node, dynamic=False)
-    _published(node, GPUS)
+    # A GPU reset on the way back: MIG mode off, so static mode publishes whole GPUs.
+    node.restart_plugin_with({"MIG_MODE": None}, published=GPUS, reset_gpus=True)
     kube.delete(RESOURCE, "DeviceClass", MIG_CLASS)
 
 
 def _mig_pod(kube: Kube, ns: str, node: Node, profile: str) -> str:
     """A Pod asking for a MIG device of ``profile`` on the node's first GPU."""
-    name = f"mig-{secrets.token_hex(3)}"
     attributes = f'device.attributes["{DRIVER}"]'
     selector = f'{attributes}.profile == "{profile}" && {attributes}.minor == 0'
     request = {
         "name": "gpu",
         "exactly": {"deviceClassName": MIG_CLASS, "selectors": [{"cel": {"expression": selector}}]},
     }
-    kube.create(
-        {
-            "apiVersion": RESOURCE,
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name},
-            "spec": {"spec": {"devices": {"requests": [request]}}},
-        },
-        ns,
-    )
-    container: dict[str, Any] = {
-        "name": "c",
-        "image": versions.TEST_IMAGE,
-        "imagePullPolicy": "Never",
-        "command": ["sh", "-c", COMMAND],
-        "resources": {"claims": [{"name": "gpu"}]},
-    }
-    kube.create(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": node.name},
-                "restartPolicy": "Never",
-                "dnsPolicy": "Default",
-                "terminationGracePeriodSeconds": 5,
-                "containers": [container],
-                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
-            },
-        },
-        ns,
-    )
-    return name
+    return pod(kube, ns, node, template_name=template(kube, ns, requests=[request]))
 
 
 def _claim_uid(kube: Kube, ns: str, pod: str) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,11 +19,19 @@ from typing import Any
 
 import pytest
 
-from e2e import versions
 from e2e.cluster.node import Node
 from e2e.kube import Kube, NotYet, wait_for
 from e2e.pluginproc import DRIVER
-from e2e.pods import RESOURCE, checkpoint, container_env, delete_pod, events, wait_running
+from e2e.pods import (
+    RESOURCE,
+    checkpoint,
+    container_env,
+    delete_pod,
+    events,
+    pod,
+    template,
+    wait_running,
+)
 
 GPUS = 8
 SHARED_CLASS = f"shared-node-e2e.{DRIVER}"
@@ -45,43 +52,8 @@ def _pod(
     requests: list[dict[str, Any]],
     config: list[dict[str, Any]] | None = None,
 ) -> str:
-    name = f"share-{secrets.token_hex(3)}"
-    devices: dict[str, Any] = {"requests": requests}
-    if config:
-        devices["config"] = config
-    kube.create(
-        {
-            "apiVersion": RESOURCE,
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name},
-            "spec": {"spec": {"devices": devices}},
-        },
-        ns,
-    )
-    container: dict[str, Any] = {
-        "name": "c",
-        "image": versions.TEST_IMAGE,
-        "imagePullPolicy": "Never",
-        "command": ["sh", "-c", COMMAND],
-        "resources": {"claims": [{"name": "gpu"}]},
-    }
-    kube.create(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": node.name},
-                "restartPolicy": "Never",
-                "dnsPolicy": "Default",
-                "terminationGracePeriodSeconds": 5,
-                "containers": [container],
-                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
-            },
-        },
-        ns,
-    )
-    return name
+    name = template(kube, ns, requests=requests, configs=config)
+    return pod(kube, ns, node, template_name=name, command=COMMAND)
 
 
 def _time_slicing(request: str, interval: str) -> dict[str, Any]:
@@ -127,25 +99,6 @@ def test_a_prioritized_list_gets_the_config_of_the_alternative_taken(
 # ---- consumable shares ------------------------------------------------------------------
 
 
-def _published(node: Node, count: int) -> None:
-    wait_for(
-        lambda: node.devices_published(count)[0] or NotYet(node.devices_published(count)),
-        timeout=90,
-        what=f"{count} devices published for {node.name}",
-    )
-
-
-def _restart(node: Node, *, consumable: bool) -> None:
-    before = node.registrations()
-    node.plugin.stop()
-    if consumable:
-        node.plugin.env["GPU_SHARING"] = "consumable"
-    else:
-        node.plugin.env.pop("GPU_SHARING", None)
-    node.plugin.start()
-    node.wait_plugin_registered(after=before)
-
-
 @pytest.fixture(scope="module")
 def consumable(node: Node, kube: Kube) -> Iterator[Node]:
     shared_class = {
@@ -165,11 +118,9 @@ def consumable(node: Node, kube: Kube) -> Iterator[Node]:
     }
     kube.delete(RESOURCE, "DeviceClass", SHARED_CLASS)
     kube.create(shared_class)
-    _restart(node, consumable=True)
-    _published(node, GPUS)
+    node.restart_plugin_with({"GPU_SHARING": "consumable"}, published=GPUS)
     yield node
-    _restart(node, consumable=False)
-    _published(node, GPUS)
+    node.restart_plugin_with({"GPU_SHARING": None}, published=GPUS)
     kube.delete(RESOURCE, "DeviceClass", SHARED_CLASS)
 
 

@@ -39,7 +39,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -354,6 +354,37 @@ class Node(NodeFiles):
         self.stop_kubelet()
         self.start_kubelet(timeout=timeout)
         self.wait_plugin_registered(after=before, timeout=timeout)
+
+    def restart_plugin_with(
+        self,
+        env: Mapping[str, str | None],
+        *,
+        published: int,
+        reset_gpus: bool = False,
+        timeout: float = 90.0,
+    ) -> None:
+        """Stop the plugin, change its environment (None removes a variable), start it
+        and wait until kubelet registered it and `published` devices are out.
+
+        `reset_gpus` forgets the simulated GPUs' state (MIG mode, instances, time
+        slices), as a GPU reset would, so a later static run sees them whole again.
+        """
+        before = self.registrations()
+        self.plugin.stop()
+        for name, value in env.items():
+            if value is None:
+                self.plugin.env.pop(name, None)
+            else:
+                self.plugin.env[name] = value
+        if reset_gpus:
+            (self.plugin.state_dir / "simulated-gpus.json").unlink(missing_ok=True)
+        self.plugin.start(timeout=timeout)
+        self.wait_plugin_registered(after=before, timeout=timeout)
+        self._wait(
+            f"{published} devices of {self.name} published",
+            lambda: self.devices_published(published),
+            timeout,
+        )
 
     def restart_plugin(self, *, kill: bool = True, timeout: float = 60.0) -> None:
         """kill -9 (or stop) the plugin and start it again; waits until registered."""
