@@ -92,13 +92,17 @@ def pairs(kubelet: KubeletClient, claims: list[ClaimId], rounds: int) -> dict[st
     }
 
 
-def measure(kubeconfig: Path, root: Path, *, rounds: int) -> dict[str, Any]:
+def measure(
+    kubeconfig: Path, root: Path, *, rounds: int, plugin_kubeconfig: Path | None = None
+) -> dict[str, Any]:
+    """The figures; setup runs with ``kubeconfig``, the plugin with ``plugin_kubeconfig``
+    (a token with the chart's RBAC in the e2e smoke) when given."""
     kube = Kube(kubeconfig)
     kube.make_node(NODE)
     kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
     plugin = PluginProcess(
         root=root,
-        kubeconfig=kubeconfig,
+        kubeconfig=plugin_kubeconfig or kubeconfig,
         node_name=NODE,
         profile="h100-80gb:1",
         env={"MIG_MODE": "dynamic"},
@@ -124,11 +128,16 @@ def measure(kubeconfig: Path, root: Path, *, rounds: int) -> dict[str, Any]:
         kube.delete("v1", "Node", NODE)
 
 
-def run(*, rounds: int = ROUNDS, kubeconfig: Path | None = None) -> dict[str, Any]:
+def run(
+    *,
+    rounds: int = ROUNDS,
+    kubeconfig: Path | None = None,
+    plugin_kubeconfig: Path | None = None,
+) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="drasil-bench-mig-"))
     try:
         if kubeconfig is not None:
-            result = measure(kubeconfig, root, rounds=rounds)
+            result = measure(kubeconfig, root, rounds=rounds, plugin_kubeconfig=plugin_kubeconfig)
         else:
             with cluster_kubeconfig() as own:
                 result = measure(own, root, rounds=rounds)

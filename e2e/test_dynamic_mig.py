@@ -281,8 +281,9 @@ def test_orphan_instances_are_destroyed_at_start_and_said_in_an_event(
     assert "3g.40gb" in message, message
 
 
-def test_the_mig_benchmark_runs(kubeconfig: Path) -> None:
-    """A smoke of ``make bench``'s MIG figures: two rounds of each claim kind."""
-    result = mig_bench.run(rounds=2, kubeconfig=kubeconfig)
+def test_the_mig_benchmark_runs(kubeconfig: Path, plugin_kubeconfig: Path) -> None:
+    """A smoke of ``make bench``'s MIG figures: two rounds of each claim kind (the
+    plugin with the chart's RBAC, as everywhere in e2e)."""
+    result = mig_bench.run(rounds=2, kubeconfig=kubeconfig, plugin_kubeconfig=plugin_kubeconfig)
     for kind in ("whole_gpu", "mig_1g", "mig_3g_pair"):
         assert result[kind]["pair_p50_ms"] > 0, result
