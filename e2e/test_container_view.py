@@ -8,12 +8,14 @@ containers print and compare it with the claims' allocations.
 
 from __future__ import annotations
 
+import json
 import secrets
 from typing import Any
 
+from drasil.driver.cdi.metadata import CONTAINER_DIR, FILE_SUFFIX, TEMPLATES_SUBDIR
 from e2e import versions
 from e2e.cluster.node import Node
-from e2e.kube import Kube
+from e2e.kube import Kube, NotYet, wait_for
 from e2e.pluginproc import DRIVER
 from e2e.pods import (
     COMMAND,
@@ -21,6 +23,7 @@ from e2e.pods import (
     container_env,
     device_uuid,
     device_variable,
+    pod,
     template,
     visible_uuids,
     wait_running,
@@ -177,3 +180,37 @@ def test_three_containers_naming_three_requests_see_three_disjoint_sets(
 
     assert seen == {r: [device_uuid(kube, node, allocated[r])] for r in requests}
     assert len({u for uuids in seen.values() for u in uuids}) == 3
+
+
+def test_the_container_reads_its_device_metadata_the_kep_5304_way(
+    kube: Kube, ns: str, node: Node
+) -> None:
+    """The metadata file drasil mounts for the Pod's claim "gpu" (from a template),
+    request "gpu", at the path the KEP defines: the device's published attributes."""
+    path = f"{CONTAINER_DIR}/{TEMPLATES_SUBDIR}/gpu/gpu/{DRIVER}{FILE_SUFFIX}"
+    name = pod(
+        kube,
+        ns,
+        node,
+        template_name=template(kube, ns),
+        command=f"sed 's/^/META:/' {path}; trap 'exit 0' TERM; sleep 3600 & wait",
+    )
+    wait_running(kube, ns, name)
+
+    def printed() -> Any:
+        log = kube.core.read_namespaced_pod_log(name, ns, container="c")
+        lines = [line[len("META:") :] for line in log.splitlines() if line.startswith("META:")]
+        return lines or NotYet(log)
+
+    documents = [json.loads(line) for line in wait_for(printed, timeout=60, what="metadata")]
+    assert [d["apiVersion"] for d in documents] == [
+        "metadata.resource.k8s.io/v1beta1",
+        "metadata.resource.k8s.io/v1alpha1",
+    ]
+    (request,) = documents[0]["requests"]
+    (device,) = request["devices"]
+    assert documents[0]["podClaimName"] == "gpu"
+    claim = _pod_claim(kube, ns, name, "gpu")
+    assert device["name"] == _allocated(kube, ns, claim)["gpu"]
+    assert device["attributes"]["uuid"]["string"] == device_uuid(kube, node, device["name"])
+    assert "productName" in device["attributes"]
