@@ -17,6 +17,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from e2e import binaries, paths, versions
+from e2e.controllerproc import ControllerProcess
 from e2e.kube import Kube
 
 CHART = paths.CHECKOUT / "charts" / "drasil"
@@ -256,3 +257,39 @@ def create_chart_identity(
     roles = [o for o in objs if o["kind"] == "Role"]
     lease = roles[0]["rules"][0]["resourceNames"][0] if roles else ""
     return ChartIdentity(kubeconfig=path, namespace=namespace, lease=lease)
+
+
+@contextlib.contextmanager
+def chart_controller(
+    kube: Kube,
+    kubeconfig: Path,
+    *,
+    release: str,
+    driver: str,
+    directory: Path,
+) -> Iterator[ControllerProcess]:
+    """drasil-controller for `driver` under the chart's RBAC (`chart_identity`),
+    leading its own Lease; stopped after, with its log's tail printed."""
+    with chart_identity(
+        kube,
+        kubeconfig,
+        component="controller",
+        release=release,
+        driver=driver,
+        directory=directory / "identity",
+    ) as identity:
+        proc = ControllerProcess(
+            kubeconfig=identity.kubeconfig,
+            log_path=directory / "controller.log",
+            driver=driver,
+            lease=identity.lease,
+            lease_namespace=identity.namespace,
+            identity=f"e2e-{release}",
+        )
+        proc.start()
+        proc.wait_logged("leading")
+        try:
+            yield proc
+        finally:
+            proc.stop()
+            print(f"controller log ({proc.log_path}):\n{proc.tail()}")

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from drasil.api.devicepool import API_VERSION as POOL_API
-from e2e.chart import ChartIdentity, chart_identity
+from e2e.chart import chart_controller
 from e2e.controllerproc import ControllerProcess
 from e2e.kube import Kube, NotYet, pending_pod, wait_for
 from e2e.test_controller import RACK_A, crd, gpu, pod_claim, pool_slices
@@ -57,32 +57,14 @@ def controller(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ControllerProcess]:
     """The controller for DRIVER under the chart's RBAC, leading its own Lease."""
-    with chart_identity(
+    with chart_controller(
         kube,
         kubeconfig,
-        component="controller",
         release=f"bind-{TOKEN}",
         driver=DRIVER,
-        directory=tmp_path_factory.mktemp("identity"),
-    ) as identity:
-        proc = _start(identity, tmp_path_factory.mktemp("controller") / "controller.log")
+        directory=tmp_path_factory.mktemp("controller"),
+    ) as proc:
         yield proc
-        proc.stop()
-        print(f"controller log ({proc.log_path}):\n{proc.tail()}")
-
-
-def _start(identity: ChartIdentity, log: Path) -> ControllerProcess:
-    proc = ControllerProcess(
-        kubeconfig=identity.kubeconfig,
-        log_path=log,
-        driver=DRIVER,
-        lease=identity.lease,
-        lease_namespace=identity.namespace,
-        identity=f"e2e-{TOKEN}",
-    )
-    proc.start()
-    proc.wait_logged("leading")
-    return proc
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import pytest
 
 from drasil.driver.explain.fromapi import explain_from_api
 from drasil.driver.kubeapi import KubeApi
-from e2e.chart import ChartIdentity, chart_identity
+from e2e.chart import chart_controller
 from e2e.controllerproc import ControllerProcess
 from e2e.kube import Kube, NotYet, gone, pending_pod, wait_for
 
@@ -49,33 +49,15 @@ def device_class(kube: Kube) -> Iterator[str]:
 def controller(
     kube: Kube, kubeconfig: Path, device_class: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ControllerProcess]:
-    """drasil-controller for DRIVER under the chart's RBAC."""
-    with chart_identity(
+    """The controller for DRIVER under the chart's RBAC, leading its own Lease."""
+    with chart_controller(
         kube,
         kubeconfig,
-        component="controller",
         release=f"taint-{TOKEN}",
         driver=DRIVER,
-        directory=tmp_path_factory.mktemp("identity"),
-    ) as identity:
-        proc = _start(identity, tmp_path_factory.mktemp("controller") / "controller.log")
+        directory=tmp_path_factory.mktemp("controller"),
+    ) as proc:
         yield proc
-        proc.stop()
-        print(f"controller log ({proc.log_path}):\n{proc.tail()}")
-
-
-def _start(identity: ChartIdentity, log_path: Path) -> ControllerProcess:
-    proc = ControllerProcess(
-        kubeconfig=identity.kubeconfig,
-        log_path=log_path,
-        driver=DRIVER,
-        lease=identity.lease,
-        lease_namespace=identity.namespace,
-        identity=f"e2e-{TOKEN}",
-    )
-    proc.start()
-    proc.wait_logged("leading")
-    return proc
 
 
 @pytest.fixture

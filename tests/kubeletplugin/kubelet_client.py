@@ -11,7 +11,10 @@ and by the crash-test subprocesses (which put it there themselves).
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -27,6 +30,7 @@ from drasil.driver.claims.plan import ClaimRef
 from drasil.driver.devices import Device
 from drasil.driver.discovery.nodedevices import discover
 from drasil.driver.discovery.simulated import simulated_library
+from drasil.driver.files import CRASH_ENV, CRASH_EXIT_CODE
 from drasil.driver.kubeapi import checked_name
 from drasil.kubeletplugin.dra.prepare import Preparer
 from drasil.kubeletplugin.sockets import UnixSocketServer
@@ -238,3 +242,37 @@ def serving(
                 yield server, channel
         finally:
             server.stop(grace=None)
+
+
+# ---- crash tests --------------------------------------------------------------------
+
+_CRASH_CHILD = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+preparer = __import__(sys.argv[2]).preparer
+from drasil.driver.claims.plan import ClaimRef
+
+root = Path(sys.argv[3])
+ref = ClaimRef(namespace=sys.argv[5], name=sys.argv[6], uid=sys.argv[7])
+p = preparer(root)
+error = p.prepare(ref).error if sys.argv[4] == "prepare" else p.unprepare(ref)
+print(json.dumps({"error": error}))
+"""
+
+
+def crash_in_child(module: str, root: Path, operation: str, ref: ClaimRef, point: str) -> None:
+    """Run ``operation`` (prepare or unprepare) of ``ref`` in a child process whose
+    Preparer comes from ``<module>.preparer(root)``, killed at crash point ``point``."""
+    env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
+    env[CRASH_ENV] = point
+    args = [str(Path(__file__).parent), module, str(root), operation]
+    done = subprocess.run(
+        [sys.executable, "-c", _CRASH_CHILD, *args, ref.namespace, ref.name, ref.uid],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == CRASH_EXIT_CODE, done.stderr

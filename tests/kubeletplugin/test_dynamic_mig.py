@@ -10,14 +10,20 @@ the instances the checkpoint holds: no orphan, none missing, no placement twice.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubelet_client import DRIVER, NODE, FileClaims, claim_json, ref_of, result, spec_file
+from kubelet_client import (
+    DRIVER,
+    NODE,
+    FileClaims,
+    claim_json,
+    crash_in_child,
+    ref_of,
+    result,
+    spec_file,
+)
 
 from drasil.api.checkpoint import ClaimState, MigState
 from drasil.driver.checkpoint import CheckpointStore
@@ -25,7 +31,6 @@ from drasil.driver.devices import Device
 from drasil.driver.discovery.nodedevices import discover
 from drasil.driver.discovery.nvml import NvmlLibrary, Placement
 from drasil.driver.discovery.simulated import simulated_library
-from drasil.driver.files import CRASH_ENV, CRASH_EXIT_CODE
 from drasil.kubeletplugin.dra.migs import MigInstances
 from drasil.kubeletplugin.dra.prepare import Preparer
 
@@ -193,20 +198,6 @@ def test_reconcile_destroys_orphans_and_names_claims_that_lost_theirs(tmp_path: 
 
 # ---- crashes ---------------------------------------------------------------------------
 
-CHILD = """
-import json, sys
-from pathlib import Path
-sys.path.insert(0, sys.argv[1])
-from test_dynamic_mig import preparer
-from drasil.driver.claims.plan import ClaimRef
-
-root = Path(sys.argv[2])
-ref = ClaimRef(namespace="ml", name=sys.argv[4], uid=sys.argv[5])
-p = preparer(root)
-error = p.prepare(ref).error if sys.argv[3] == "prepare" else p.unprepare(ref)
-print(json.dumps({"error": error}))
-"""
-
 PREPARE_CRASHES = [
     "prepare-after-started",
     "mig-after-gi",
@@ -218,26 +209,8 @@ PREPARE_CRASHES = [
 UNPREPARE_CRASHES = ["unprepare-after-cdi", "mig-destroy-after-ci", "unprepare-after-mig"]
 
 
-def child(
-    root: Path, operation: str, ref: Any, crash_at: str | None
-) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
-    if crash_at is not None:
-        env[CRASH_ENV] = crash_at
-    here = str(Path(__file__).parent)
-    return subprocess.run(
-        [sys.executable, "-c", CHILD, here, str(root), operation, ref.name, ref.uid],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
 def crashed(root: Path, operation: str, ref: Any, point: str) -> None:
-    done = child(root, operation, ref, point)
-    assert done.returncode == CRASH_EXIT_CODE, done.stderr
+    crash_in_child("test_dynamic_mig", root, operation, ref, point)
 
 
 @pytest.mark.parametrize("point", PREPARE_CRASHES)

@@ -11,22 +11,27 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubelet_client import DRIVER, NODE, FileClaims, claim_json, ref_of, result, spec_file
+from kubelet_client import (
+    DRIVER,
+    NODE,
+    FileClaims,
+    claim_json,
+    crash_in_child,
+    ref_of,
+    result,
+    spec_file,
+)
 
 from drasil.driver.checkpoint import CheckpointStore
 from drasil.driver.devices import CapacityPolicy, Device
 from drasil.driver.discovery.nodedevices import discover
 from drasil.driver.discovery.nvml import NvmlLibrary
 from drasil.driver.discovery.simulated import simulated_library
-from drasil.driver.files import CRASH_ENV, CRASH_EXIT_CODE
 from drasil.kubeletplugin.dra.mps import MpsDaemons, process_start_time
 from drasil.kubeletplugin.dra.prepare import Preparer
 from drasil.kubeletplugin.dra.shares import GpuEffects
@@ -183,30 +188,9 @@ def test_a_share_asking_another_sharing_is_refused_and_leaves_nothing(root: Path
 
 # ---- crashes ---------------------------------------------------------------------------
 
-CHILD = """
-import json, sys
-from pathlib import Path
-sys.path.insert(0, sys.argv[1])
-from test_shares import preparer
-from drasil.driver.claims.plan import ClaimRef
-
-root = Path(sys.argv[2])
-ref = ClaimRef(namespace="ml", name=sys.argv[4], uid=sys.argv[5])
-p = preparer(root)
-error = p.prepare(ref).error if sys.argv[3] == "prepare" else p.unprepare(ref)
-print(json.dumps({"error": error}))
-"""
-
 
 def crashed(root: Path, operation: str, ref: Any, point: str) -> None:
-    env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
-    env[CRASH_ENV] = point
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(Path(__file__).parent), str(root), operation,
-         ref.name, ref.uid],
-        env=env, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert done.returncode == CRASH_EXIT_CODE, done.stderr
+    crash_in_child("test_shares", root, operation, ref, point)
 
 
 def restarted(root: Path) -> Preparer:
