@@ -270,6 +270,7 @@ def chart_controller(
 ) -> Iterator[ControllerProcess]:
     """drasil-controller for `driver` under the chart's RBAC (`chart_identity`),
     leading its own Lease; stopped after, with its log's tail printed."""
+    (directory / "identity").mkdir(parents=True, exist_ok=True)
     with chart_identity(
         kube,
         kubeconfig,
