@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import sys
 from collections.abc import Sequence
@@ -32,6 +33,9 @@ OUTPUTS = ("table", "json", "yaml")
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="drasil", description=DESCRIPTION)
+    # The installed distribution's version: what an image or a venv actually holds.
+    version = importlib.metadata.version("drasil")
+    p.add_argument("--version", action="version", version=f"drasil {version}")
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("discover", help="list this node's devices and the ResourceSlices")
     d.add_argument("--backend", choices=BACKENDS, default="nvml")

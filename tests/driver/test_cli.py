@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import io
 import json
 import subprocess
@@ -267,3 +268,12 @@ def test_discover_consumable_marks_shared_gpus() -> None:
     code, text = run(*argv, "--gpu-sharing", "consumable", "-o", "json")
     devices = json.loads(text)[0]["spec"]["devices"]
     assert all(d["allowMultipleAllocations"] for d in devices)
+
+
+def test_version_prints_the_installed_distribution_version(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"drasil {importlib.metadata.version('drasil')}\n"
