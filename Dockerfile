@@ -1,53 +1,83 @@
 # syntax=docker/dockerfile:1
 #
-# drasil's image for registries: the node daemon (drasil-kubelet-plugin), the cluster
-# daemon (drasil-controller) and the CLI (drasil), one image for the Helm chart.
+# drasil's image: the node daemon (drasil-kubelet-plugin), the cluster daemon
+# (drasil-controller) and the CLI (drasil), one image for the Helm chart.
 #
-#   docker build -t <registry>/drasil:0.1.0 .
+#   make image                                    # buildah, into local storage and dist/
+#   docker build -t <registry>/drasil:0.1.0 .     # or any other OCI builder
 #
-# Tests build the same layout without a Docker engine or a registry: e2e/image/ (see
-# its docstring for what differs: the Python build underneath, and pinned versions).
+# `make image` (e2e/image) builds this file with buildah. Where no registry is
+# reachable it first builds the base locally from Debian 12's own packages (python3.11
+# from Debian, see e2e/image/base.py) and passes it as PYTHON_IMAGE; elsewhere the public
+# image below is the base. The steps work on both: they call `python3` from PATH
+# (/usr/local/bin in the public image, /usr/bin in Debian's) and need only the standard
+# library's venv and ensurepip.
+#
+# Reproducible dependencies: constraints.txt pins every distribution the image installs
+# (regenerate it with `python -m e2e.image constraints` from a fresh .venv).
 #
 # The default user is 65532 (non-root). The chart's controller runs as that user on a
 # read-only root filesystem; the kubelet plugin's DaemonSet overrides it with root,
 # because it must create sockets and files in root-owned kubelet directories on the host
 # (docs/helm.md).
 
-ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+ARG PYTHON_IMAGE=docker.io/library/python:3.11-slim-bookworm
 
 # ---- build: our wheel, then a venv with it and its dependencies ------------------------
 FROM ${PYTHON_IMAGE} AS build
-ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PIP_NO_CACHE_DIR=1
+# A pip configuration for this stage's pip only, e.g. the CA bundle of a proxy that
+# intercepts TLS, mounted into the build (`make image` passes the host's, see
+# e2e/image/local.py); unset, pip's defaults.
+ARG PIP_CONFIG_FILE
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1
+# A throwaway venv for the build's pip (ensurepip): the base's own pip, if it has one,
+# is never used or changed.
+RUN python3 -m venv /opt/build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY constraints.txt pyproject.toml README.md ./
 COPY api/ api/
 COPY driver/ driver/
 COPY kubeletplugin/ kubeletplugin/
 COPY controller/ controller/
 # Every dependency ships binary wheels for CPython 3.11 on manylinux: nothing compiles,
 # and no compiler is needed even here.
-RUN pip wheel --wheel-dir /wheels .
-# The venv has no pip of its own; the build stage's pip installs into it (and compiles
-# the .pyc files the read-only root filesystem could not cache later).
-RUN python -m venv --without-pip /opt/drasil \
- && pip --python /opt/drasil/bin/python install --no-index --find-links /wheels drasil \
+# Downloads are cached between builds (a cache mount, not a layer).
+RUN --mount=type=cache,target=/root/.cache/pip \
+    /opt/build/bin/pip wheel --quiet --only-binary=:all: --constraint constraints.txt \
+      --wheel-dir /wheels .
+# The image's venv has no pip of its own; the build venv's pip installs into it (and
+# compiles the .pyc files the read-only root filesystem could not cache later).
+RUN python3 -m venv --without-pip /opt/drasil \
+ && /opt/build/bin/pip --python /opt/drasil/bin/python install --quiet --no-index \
+      --find-links /wheels drasil \
  && /opt/drasil/bin/drasil-kubelet-plugin --help >/dev/null
 
 # ---- final: the base image, the venv, nothing else -------------------------------------
 FROM ${PYTHON_IMAGE}
-# No build or install tools in the final image: pip, setuptools and wheel go too.
-RUN python -m pip uninstall --yes --quiet pip setuptools wheel \
+# No build or install tools in the final image: the public base's pip, setuptools and
+# wheel go too (Debian's python3.11 has none to remove).
+RUN if python3 -m pip --version >/dev/null 2>&1; then \
+      python3 -m pip uninstall --yes --quiet pip setuptools wheel; \
+    fi \
  && groupadd --system --gid 65532 drasil \
  && useradd --system --uid 65532 --gid 65532 --home-dir /nonexistent --no-create-home \
       --shell /usr/sbin/nologin drasil
 COPY --from=build /opt/drasil /opt/drasil
-ENV PATH=/opt/drasil/bin:$PATH \
+ENV PATH=/opt/drasil/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 USER 65532:65532
 WORKDIR /
 ENTRYPOINT ["/opt/drasil/bin/drasil"]
+# What the image is and where it came from (OCI annotation keys; `make image` passes
+# the version from pyproject.toml and the git commit, and sets the same as annotations
+# of the manifest).
+ARG VERSION=unknown
+ARG REVISION=unknown
+ARG SOURCE=https://github.com/drasil-dev/drasil
 LABEL org.opencontainers.image.title="drasil" \
       org.opencontainers.image.description="drasil, a Kubernetes DRA driver for NVIDIA GPUs" \
-      org.opencontainers.image.licenses="Apache-2.0"
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.source="${SOURCE}"

@@ -70,6 +70,8 @@ HOST_TOOLS: dict[str, tuple[str, ...]] = {
     "/usr/include/seccomp.h": ("libseccomp-dev", "pkg-config"),  # runc with seccomp
     "ip": ("iproute2",),  # the node's Pod network bridge
     "dpkg-deb": ("dpkg",),  # unpacks busybox-static for the test image
+    "buildah": ("buildah",),  # builds the images (e2e.image, e2e.node_images)
+    "mmdebstrap": ("mmdebstrap", "gpg"),  # the image's base from Debian's packages
 }
 
 

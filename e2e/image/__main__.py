@@ -1,15 +1,45 @@
-"""python -m e2e.image build | import --ctr PATH --address SOCKET [--namespace NS]"""
+"""python -m e2e.image build [--dist DIR] | import --ctr PATH --address SOCKET | constraints"""
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
+import time
 from pathlib import Path
 
 import e2e.image
-from e2e.image.local import build_image
+from e2e.image.constraints import FILE, write_constraints
+from e2e.image.local import LocalImage, build_image
 from e2e.image.run import import_image
-from e2e.image.tools import ImageBuildError
+from e2e.image.tools import ImageBuildError, buildah
+
+
+def to_dist(image: LocalImage, dist: Path) -> Path:
+    """`dist/drasil-<version>.oci.tar` (a copy of the cached archive) and the local tag
+    `localhost/drasil:<version>` beside the build's own."""
+    dist.mkdir(parents=True, exist_ok=True)
+    target = dist / f"drasil-{image.version}.oci.tar"
+    tmp = target.with_name(f".{target.name}.tmp")
+    shutil.copyfile(image.archive, tmp)
+    tmp.replace(target)
+    buildah("buildah tag", "tag", image.name, f"{image.repository}:{image.version}")
+    return target
+
+
+def _build(dist: Path | None) -> int:
+    started = time.monotonic()
+    image = build_image()
+    print(f"image    {image.name}")
+    archive = image.archive
+    if dist is not None:
+        archive = to_dist(image, dist)
+        print(f"tagged   {image.repository}:{image.version}")
+    print(f"archive  {archive} ({archive.stat().st_size / 1e6:.0f} MB)")
+    for key, value in sorted(image.annotations.items()):
+        print(f"{key.removeprefix('org.opencontainers.image.'):8} {value}")
+    print(f"took     {time.monotonic() - started:.1f}s")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,21 +47,27 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m e2e.image", description=(e2e.image.__doc__ or "").split("\n\n")[0]
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("build", help="build (or find cached) and print archive and name")
+    build = commands.add_parser("build", help="build (or find cached) and print the image")
+    build.add_argument("--dist", type=Path, help="also copy the archive into DIR and tag it")
     imp = commands.add_parser("import", help="build if needed and import into containerd")
     imp.add_argument("--ctr", required=True, type=Path)
     imp.add_argument("--address", required=True)
     imp.add_argument("--namespace", default="k8s.io")
+    commands.add_parser("constraints", help=f"write {FILE.name} from this environment")
     args = parser.parse_args(argv)
     try:
+        if args.command == "constraints":
+            write_constraints()
+            print(FILE)
+            return 0
+        if args.command == "build":
+            return _build(args.dist)
         image = build_image()
-        if args.command == "import":
-            import_image(image, ctr=args.ctr, address=args.address, namespace=args.namespace)
+        import_image(image, ctr=args.ctr, address=args.address, namespace=args.namespace)
+        print(image.name)
     except ImageBuildError as e:
         print(e, file=sys.stderr)
         return 1
-    print(image.archive)
-    print(image.name)
     return 0
 
 

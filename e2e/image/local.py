@@ -1,57 +1,72 @@
-"""`build_image()`: drasil's image from the cache, or built into it, as an OCI archive.
+"""`build_image()`: the Dockerfile built with buildah, as an image in buildah's local
+storage and an OCI archive in the cache.
 
-Archives are cached in `<cache>/images/drasil/` under a key made of everything they are
-built from (the modules of this package that shape the image and `e2e.oci`, the wheel's
-content, the pinned Python versions, the Debian package versions); a warm call builds
-only the wheel (a few seconds) to learn its content hash. The newest three archives
-(and two base layers) are kept.
+The key of a build is everything it is made of: the Dockerfile and .dockerignore, the
+files of the build context (what .dockerignore lets through: constraints.txt,
+pyproject.toml, README.md and the four packages), the base image's key, the version
+(pyproject.toml) and the git revision the labels name. A warm call hashes those (well
+under a second) and finds `drasil-<key>.oci.tar` and its `.json` in the cache; a cold
+one builds the base if needed (`e2e.image.base`), runs `buildah bud` with the local base
+as `PYTHON_IMAGE`, and pushes the image to the archive. The newest three archives stay.
+
+The build's pip trusts what the host's pip trusts: when the host configures a CA bundle
+for pip (`PIP_CERT`, `REQUESTS_CA_BUNDLE`, `SSL_CERT_FILE` or `cert` in /etc/pip.conf,
+as behind a proxy that intercepts TLS), the bundle and a pip.conf naming it are
+mounted read-only at /mnt of the RUN steps and `PIP_CONFIG_FILE` points there (a build
+argument of the build stage only: nothing of it reaches the image).
 """
 
 from __future__ import annotations
 
+import configparser
 import hashlib
 import json
+import os
+import shutil
+import subprocess
 import sys
+import tarfile
 import tempfile
-from collections.abc import Sequence
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from e2e import oci, paths
+from e2e import paths
 from e2e.binaries import Writer
-from e2e.image import debian, layers, tools
-from e2e.image.debian import DebPackage
-from e2e.image.layers import VENV
-from e2e.image.tools import FORMAT, images_dir
+from e2e.image import base, tools
+from e2e.image.tools import ImageBuildError, buildah, images_dir
 
 REPOSITORY = "localhost/drasil"
-USER = "65532:65532"
-ENV = (
-    f"PATH=/{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-    "LANG=C.UTF-8",
-    "PYTHONDONTWRITEBYTECODE=1",
-    "PYTHONUNBUFFERED=1",
+DOCKERFILE = paths.CHECKOUT / "Dockerfile"
+IGNORE_FILE = paths.CHECKOUT / ".dockerignore"
+# What the Dockerfile copies (the same list .dockerignore lets through).
+CONTEXT = (
+    "constraints.txt",
+    "pyproject.toml",
+    "README.md",
+    "api",
+    "driver",
+    "kubeletplugin",
+    "controller",
 )
-ENTRYPOINT = (f"/{VENV}/bin/drasil",)
-# The sources whose change changes the image although no input does.
-_HERE = Path(__file__).resolve().parent
-SHAPED_BY = (
-    _HERE.parent / "oci.py",
-    *(_HERE / f"{m}.py" for m in ("debian", "layers", "local", "tools")),
-)
-KEEP_ARCHIVES = 3  # every source change makes a new ~55 MB archive
+SKIPPED_PARTS = frozenset({"__pycache__", ".mypy_cache"})
+SOURCE = "https://github.com/drasil-dev/drasil"
+KEEP_ARCHIVES = 3  # each is ~90 MB
+HERE = Path(__file__).resolve()
+MNT = "/mnt"  # exists in both bases: a mount there leaves no mount point behind
 
 
 @dataclass(frozen=True)
 class LocalImage:
-    """An OCI archive in the cache and the name it imports as."""
+    """A built image: its name in buildah's storage, its OCI archive in the cache."""
 
-    name: str  # localhost/drasil:local-<key>
+    name: str  # localhost/drasil:<version>-<key>
     archive: Path
     manifest_digest: str
-    config: dict[str, Any]
+    config: dict[str, Any]  # the image config (its "config" holds Env, User, Labels)
     layers: tuple[str, ...]  # blob digests, base first
+    annotations: dict[str, str]  # of the manifest
 
     @property
     def repository(self) -> str:
@@ -61,95 +76,197 @@ class LocalImage:
     def tag(self) -> str:
         return self.name.rsplit(":", 1)[1]
 
+    @property
+    def version(self) -> str:
+        return self.annotations["org.opencontainers.image.version"]
 
-def _python_version(debs: Sequence[DebPackage]) -> str:
-    version = next(d.version for d in debs if d.name == "python3.11-minimal")
-    return version.split("-")[0]
+
+def project_version() -> str:
+    with open(paths.CHECKOUT / "pyproject.toml", "rb") as f:
+        return str(tomllib.load(f)["project"]["version"])
 
 
-def _key(wheel: Path, constraints: str, debs: Sequence[DebPackage]) -> str:
-    sources = hashlib.sha256(b"".join(p.read_bytes() for p in SHAPED_BY)).hexdigest()
-    recipe = {
-        "format": FORMAT,
-        "module": sources,
-        "wheel": layers.wheel_content_hash(wheel),
-        "constraints": constraints,
-        "debian": [d.__dict__ for d in debs],
+def context_files() -> list[Path]:
+    files: list[Path] = []
+    for part in CONTEXT:
+        path = paths.CHECKOUT / part
+        if path.is_file():
+            files.append(path)
+            continue
+        for found in path.rglob("*"):
+            rel = found.relative_to(paths.CHECKOUT)
+            if found.is_file() and not SKIPPED_PARTS & set(rel.parts) and found.suffix != ".pyc":
+                files.append(found)
+    return files
+
+
+def revision() -> str:
+    """The git commit the build context is, `-dirty` when it differs from it."""
+    git = ["git", "-C", str(paths.CHECKOUT)]
+    try:
+        head = subprocess.run(
+            [*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=30
+        ).stdout.strip()
+        changed = subprocess.run(
+            [*git, "status", "--porcelain", "--", *CONTEXT, "Dockerfile", ".dockerignore"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"  # not a git checkout (a source tarball)
+    return f"{head}-dirty" if changed else head
+
+
+def image_annotations(version: str, rev: str) -> dict[str, str]:
+    return {
+        "org.opencontainers.image.version": version,
+        "org.opencontainers.image.revision": rev,
+        "org.opencontainers.image.source": SOURCE,
     }
-    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()
+
+
+def _key(base_key: str, notes: dict[str, str]) -> str:
+    recipe = {
+        "format": tools.FORMAT,
+        "builder": hashlib.sha256(HERE.read_bytes()).hexdigest(),
+        "dockerfile": tools.hash_files([DOCKERFILE, IGNORE_FILE], root=paths.CHECKOUT),
+        "context": tools.hash_files(context_files(), root=paths.CHECKOUT),
+        "base": base_key,
+        "annotations": notes,
+    }
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def build_image(*, out: Writer | None = None) -> LocalImage:
-    """Build (or find in the cache) the image; returns its archive and name."""
+    """The image (from the cache, else built into it); its archive and name."""
     progress = out if out is not None else sys.stderr
-    with tools.lock(), tempfile.TemporaryDirectory(prefix="drasil-image-") as tmp:
-        work = Path(tmp)
-        wheel = layers.build_wheel(work)
-        debs = debian.debian_packages()
-        constraints = layers.pinned_versions()
-        key = _key(wheel, constraints, debs)
-        name = f"{REPOSITORY}:local-{key[:16]}"
-        archive = images_dir() / f"drasil-{key[:16]}.oci.tar"
-        meta_path = archive.with_suffix(".json")
-        if archive.exists() and meta_path.exists():
-            return _load(name, archive, meta_path)
-        base = layers.base_layer(debs, progress)
-        print(
-            f"e2e.image: app layer ({wheel.name} and its dependencies)", file=progress, flush=True
-        )
-        app = layers.app_layer(wheel, constraints, work, _python_version(debs))
-        config = _config(
-            [base, app],
-            labels={
-                "org.opencontainers.image.title": "drasil",
-                "org.opencontainers.image.version": _wheel_version(wheel),
-                "org.opencontainers.image.description": "drasil DRA driver (local build)",
-                "dev.drasil.image.build": "e2e.image",
-            },
-        )
-        manifest_digest = oci.write_archive(archive, name=name, config=config, layers=[base, app])
+    with tools.lock():
+        base.require_tools(progress)
+        version = project_version()
+        notes = image_annotations(version, revision())
+        key = _key(base.base_key(), notes)
+        name = f"{REPOSITORY}:{version}-{key}"
+        archive = images_dir() / f"drasil-{key}.oci.tar"
+        meta = archive.with_suffix(".json")
+        if archive.exists() and meta.exists():
+            image = _load(archive, meta)
+            if not tools.image_exists(name):  # storage wiped since: restore it
+                buildah("buildah pull", "pull", "--quiet", f"oci-archive:{archive}")
+            return image
+        base_name = base.base_image(progress)
+        print(f"e2e.image: buildah bud -> {name}", file=progress, flush=True)
+        _bud(name, base_name, notes)
+        _push(name, archive, progress)
+        _prune()
+        return _load(archive, meta)
+
+
+def _bud(name: str, base_name: str, notes: dict[str, str]) -> None:
+    args = [
+        "bud",
+        "--quiet",
+        f"--isolation={tools.ISOLATION}",
+        f"--file={DOCKERFILE}",
+        f"--tag={name}",
+        f"--build-arg=PYTHON_IMAGE={base_name}",
+        f"--build-arg=VERSION={notes['org.opencontainers.image.version']}",
+        f"--build-arg=REVISION={notes['org.opencontainers.image.revision']}",
+        f"--build-arg=SOURCE={notes['org.opencontainers.image.source']}",
+        *(f"--annotation={k}={v}" for k, v in notes.items()),
+    ]
+    with tempfile.TemporaryDirectory(prefix="drasil-image-pip-") as tmp:
+        args += _host_pip_trust(Path(tmp))
+        buildah("buildah bud", *args, str(paths.CHECKOUT))
+
+
+def _host_ca_bundle() -> Path | None:
+    for var in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"):
+        value = os.environ.get(var)
+        if value and Path(value).is_file():
+            return Path(value)
+    config = configparser.ConfigParser()
+    config.read(["/etc/pip.conf", "/etc/xdg/pip/pip.conf"])
+    cert = config.get("global", "cert", fallback="")
+    return Path(cert) if cert and Path(cert).is_file() else None
+
+
+def _host_pip_trust(tmp: Path) -> list[str]:
+    """bud arguments that make the build's pip trust the host pip's CA bundle."""
+    bundle = _host_ca_bundle()
+    if bundle is None:
+        return []
+    shutil.copyfile(bundle, tmp / "ca.crt")
+    (tmp / "pip.conf").write_text(f"[global]\ncert = {MNT}/ca.crt\n")
+    tmp.chmod(0o755)
+    return [f"--volume={tmp}:{MNT}:ro", f"--build-arg=PIP_CONFIG_FILE={MNT}/pip.conf"]
+
+
+def _push(name: str, archive: Path, out: Writer) -> None:
+    """The image as an OCI archive (gzip layers) whose index names it `name`."""
+    tmp = archive.with_name(f".{archive.name}.tmp-{os.getpid()}")
+    try:
+        buildah("buildah push", "push", "--quiet", name, f"oci-archive:{tmp}:{name}")
+        manifest, config = _read_archive(tmp)
         meta = {
             "name": name,
-            "manifest": manifest_digest,
+            "manifest": manifest,
             "config": config,
-            "layers": [base.digest, app.digest],
         }
-        paths.write_atomic(meta_path, json.dumps(meta, indent=1))
-        print(f"e2e.image: {name} -> {archive}", file=progress, flush=True)
-        _prune()
-        return _load(name, archive, meta_path)
+        os.replace(tmp, archive)
+    finally:
+        tmp.unlink(missing_ok=True)
+    paths.write_atomic(archive.with_suffix(".json"), json.dumps(meta, indent=1))
+    size = archive.stat().st_size / 1e6
+    print(f"e2e.image: {name} -> {archive} ({size:.0f} MB)", file=out, flush=True)
+
+
+def _read_archive(archive: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The manifest and config of the one image in an OCI archive."""
+    with tarfile.open(archive) as tar:
+
+        def blob(digest: str) -> dict[str, Any]:
+            f = tar.extractfile(f"blobs/sha256/{digest.removeprefix('sha256:')}")
+            if f is None:
+                raise ImageBuildError(f"{archive}: no blob {digest}")
+            data: dict[str, Any] = json.load(f)
+            return data
+
+        index = tar.extractfile("index.json")
+        if index is None:
+            raise ImageBuildError(f"{archive}: no index.json")
+        (entry,) = json.load(index)["manifests"]
+        manifest = blob(entry["digest"])
+        manifest["digest"] = entry["digest"]
+        return manifest, blob(manifest["config"]["digest"])
+
+
+def _load(archive: Path, meta_path: Path) -> LocalImage:
+    meta = json.loads(meta_path.read_text())
+    manifest = meta["manifest"]
+    return LocalImage(
+        name=meta["name"],
+        archive=archive,
+        manifest_digest=manifest["digest"],
+        config=meta["config"],
+        layers=tuple(layer["digest"] for layer in manifest["layers"]),
+        annotations=manifest.get("annotations") or {},
+    )
 
 
 def _prune() -> None:
-    """Drop all but the newest archives and base layers (each also has a .json)."""
-    for pattern, keep in (("drasil-*.oci.tar", KEEP_ARCHIVES), ("base-*.tar.gz", 2)):
-        found = sorted(images_dir().glob(pattern), key=lambda f: f.stat().st_mtime, reverse=True)
-        for old in found[keep:]:
-            old.with_suffix(".json").unlink(missing_ok=True)  # as build_image names them
-            old.unlink(missing_ok=True)
-
-
-def _wheel_version(wheel: Path) -> str:
-    return wheel.name.split("-")[1]
-
-
-def _load(name: str, archive: Path, meta_path: Path) -> LocalImage:
-    meta = json.loads(meta_path.read_text())
-    return LocalImage(
-        name=name,
-        archive=archive,
-        manifest_digest=meta["manifest"],
-        config=meta["config"],
-        layers=tuple(meta["layers"]),
+    """Drop all but the newest archives, with their images in buildah's storage."""
+    found = sorted(
+        images_dir().glob("drasil-*.oci.tar"), key=lambda f: f.stat().st_mtime, reverse=True
     )
-
-
-def _config(image_layers: Sequence[oci.Layer], *, labels: dict[str, str]) -> dict[str, Any]:
-    return oci.image_config(
-        image_layers,
-        ["e2e.image: Debian python3.11 (base)", "e2e.image: /opt/drasil venv (app)"],
-        User=USER,
-        Env=list(ENV),
-        Entrypoint=list(ENTRYPOINT),
-        Labels=labels,
-    )
+    for old in found[KEEP_ARCHIVES:]:
+        meta = old.with_suffix(".json")
+        try:
+            name = json.loads(meta.read_text())["name"]
+        except (OSError, ValueError, KeyError):
+            name = None
+        if name and tools.image_exists(name):
+            buildah("buildah rmi", "rmi", name)
+        meta.unlink(missing_ok=True)
+        old.unlink(missing_ok=True)

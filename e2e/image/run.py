@@ -4,20 +4,55 @@ a container (`sandbox_command`), and loading it into containerd (`import_image`)
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import tarfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from e2e import oci
 from e2e.image.local import LocalImage
 from e2e.image.tools import ImageBuildError, run
 
 SANDBOX = Path(__file__).resolve().with_name("sandbox.py")
+WHITEOUT = ".wh."
+OPAQUE = ".wh..wh..opq"
 
 
 def unpack(image: LocalImage, into: Path) -> Path:
-    """The image's root filesystem: its layers extracted in order into `into`."""
-    return oci.unpack(image.archive, image.layers, into)
+    """The image's root filesystem: the layers of its archive extracted in order into
+    `into`, each layer's whiteouts (`.wh.` files) deleting what lower layers put there."""
+    into.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(image.archive) as outer:
+        for layer in image.layers:
+            member = outer.extractfile(f"blobs/sha256/{layer.removeprefix('sha256:')}")
+            if member is None:
+                raise ImageBuildError(f"{image.archive}: no layer {layer}")
+            with tarfile.open(fileobj=member, mode="r|*") as tar:
+                for entry in tar:
+                    if not _whiteout(entry.name, into):
+                        tar.extract(entry, into, filter="tar")
+    return into
+
+
+def _whiteout(name: str, root: Path) -> bool:
+    """Apply `name` if it is an OCI whiteout (and say so)."""
+    parent, _, base = name.rstrip("/").rpartition("/")
+    if not base.startswith(WHITEOUT):
+        return False
+    directory = root / parent
+    if base == OPAQUE:
+        for child in directory.iterdir() if directory.is_dir() else []:
+            _remove(child)
+    else:
+        _remove(directory / base.removeprefix(WHITEOUT))
+    return True
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def sandbox_command(
