@@ -1,8 +1,9 @@
-"""Container images for the node, built as OCI archives without any registry.
+"""Container images for the node, built with buildah without any registry.
 
 No registry is reachable from the machines this runs on, so the two images the node
-needs are written by `e2e.oci` as OCI archives of one uncompressed tar layer, which
-`ctr -n k8s.io images import` loads into containerd:
+needs are built `FROM scratch` by buildah (a Containerfile that copies a prepared root
+filesystem, `--timestamp 0`: the same inputs give the same image) and pushed as OCI
+archives, which `ctr -n k8s.io images import` loads into containerd:
 
 - the pause image (`versions.PAUSE_IMAGE`): our static `drasil-pause` binary (built by
   `e2e.build` from e2e/go/pause/main.go), the sandbox image containerd runs for every Pod;
@@ -11,8 +12,7 @@ needs are written by `e2e.oci` as OCI archives of one uncompressed tar layer, wh
   `/etc/passwd`, `/etc/group` and `/tmp`. Default command `sh`.
 
 Archives are cached in `<cache>/e2e/<version>/images/` with a stamp of what they were
-built from; a warm call touches neither apt nor Go. Everything in an archive is
-deterministic, so the image IDs do not change between builds of the same inputs.
+built from; a warm call touches neither apt, Go nor buildah.
 """
 
 from __future__ import annotations
@@ -20,19 +20,20 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from e2e import binaries, oci, paths, versions
-from e2e.oci import Entry
+from e2e import binaries, paths, versions
 
 # Bump when the layout written here changes: every archive is rebuilt.
-FORMAT = 2
+FORMAT = 3
 STAMP_NAME = ".stamp.json"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Applets a test or a user in `kubectl exec` reaches for; the rest come from
@@ -58,6 +59,20 @@ FALLBACK_APPLETS = (
 
 
 PASSWD = b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"
+FILES = {
+    "etc/passwd": PASSWD,
+    "etc/group": b"root:x:0:\nnogroup:x:65534:\n",
+    "etc/hostname": b"busybox\n",
+}
+DIRECTORIES = (
+    ("bin", 0o755),
+    ("etc", 0o755),
+    ("root", 0o700),
+    ("tmp", 0o1777),
+    ("proc", 0o555),
+    ("sys", 0o555),
+    ("dev", 0o755),
+)
 
 
 class ImageError(RuntimeError):
@@ -79,13 +94,19 @@ def images_dir() -> Path:
 # -- the two images ----------------------------------------------------------------
 
 
-def pause_files(pause_binary: Path) -> list[Entry]:
-    return [Entry("pause", 0o755, pause_binary.read_bytes())]
+def pause_root(pause_binary: Path) -> Callable[[Path], None]:
+    def write(root: Path) -> None:
+        shutil.copyfile(pause_binary, root / "pause")
+        (root / "pause").chmod(0o755)
+
+    return write
 
 
-def _run(step: str, cmd: list[str], *, cwd: Path | None = None) -> bytes:
+def _run(
+    step: str, cmd: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> bytes:
     try:
-        done = subprocess.run(cmd, cwd=cwd, capture_output=True, check=False, timeout=600)
+        done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, check=False, timeout=600)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise ImageError(f"{step}: {' '.join(cmd)}: {e}") from e
     if done.returncode != 0:
@@ -146,23 +167,23 @@ def _applets(busybox: bytes) -> list[str]:
     return sorted(set(listed) | set(FALLBACK_APPLETS))
 
 
-def busybox_files(busybox: bytes) -> list[Entry]:
-    files = [Entry("bin/busybox", 0o755, busybox)]
-    for applet in _applets(busybox):
-        if applet == "bin/busybox":
-            continue
-        files.append(Entry(applet, 0o777, link="/bin/busybox"))
-    files += [
-        Entry("etc/passwd", 0o644, PASSWD),
-        Entry("etc/group", 0o644, b"root:x:0:\nnogroup:x:65534:\n"),
-        Entry("etc/hostname", 0o644, b"busybox\n"),
-        Entry("root", 0o700),
-        Entry("tmp", 0o1777),
-        Entry("proc", 0o555),
-        Entry("sys", 0o555),
-        Entry("dev", 0o755),
-    ]
-    return files
+def busybox_root(busybox: bytes) -> Callable[[Path], None]:
+    def write(root: Path) -> None:
+        for directory, mode in DIRECTORIES:
+            (root / directory).mkdir(parents=True, exist_ok=True)
+            (root / directory).chmod(mode)
+        (root / "bin" / "busybox").write_bytes(busybox)
+        (root / "bin" / "busybox").chmod(0o755)
+        for applet in _applets(busybox):
+            link = root / applet
+            if applet != "bin/busybox" and not os.path.lexists(link):
+                link.parent.mkdir(parents=True, exist_ok=True)
+                link.symlink_to("/bin/busybox")
+        for name, content in FILES.items():
+            (root / name).write_bytes(content)
+            (root / name).chmod(0o644)
+
+    return write
 
 
 # -- cache -------------------------------------------------------------------------
@@ -186,19 +207,33 @@ def _archive_name(image: str, suffix: str = "") -> str:
 
 
 def _write_image(
-    name: str, files: list[Entry], *, entrypoint: list[str] | None = None, cmd: list[str]
+    name: str,
+    write_root: Callable[[Path], None],
+    *,
+    entrypoint: list[str] | None = None,
+    cmd: list[str],
 ) -> Image:
-    """The archive of image `name` in the cache, of one layer of `files`."""
+    """The archive of image `name` in the cache: buildah `FROM scratch`, one layer of
+    the root filesystem `write_root` fills."""
     archive = images_dir() / _archive_name(name)
-    config: dict[str, object] = {"Env": [f"PATH={DEFAULT_PATH}"]}
+    lines = ["FROM scratch", "COPY root/ /", f"ENV PATH={DEFAULT_PATH}"]
     if entrypoint:
-        config["Entrypoint"] = entrypoint
+        lines.append(f"ENTRYPOINT {json.dumps(entrypoint)}")
     if cmd:
-        config["Cmd"] = cmd
+        lines.append(f"CMD {json.dumps(cmd)}")
     with tempfile.TemporaryDirectory(dir=images_dir()) as tmp:
-        layer = oci.write_layer(files, Path(tmp) / "layer.tar", compress=False)
-        config = oci.image_config([layer], ["drasil e2e.node_images"], **config)
-        oci.write_archive(archive, name=name, config=config, layers=[layer])
+        context = Path(tmp)
+        (context / "root").mkdir()
+        write_root(context / "root")
+        (context / "Containerfile").write_text("\n".join(lines) + "\n")
+        env = {**os.environ, "BUILDAH_ISOLATION": "chroot"}
+        bud = ["buildah", "bud", "--quiet", "--timestamp=0", f"--tag={name}", str(context)]
+        _run(f"buildah bud {name}", bud, env=env)
+        tmp_archive = context / "image.oci.tar"
+        push = ["buildah", "push", "--quiet", name, f"oci-archive:{tmp_archive}:{name}"]
+        _run(f"buildah push {name}", push, env=env)
+        _run(f"buildah rmi {name}", ["buildah", "rmi", name], env=env)
+        os.replace(tmp_archive, archive)
     return Image(name, archive)
 
 
@@ -239,18 +274,19 @@ def ensure_images(*, out: binaries.Writer | None = None) -> dict[str, Image]:
         images_dir().mkdir(parents=True, exist_ok=True)
         stamp = paths.read_stamp(images_dir() / STAMP_NAME)
         if _cached("pause", pause_recipe, stamp) is None:
-            files = pause_files(pause_bin)
-            image = _write_image(versions.PAUSE_IMAGE, files, entrypoint=["/pause"], cmd=[])
+            binaries.ensure_host_tools(["buildah"], out=progress)
+            root = pause_root(pause_bin)
+            image = _write_image(versions.PAUSE_IMAGE, root, entrypoint=["/pause"], cmd=[])
             _built(stamp, "pause", image, progress, recipe=pause_recipe)
         if _cached("test", test_recipe, stamp) is None:
             debs = images_dir() / "debs"
             shutil.rmtree(debs, ignore_errors=True)
             debs.mkdir()
-            binaries.ensure_host_tools(["dpkg-deb"], out=progress)
+            binaries.ensure_host_tools(["dpkg-deb", "buildah"], out=progress)
             deb = _download_deb(versions.BUSYBOX_DEBIAN_PACKAGE, debs, progress)
             package = f"{versions.BUSYBOX_DEBIAN_PACKAGE}={_deb_version(deb)}"
-            files = busybox_files(_busybox_from_deb(deb))
-            image = _write_image(versions.TEST_IMAGE, files, cmd=["sh"])
+            root = busybox_root(_busybox_from_deb(deb))
+            image = _write_image(versions.TEST_IMAGE, root, cmd=["sh"])
             shutil.rmtree(debs, ignore_errors=True)
             _built(stamp, "test", image, progress, recipe=test_recipe, debian_package=package)
     return {
