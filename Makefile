@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PACKAGES := api driver kubeletplugin controller
 PYTEST_ARGS ?=
 
-.PHONY: all venv test lint unit e2e protos demo bench clean
+.PHONY: all venv test lint unit e2e protos image demo bench clean
 
 all: test
 
@@ -45,6 +45,11 @@ test: lint
 protos: $(STAMP)
 	$(BIN)/python -m drasil.api.kubelet.protos generate
 
+# The Dockerfile built with buildah (installed when missing), from a base made of
+# Debian's packages: localhost/drasil:<version> and dist/drasil-<version>.oci.tar.
+image: $(STAMP)
+	$(BIN)/python -m e2e.image build --dist dist
+
 demo: $(STAMP)
 	$(BIN)/python -m e2e.demo
 
@@ -52,4 +57,4 @@ bench: $(STAMP)
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) .mypy-path .mypy_cache .pytest_cache .ruff_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .mypy-path .mypy_cache .pytest_cache .ruff_cache .hypothesis build dist *.egg-info

@@ -8,7 +8,7 @@ import dataclasses
 import functools
 import os
 import subprocess
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -294,3 +294,63 @@ def chart_controller(
         finally:
             proc.stop()
             print(f"controller log ({proc.log_path}):\n{proc.tail()}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalNode:
+    """What the chart needs to know of the harness's real node (e2e.cluster.node)."""
+
+    name: str
+    registrar_dir: Path
+    plugins_dir: Path
+    cdi_dir: Path
+
+
+def local_node_values(
+    node: LocalNode,
+    *,
+    kubeconfig: Path,
+    repository: str,
+    tag: str,
+    ports: Sequence[int],
+) -> dict[str, Any]:
+    """Chart values for the local cluster and its real node, all ordinary chart values:
+
+    - `apiServer.host/port` and `hostNetwork` for both daemons: the API server listens
+      on 127.0.0.1 only and there is no kube-proxy, so a Pod reaches it only from the
+      host's network namespace, at its own address; `ports` (plugin metrics and health,
+      controller metrics and health) are free ports of the host;
+    - `kubeletPlugin.podUidInSocketNames: false`: the node's kubelet root dir
+      (/var/lib/drasil-e2e/<run id>) leaves no room in a unix socket path for a Pod UID;
+    - the node's registrar, plugins and CDI directories; the image imported into the
+      node's containerd (`pullPolicy: Never`);
+    - one controller replica (two would share the node's ports); leader election
+      still runs, on the release's Lease.
+    """
+    server = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+    host, port = server.removeprefix("https://").rsplit(":", 1)
+    metrics_port, health_port, controller_metrics, controller_health = ports
+    selector = {"kubernetes.io/hostname": node.name}
+    return {
+        "backend": "simulated",
+        "apiServer": {"host": host, "port": int(port)},
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        "kubeletPlugin": {
+            "registrarDir": str(node.registrar_dir),
+            "pluginsDir": str(node.plugins_dir),
+            "cdiRoot": str(node.cdi_dir),
+            "hostNetwork": True,
+            "podUidInSocketNames": False,
+            "metricsPort": metrics_port,
+            "healthPort": health_port,
+            "nodeSelector": selector,
+        },
+        "controller": {
+            "enabled": True,
+            "replicas": 1,
+            "hostNetwork": True,
+            "metricsPort": controller_metrics,
+            "healthPort": controller_health,
+            "nodeSelector": selector,
+        },
+    }

@@ -7,17 +7,8 @@ drasil.dev/install-gpu): the Node advertises the GPUs, a Pod with limits gets on
 
 The node's own plugin (e2e.cluster.node, driver gpu.drasil.dev) keeps running for the
 other node tests; the chart installs a second driver beside it, gpu.install.drasil.dev,
-with its own DeviceClass made here (the node tests own gpu.drasil.dev). Settings the
-local cluster needs, all ordinary chart values:
-
-- `apiServer.host/port` and `kubeletPlugin.hostNetwork`: the API server listens on
-  127.0.0.1 only and there is no kube-proxy, so a Pod reaches it only from the host's
-  network namespace, at its own address;
-- `kubeletPlugin.podUidInSocketNames: false`: the node's kubelet root dir
-  (/var/lib/drasil-e2e/<run id>) leaves no room in a unix socket path for a Pod UID;
-- the node's registrar, plugins and CDI directories; `image.pullPolicy: Never`;
-- the controller with `hostNetwork` too, and one replica (two would share the node's
-  ports); leader election still runs, on the release's Lease.
+with its own DeviceClass made here (the node tests own gpu.drasil.dev). The values the
+local cluster needs are e2e.chart.local_node_values (all ordinary chart values).
 """
 
 from __future__ import annotations
@@ -33,7 +24,7 @@ import pytest
 import yaml
 
 from e2e import versions
-from e2e.chart import CHART, crd_exists, helm
+from e2e.chart import CHART, LocalNode, crd_exists, helm, local_node_values
 from e2e.cluster.host import free_ports
 from e2e.cluster.node import Node
 from e2e.image import LocalImage, build_image, import_image
@@ -81,38 +72,15 @@ def crd_restored(kube: Kube) -> Iterator[None]:
 
 
 def _values(node: Node, image: LocalImage, kubeconfig: Path) -> tuple[dict[str, Any], int]:
-    server = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
-    host, port = server.removeprefix("https://").rsplit(":", 1)
-    metrics_port, health_port, controller_metrics, controller_health = free_ports(4)
-    values = {
-        "driverName": DRIVER,
-        "backend": "simulated",
-        "simulatedProfile": PROFILE,
-        "logFormat": "text",
-        "apiServer": {"host": host, "port": int(port)},
-        "image": {"repository": image.repository, "tag": image.tag, "pullPolicy": "Never"},
-        "kubeletPlugin": {
-            "registrarDir": str(node.registrar_dir),
-            "pluginsDir": str(node.plugins_dir),
-            "cdiRoot": str(node.cdi_dir),
-            "hostNetwork": True,
-            "podUidInSocketNames": False,
-            "metricsPort": metrics_port,
-            "healthPort": health_port,
-            "nodeSelector": {"kubernetes.io/hostname": node.name},
-        },
-        "controller": {
-            "enabled": True,
-            "replicas": 1,
-            "hostNetwork": True,
-            "metricsPort": controller_metrics,
-            "healthPort": controller_health,
-            "explainAfterSeconds": 2,
-            "nodeSelector": {"kubernetes.io/hostname": node.name},
-        },
-        "deviceClasses": {"create": False},
-    }
-    return values, health_port
+    ports = free_ports(4)
+    here = LocalNode(node.name, node.registrar_dir, node.plugins_dir, node.cdi_dir)
+    values = local_node_values(
+        here, kubeconfig=kubeconfig, repository=image.repository, tag=image.tag, ports=ports
+    )
+    values.update(driverName=DRIVER, simulatedProfile=PROFILE, logFormat="text")
+    values["controller"]["explainAfterSeconds"] = 2
+    values["deviceClasses"] = {"create": False}
+    return values, ports[1]
 
 
 def _helm(kubeconfig: Path, *args: str) -> str:
