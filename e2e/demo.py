@@ -160,7 +160,7 @@ def release_summary(status: str) -> str:
     """The NAME .. REVISION lines of `helm status` (the notes follow them)."""
     head = []
     for line in status.splitlines():
-        if not line.strip() or line.startswith(("TEST SUITE", "NOTES")):
+        if not line.strip() or line.startswith(("RESOURCES", "TEST SUITE", "NOTES")):
             break
         head.append(f"  {line}")
     return "\n".join(head)
