@@ -11,6 +11,7 @@ a node.
 from __future__ import annotations
 
 import importlib.util
+import tomllib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -579,3 +580,36 @@ def test_notes_tell_how_to_see_the_driver_work() -> None:
     assert "privileged" not in notes
     assert "runs the plugin privileged" in _notes("backend=nvml")
     assert "WARNING" in _notes("validatingAdmissionPolicy.enabled=false")
+
+
+# ---- the image ------------------------------------------------------------------------
+
+
+def _images(objs: Iterable[dict[str, Any]]) -> set[str]:
+    return {
+        c["image"]
+        for kind in ("DaemonSet", "Deployment")
+        for o in by_kind(objs, kind)
+        for c in o["spec"]["template"]["spec"]["containers"]
+    }
+
+
+def test_default_image_is_the_public_repository_at_the_version_make_image_builds() -> None:
+    """The chart's default tag is its appVersion, which is the version `make image`
+    tags (pyproject.toml): an image built from this checkout is the chart's default."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    with open(REPO / "pyproject.toml", "rb") as f:
+        version = tomllib.load(f)["project"]["version"]
+    assert chart["appVersion"] == version
+    objs = render(namespace="drasil", sets=["backend=simulated"])
+    assert _images(objs) == {f"ghcr.io/drasil-dev/drasil:{version}"}
+
+
+def test_image_repository_and_tag_set_both_daemons_images() -> None:
+    sets = ["image.repository=registry.example.com/team/drasil", "image.tag=0.1.0-rc1"]
+    objs = render(namespace="drasil", sets=sets)
+    assert _images(objs) == {"registry.example.com/team/drasil:0.1.0-rc1"}
+    readme = (CHART / "README.md").read_text()
+    assert "make image" in readme
+    assert "--set image.repository=" in readme
+    assert "--set image.tag=" in readme

@@ -51,6 +51,21 @@ helm install drasil charts/drasil -n drasil --create-namespace --set backend=sim
 Requires Kubernetes 1.34 or newer (`resource.k8s.io/v1`). Privileges, RBAC rules and
 upgrades are explained in [docs/helm.md](../../docs/helm.md).
 
+## The image
+
+Both daemons run from one image, `image.repository:image.tag`: by default
+`ghcr.io/drasil-dev/drasil` with the chart's appVersion as the tag. To run your own
+build, make it from the repository's `Dockerfile` and push it to a registry your nodes
+pull from:
+
+```sh
+make image      # buildah: localhost/drasil:<version> and dist/drasil-<version>.oci.tar
+skopeo copy oci-archive:dist/drasil-0.1.0.oci.tar docker://registry.example.com/drasil:0.1.0
+#   or: buildah push localhost/drasil:0.1.0 docker://registry.example.com/drasil:0.1.0
+helm install drasil charts/drasil -n drasil --create-namespace \\
+  --set image.repository=registry.example.com/drasil --set image.tag=0.1.0
+```
+
 ## Values
 
 `values.schema.json` checks every value: an unknown key or a value outside the allowed
