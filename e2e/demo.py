@@ -24,6 +24,7 @@ The cluster stays up; the output says how to explore and stop it.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shlex
 import subprocess
@@ -201,7 +202,7 @@ def remove_previous(kube: Kube) -> None:
         kube.delete("v1", "Pod", name, NAMESPACE)
     for name in (POD, PENDING_POD):
         wait_for(
-            lambda name=name: gone(kube, "v1", "Pod", name, NAMESPACE),  # type: ignore[misc]
+            functools.partial(gone, kube, "v1", "Pod", name, NAMESPACE),
             timeout=120,
             what=f"the previous Pod {NAMESPACE}/{name} deleted",
         )
