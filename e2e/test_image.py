@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 from packaging.utils import canonicalize_name
 
-from e2e.image import LocalImage, build_image
+from e2e.image import ImageBuildError, LocalImage, build_image
 from e2e.image.__main__ import main as image_main
 from e2e.image.constraints import pinned
 from e2e.image.local import SOURCE, project_version, revision
+from e2e.image.run import resolve_in
 
 USER = "65532:65532"
 
@@ -137,3 +138,21 @@ def image_id(name: str) -> str:
         check=True,
         timeout=60,
     ).stdout.strip()
+
+
+@pytest.mark.pure
+def test_mount_targets_resolve_symlinks_inside_the_image(tmp_path: Path) -> None:
+    """Debian's /var/run -> /run: the sandbox mounts at /run/..., inside the image, never
+    where the link points on the host."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "var").mkdir()
+    (tmp_path / "var" / "run").symlink_to("/run")
+    (tmp_path / "usr" / "bin").mkdir(parents=True)
+    (tmp_path / "bin").symlink_to("usr/bin")
+    (tmp_path / "loop").symlink_to("loop")
+    secrets = "/var/run/secrets/kubernetes.io/serviceaccount"
+    assert resolve_in(tmp_path, secrets) == "/run/secrets/kubernetes.io/serviceaccount"
+    assert resolve_in(tmp_path, "/bin/../bin/sh") == "/usr/bin/sh"
+    assert resolve_in(tmp_path, "/../../tmp") == "/tmp"
+    with pytest.raises(ImageBuildError, match="too many symlinks"):
+        resolve_in(tmp_path, "/loop/x")

@@ -4,6 +4,7 @@ a container (`sandbox_command`), and loading it into containerd (`import_image`)
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import tarfile
@@ -16,6 +17,7 @@ from e2e.image.tools import ImageBuildError, run
 SANDBOX = Path(__file__).resolve().with_name("sandbox.py")
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
+MAX_SYMLINKS = 40  # as the kernel's limit
 
 
 def unpack(image: LocalImage, into: Path) -> Path:
@@ -68,12 +70,16 @@ def sandbox_command(
     """A command line that runs `argv` from the unpacked image `rootfs` like a
     container (see e2e/image/sandbox.py); needs root. `binds` maps container paths to
     host paths; their mount points are made in `rootfs`, which must be a scratch copy."""
-    for target in [*binds, *tmpfs, "/proc", "/dev"]:
+    # Like a runtime, resolve each mount target's symlinks inside the image (Debian's
+    # /var/run -> /run): the kernel would follow them out of it, onto the host.
+    resolved_binds = {resolve_in(rootfs, target): source for target, source in binds.items()}
+    resolved_tmpfs = [resolve_in(rootfs, target) for target in tmpfs]
+    for target in [*resolved_binds, *resolved_tmpfs, "/proc", "/dev"]:
         (rootfs / target.lstrip("/")).mkdir(parents=True, exist_ok=True)
     spec = {
         "root": str(rootfs),
-        "binds": [[target, str(source)] for target, source in binds.items()],
-        "tmpfs": list(tmpfs),
+        "binds": [[target, str(source)] for target, source in resolved_binds.items()],
+        "tmpfs": resolved_tmpfs,
         "workdir": "/",
         "uid": uid,
         "gid": gid,
@@ -82,6 +88,30 @@ def sandbox_command(
     }
     # -I: neither this directory nor the environment's PYTHON* variables reach it.
     return [sys.executable, "-I", str(SANDBOX), json.dumps(spec)]
+
+
+def resolve_in(root: Path, path: str) -> str:
+    """`path` of the container with every symlink in it resolved within `root` (an
+    absolute link starts again at `root`; `..` stops at it)."""
+    todo = [p for p in path.split("/") if p]
+    done: list[str] = []
+    hops = 0
+    while todo:
+        part = todo.pop(0)
+        if part in (".", ".."):
+            done = done[:-1] if part == ".." else done
+            continue
+        here = root.joinpath(*done, part)
+        if not here.is_symlink():
+            done.append(part)
+            continue
+        hops += 1
+        if hops > MAX_SYMLINKS:
+            raise ImageBuildError(f"{path}: too many symlinks in {root}")
+        link = os.readlink(here)
+        done = [] if link.startswith("/") else done
+        todo = [p for p in link.split("/") if p] + todo
+    return "/" + "/".join(done)
 
 
 def image_env(image: LocalImage) -> dict[str, str]:
