@@ -29,6 +29,7 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -62,8 +63,11 @@ HOST_PLUGIN = "drasil-plugin"  # the harness's plugin process (e2e.cluster.node)
 TIMEOUT = 180
 
 
+STARTED = time.monotonic()
+
+
 def say(msg: str) -> None:
-    print(f"demo: {msg}", file=sys.stderr, flush=True)
+    print(f"demo [{time.monotonic() - STARTED:5.1f}s]: {msg}", file=sys.stderr, flush=True)
 
 
 # ---- the cluster ----------------------------------------------------------------------
@@ -93,12 +97,16 @@ def start_cluster() -> Cluster:
     return cluster
 
 
-def make_way_for_the_chart(node: Node) -> None:
+def make_way_for_the_chart(node: Node) -> threading.Thread | None:
     """Stop the harness's own plugin process: the chart's DaemonSet serves the same
-    driver (gpu.drasil.dev) on the node and takes over its ResourceSlices."""
-    if node.plugin.running():
-        say(f"stopping the harness's own {HOST_PLUGIN} process: the chart's DaemonSet takes over")
-        node.plugin.stop()
+    driver (gpu.drasil.dev) on the node and takes over its ResourceSlices. It shuts
+    down gracefully for seconds: the returned thread waits for that meanwhile."""
+    if not node.plugin.running():
+        return None
+    say(f"stopping the harness's own {HOST_PLUGIN} process: the chart's DaemonSet takes over")
+    stopping = threading.Thread(target=node.plugin.stop, name="stop-host-plugin")
+    stopping.start()
+    return stopping
 
 
 # ---- helm install -----------------------------------------------------------------------
@@ -402,9 +410,11 @@ def explore(cluster: Cluster, node: Node) -> list[str]:
 
 def install(cluster: Cluster, node: Node, kube: Kube) -> str:
     image = build_image(out=sys.stderr)
+    stopping = make_way_for_the_chart(node)
     say(f"importing {image.name} into the node's containerd")
     import_image(image, ctr=node.bin("ctr"), address=node.containerd_socket)
-    make_way_for_the_chart(node)
+    if stopping is not None:
+        stopping.join()
     adopt_classes(kube)
     status = helm_install(cluster, chart_values(cluster, node, image))
     wait_chart_serves(kube, node)
