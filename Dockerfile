@@ -40,8 +40,8 @@ COPY driver/ driver/
 COPY kubeletplugin/ kubeletplugin/
 COPY controller/ controller/
 # Every dependency ships binary wheels for CPython 3.11 on manylinux: nothing compiles,
-# and no compiler is needed even here.
-# Downloads are cached between builds (a cache mount, not a layer).
+# and no compiler is needed even here. pip's HTTP cache outlives the build (a cache
+# mount, not a layer), for indexes whose responses may be cached.
 RUN --mount=type=cache,target=/root/.cache/pip \
     /opt/build/bin/pip wheel --quiet --only-binary=:all: --constraint constraints.txt \
       --wheel-dir /wheels .
