@@ -194,7 +194,8 @@ class Preparer:
             except Exception as err:  # a fault, not the claim's: still only this claim's answer
                 log.exception("prepare failed", extra=ref.log_fields())
                 return PrepareResult(error=fault_text(err, ref, action="prepare"))
-        log.info("prepared", extra={**ref.log_fields(), "devices": _names(devices)})
+        # Debug, not info: at default verbosity the hot path formats no log record.
+        log.debug("prepared", extra={**ref.log_fields(), "devices": _names(devices)})
         return PrepareResult(devices=devices)
 
     def _prepare_locked(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
@@ -205,9 +206,11 @@ class Preparer:
             return record.devices
         claim = self._read_claim(ref)
         plan = plan_prepare(claim, ref=ref, node=self.node)
-        return self._carry_out(plan, claim)
+        return self._carry_out(plan, claim, resumed=record is not None)
 
-    def _carry_out(self, plan: PreparePlan, claim: Mapping[str, Any]) -> tuple[PreparedDevice, ...]:
+    def _carry_out(
+        self, plan: PreparePlan, claim: Mapping[str, Any], *, resumed: bool
+    ) -> tuple[PreparedDevice, ...]:
         ref = plan.claim
         placements = _placements(plan)
         with self.state_lock():
@@ -222,8 +225,11 @@ class Preparer:
         plan, prepared = self._cut_migs(plan, claim)
         if self.effects is not None:
             plan = self.effects.apply(plan)
-        # A crash mid-write left a temp file; this claim's lock makes it ours to remove.
-        sweep_claim_spec_temps(self.cdi_root, self.driver, claim_uid=ref.uid)
+        if resumed:
+            # A crash mid-write left a temp file; this claim's lock makes it ours to
+            # remove. Only a prepare that got past PrepareStarted writes one, so a claim
+            # without a record has none (and the CDI dir is not listed on every call).
+            sweep_claim_spec_temps(self.cdi_root, self.driver, claim_uid=ref.uid)
         if plan.metadata is not None:
             write_claim_metadata(plan.metadata, driver=self.driver, root=self.metadata_root)
         write_claim_spec(plan.spec, cdi_root=self.cdi_root, driver=self.driver)
@@ -314,16 +320,17 @@ class Preparer:
             except Exception as err:  # every claim of kubelet's call gets its own answer
                 log.error("unprepare failed", extra={**ref.log_fields(), "error": str(err)})
                 return fault_text(err, ref, action="unprepare")
-        log.info("unprepared", extra=ref.log_fields())
+        log.debug("unprepared", extra=ref.log_fields())
         return ""
 
     def _unprepare_locked(self, uid: str) -> None:
-        sweep_claim_spec_temps(self.cdi_root, self.driver, claim_uid=uid)
+        with self.state_lock():
+            record = self.store.get(uid)
+        if record is not None:  # no record: no prepare of it left a temp file (see above)
+            sweep_claim_spec_temps(self.cdi_root, self.driver, claim_uid=uid)
         delete_claim_spec(self.cdi_root, driver=self.driver, claim_uid=uid)
         crash_point("unprepare-after-cdi")
         delete_claim_metadata(self.metadata_root, uid)
-        with self.state_lock():
-            record = self.store.get(uid)
         # The record stays until its instances are gone: it is what names them.
         migs = [d.mig for d in record.devices if d.mig is not None] if record else []
         if migs and self.migs is None:
