@@ -176,13 +176,14 @@ def _canonical(document: Mapping[str, Any]) -> bytes:
 
 def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
     """The bytes to store: canonical JSON with the checksum appended as the last key."""
-    claims = {uid: encode_record(record) for uid, record in checkpoint.claims.items()}
-    return assemble_checkpoint(checkpoint, claims)
+    entries = {uid: encode_entry(uid, record) for uid, record in checkpoint.claims.items()}
+    return assemble_checkpoint(checkpoint, entries)
 
 
-def encode_record(record: ClaimRecord) -> bytes:
-    """One claim record's canonical JSON, as it appears inside the stored document."""
-    return _canonical(record.model_dump(mode="json"))
+def encode_entry(claim_uid: str, record: ClaimRecord) -> bytes:
+    """One claim's ``"<uid>":{record}`` member of ``claims``, as stored (canonical)."""
+    key = json.dumps(claim_uid, ensure_ascii=True).encode("ascii")
+    return key + b":" + _canonical(record.model_dump(mode="json"))
 
 
 # Stands in for the claims while the rest of the document is serialized.
@@ -190,12 +191,12 @@ _CLAIMS_SLOT: Final = "\x00claims"
 _CLAIMS_SLOT_JSON: Final = b'"claims":' + json.dumps(_CLAIMS_SLOT).encode("ascii")
 
 
-def assemble_checkpoint(checkpoint: Checkpoint, claims: Mapping[str, bytes]) -> bytes:
-    """``encode_checkpoint``'s bytes, from the claim records already encoded one by one.
+def assemble_checkpoint(checkpoint: Checkpoint, entries: Mapping[str, bytes]) -> bytes:
+    """``encode_checkpoint``'s bytes, from the claims already encoded one by one.
 
-    The store keeps each record's bytes (``encode_record``) from the write that changed
-    it, so a write encodes one record and not every claim the node holds. ``claims``
-    must be the encoded ``checkpoint.claims``.
+    The store keeps each claim's bytes (``encode_entry``) from the write that changed
+    it, so a write encodes one record and not every claim the node holds. ``entries``
+    must be the encoded ``checkpoint.claims`` by UID.
     """
     document = checkpoint.model_dump(mode="json", exclude={"claims"})
     document.pop("checksum", None)
@@ -204,19 +205,15 @@ def assemble_checkpoint(checkpoint: Checkpoint, claims: Mapping[str, bytes]) -> 
     rest = _canonical(document)
     if rest.count(_CLAIMS_SLOT_JSON) == 1:
         head, tail = rest.split(_CLAIMS_SLOT_JSON)
-        body = b",".join(_canonical_str(uid) + b":" + claims[uid] for uid in sorted(claims))
+        body = b",".join([entries[uid] for uid in sorted(entries)])
         canonical = b"".join((head, b'"claims":{', body, b"}", tail))
     else:  # an unknown field of a newer drasil holds the slot's text: the slow way
-        document["claims"] = {uid: json.loads(claims[uid]) for uid in claims}
+        document["claims"] = json.loads(b"{" + b",".join(entries.values()) + b"}")
         canonical = _canonical(document)
     # Splicing the checksum in, rather than serializing twice; the result is still
     # deterministic JSON, and its checksum is that of the canonical document.
     digest = hashlib.sha256(canonical).hexdigest()
     return canonical[:-1] + f',"checksum":"{digest}"}}'.encode("ascii")
-
-
-def _canonical_str(value: str) -> bytes:
-    return json.dumps(value, ensure_ascii=True).encode("ascii")
 
 
 def decode_checkpoint(

@@ -154,6 +154,7 @@ class Preparer:
         self._claim_locks = _KeyedLocks()
         self._state_thread_lock = threading.Lock()
         self._state_file_lock = self.state_dir / "checkpoint.lock"
+        self.store.index_devices(self._gpu_key)
 
     @property
     def node(self) -> NodePool:
@@ -214,7 +215,7 @@ class Preparer:
         ref = plan.claim
         placements = _placements(plan)
         with self.state_lock():
-            check_not_held(plan, self.store.claims(), devices=self.devices)
+            check_not_held(plan, self._possible_holders(plan), devices=self.devices)
             self.store.mark_started(
                 ref.uid,
                 namespace=ref.namespace,
@@ -238,6 +239,26 @@ class Preparer:
             self.store.mark_completed(ref.uid, prepared)
         crash_point("prepare-after-completed")
         return prepared
+
+    def _possible_holders(self, plan: PreparePlan) -> Mapping[str, ClaimRecord]:
+        """The recorded claims with a device on a GPU the plan uses: the only ones
+        ``check_not_held`` can find in the way (same device, or a part of the same
+        partitionable GPU), looked up without visiting every claim of the node."""
+        return self.store.holding({self._name_key(d.result.device) for d in plan.devices})
+
+    def _gpu_key(self, device: PreparedDevice) -> str:
+        """The physical GPU a recorded device is on (what the store indexes by)."""
+        if device.mig is not None:
+            return device.mig.parent_uuid
+        return self._name_key(device.device_name)
+
+    def _name_key(self, name: str) -> str:
+        device = self.devices.get(name)
+        if device is None:  # not a device of this node: only its own name can clash
+            return f"name:{name}"
+        if device.mig_placement is not None:
+            return device.mig_placement.parent_uuid
+        return device.parent_uuid or device.uuid or f"name:{name}"
 
     def _cut_migs(
         self, plan: PreparePlan, claim: Mapping[str, Any]
