@@ -131,6 +131,8 @@ class _KeyedLocks:
 API_READERS = 16
 """Prepares that may wait for the API server at once: half of the DRA socket's 32
 gRPC threads (``drasil.kubeletplugin.sockets``)."""
+API_SLOT_WAIT = 1.0
+"""Seconds a prepare waits for one of the ``API_READERS`` slots before it fails."""
 
 
 @dataclass
@@ -303,9 +305,11 @@ class Preparer:
 
     def _read_claim(self, ref: ClaimRef) -> Mapping[str, Any]:
         # A hung API server holds each reader for a whole request timeout; past
-        # api_readers of them a prepare fails at once, so that gRPC threads stay free
-        # for unprepare, health and prepares answered from the checkpoint.
-        if not self._api_slots.acquire(blocking=False):
+        # api_readers of them a prepare fails after API_SLOT_WAIT, so that gRPC threads
+        # stay free for unprepare, health and prepares answered from the checkpoint. A
+        # server that answers frees a slot within milliseconds: a burst of prepares
+        # (many Pods starting at once) waits for one instead of failing.
+        if not self._api_slots.acquire(timeout=API_SLOT_WAIT):
             raise PrepareError(
                 f"{self.api_readers} prepares are already waiting for the API server; "
                 "kubelet retries this claim"
