@@ -367,8 +367,18 @@ class Preparer:
         with self.state_lock():
             self.store.remove(uid)
         crash_point("unprepare-after-removed")
-        if self.effects is not None:
+        if self.effects is not None and self._may_need_settling(record):
             self._settle()
+
+    def _may_need_settling(self, record: ClaimRecord | None) -> bool:
+        """Whether GPU state may be left to undo: the claim shared a GPU, or a GPU
+        record is still there (a settle that failed). A claim of whole, unshared GPUs
+        changed nothing on them, and skipping the settle keeps its unprepare from
+        visiting every prepared claim. Daemons a crash left unrecorded are swept at
+        start (``GpuEffects.resume``) and by the next shared claim's unprepare."""
+        if record is not None and any(d.sharing is not None for d in record.devices):
+            return True
+        return bool(self.store.gpus())
 
     def _settle(self) -> None:
         # The claim is gone from the checkpoint: what is left to undo on its GPUs is
