@@ -176,12 +176,42 @@ def _canonical(document: Mapping[str, Any]) -> bytes:
 
 def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
     """The bytes to store: canonical JSON with the checksum appended as the last key."""
-    document = checkpoint.model_dump(mode="json")
+    entries = {uid: encode_entry(uid, record) for uid, record in checkpoint.claims.items()}
+    return assemble_checkpoint(checkpoint, entries)
+
+
+def encode_entry(claim_uid: str, record: ClaimRecord) -> bytes:
+    """One claim's ``"<uid>":{record}`` member of ``claims``, as stored (canonical)."""
+    key = json.dumps(claim_uid, ensure_ascii=True).encode("ascii")
+    return key + b":" + _canonical(record.model_dump(mode="json"))
+
+
+# Stands in for the claims while the rest of the document is serialized.
+_CLAIMS_SLOT: Final = "\x00claims"
+_CLAIMS_SLOT_JSON: Final = b'"claims":' + json.dumps(_CLAIMS_SLOT).encode("ascii")
+
+
+def assemble_checkpoint(checkpoint: Checkpoint, entries: Mapping[str, bytes]) -> bytes:
+    """``encode_checkpoint``'s bytes, from the claims already encoded one by one.
+
+    The store keeps each claim's bytes (``encode_entry``) from the write that changed
+    it, so a write encodes one record and not every claim the node holds. ``entries``
+    must be the encoded ``checkpoint.claims`` by UID.
+    """
+    document = checkpoint.model_dump(mode="json", exclude={"claims"})
     document.pop("checksum", None)
     document["version"] = CHECKPOINT_VERSION
-    canonical = _canonical(document)
-    # Serializing once and splicing the checksum in keeps a write cheap when a node
-    # holds many claims; the result is still deterministic JSON.
+    document["claims"] = _CLAIMS_SLOT
+    rest = _canonical(document)
+    if rest.count(_CLAIMS_SLOT_JSON) == 1:
+        head, tail = rest.split(_CLAIMS_SLOT_JSON)
+        body = b",".join([entries[uid] for uid in sorted(entries)])
+        canonical = b"".join((head, b'"claims":{', body, b"}", tail))
+    else:  # an unknown field of a newer drasil holds the slot's text: the slow way
+        document["claims"] = json.loads(b"{" + b",".join(entries.values()) + b"}")
+        canonical = _canonical(document)
+    # Splicing the checksum in, rather than serializing twice; the result is still
+    # deterministic JSON, and its checksum is that of the canonical document.
     digest = hashlib.sha256(canonical).hexdigest()
     return canonical[:-1] + f',"checksum":"{digest}"}}'.encode("ascii")
 

@@ -1,19 +1,25 @@
-"""Prepare/unprepare latency and throughput of the kubelet plugin over its real socket.
+"""Prepare/unprepare latency and throughput of drasil's kubelet plugin beside a reference.
 
-Setup: the local control plane (or DRASIL_E2E_KUBECONFIG), a Node, the plugin process
-with a simulated 64-GPU node, and ResourceClaims allocated one device each. The
-allocation is written into the claims' status the way kube-scheduler writes it, so
-setup does not dominate the run; the plugin reads the claims from the API server on
-every cold prepare, as it does for real Pods.
+Setup: the local control plane (or DRASIL_E2E_KUBECONFIG), a Node, and two drivers on it
+(``bench.drivers``): drasil's plugin with 64 simulated GPUs and Kubernetes' own e2e DRA
+test driver with 64 devices and its API rate limit lifted. Each gets 32 ResourceClaims
+allocated one of its devices; the allocation is written into the claims' status the way
+kube-scheduler writes it, so setup does not dominate the run. Both drivers read each
+claim from the API server on a cold prepare, as they do for real Pods.
 
-Measured: p50/p99 of a one-device claim's prepare, unprepare and the pair (sequential),
-then claims/s with 1, 8 and 32 claims in flight, and the plugin's RSS.
+Measured, for each driver: p50/p99 of a one-device claim's prepare, unprepare and the
+pair (sequential), claims/s with 1, 8 and 32 claims in flight, and the process's RSS;
+then the ratios drasil/reference. The calls come from `drasil-kubelet-client`
+(bench/kubeletclient, Go, grpc-go over one connection, as kubelet makes them). The
+machine is shared, so the drivers take turns (``ROUNDS`` rounds, interleaved) and each
+figure is the median over the rounds; the load average before and after is recorded.
 
-The calls come from `drasil-kubelet-client` (bench/kubeletclient, Go, built and cached
-by e2e.build): grpc-go over one connection, as kubelet makes them, so the figures are
-the plugin's as kubelet sees them. The same runs with this process's Python gRPC client
-follow under "python_client": on a small machine that client's own CPU time is a
-good part of what it measures.
+"prepared_scaling": the prepare and the pair of one claim, through drasil's Preparer
+in this process (no gRPC, no API server), with 1, 100 and 1,000 other claims already
+prepared in the checkpoint: whether a checkpoint write costs more on a full node.
+
+"python_client": the drasil runs again from this process's Python gRPC client; on a
+small machine that client's own CPU time is a good part of what it measures.
 """
 
 from __future__ import annotations
@@ -28,25 +34,38 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 
+from bench.drivers import Drasil, DriverUnderTest, Reference
+from drasil.api.checkpoint import PreparedDevice
+from drasil.driver.cdi.claimspecs import spec_path
+from drasil.driver.checkpoint import CHECKPOINT_FILE, CheckpointStore
+from drasil.driver.claims.plan import ClaimRef
+from drasil.driver.discovery.nodedevices import discover
+from drasil.driver.discovery.simulated import simulated_library
+from drasil.kubeletplugin.dra.prepare import Preparer
 from e2e import binaries
 from e2e.cluster import Cluster
 from e2e.kube import Kube
-from e2e.pluginproc import DRIVER, ClaimId, KubeletClient, PluginProcess
+from e2e.pluginproc import DRIVER, ClaimId, KubeletClient
 
 # Unique per run, so the benchmark can run against a cluster that is already in use.
 RUN = secrets.token_hex(3)
 NODE = f"bench-node-{RUN}"
 NAMESPACE = f"bench-{RUN}"
 GPUS = 64
+CLAIMS = 32
 LATENCY_ROUNDS = 300
 THROUGHPUT_SECONDS = 5.0
+INFLIGHT = (1, 8, 32)
+ROUNDS = 3
+PREPARED_LEVELS = (1, 100, 1000)
+SCALING_ROUNDS = 300
 
 
 @contextmanager
@@ -63,41 +82,38 @@ def cluster_kubeconfig() -> Iterator[Path]:
         cluster.down()
 
 
-def make_claims(kube: Kube, count: int) -> list[ClaimId]:
-    """Claims allocated to gpu-0..gpu-<count-1> of the bench node."""
-    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
+def make_claims(kube: Kube, driver: DriverUnderTest, count: int) -> list[ClaimId]:
+    """Claims ``<label>-<i>`` allocated to the driver's devices 0..count-1 on the node."""
     res = kube.resource("resource.k8s.io/v1", "ResourceClaim")
     claims = []
     for i in range(count):
+        name = f"{driver.label}-{i}"
         created = kube.create(
             {
                 "apiVersion": "resource.k8s.io/v1",
                 "kind": "ResourceClaim",
-                "metadata": {"name": f"c{i}"},
+                "metadata": {"name": name},
                 "spec": {
                     "devices": {
-                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]
+                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": driver.driver}}]
                     }
                 },
             },
             NAMESPACE,
         )
-        status: dict[str, Any] = {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": f"gpu-{i}"}
-                    ]
-                }
-            }
+        result = {
+            "request": "gpu",
+            "driver": driver.driver,
+            "pool": NODE,
+            "device": driver.device(i),
         }
         res.status.patch(
-            body={"status": status},
-            name=f"c{i}",
+            body={"status": {"allocation": {"devices": {"results": [result]}}}},
+            name=name,
             namespace=NAMESPACE,
             content_type="application/merge-patch+json",
         )
-        claims.append(ClaimId(namespace=NAMESPACE, name=f"c{i}", uid=created["metadata"]["uid"]))
+        claims.append(ClaimId(namespace=NAMESPACE, name=name, uid=created["metadata"]["uid"]))
     return claims
 
 
@@ -117,6 +133,10 @@ def latency(kubelet: KubeletClient, claim: ClaimId) -> dict[str, float]:
         prep.append(t1 - t0)
         unprep.append(t2 - t1)
         pair.append(t2 - t0)
+    return summary(prep=prep, unprep=unprep, pair=pair)
+
+
+def summary(*, prep: list[float], unprep: list[float], pair: list[float]) -> dict[str, float]:
     ms = 1000.0
     return {
         "prepare_p50_ms": statistics.median(prep) * ms,
@@ -150,17 +170,17 @@ def throughput(kubelet: KubeletClient, claims: list[ClaimId], inflight: int) -> 
     return sum(done) / (time.perf_counter() - start)
 
 
-def kubelet_client(plugin: PluginProcess, claims: list[ClaimId]) -> dict[str, Any]:
-    """The same runs from the Go client, in one process: its JSON."""
+def kubelet_client(socket: Path, claims: list[ClaimId]) -> dict[str, Any]:
+    """The latency and throughput runs from the Go client against ``socket``: its JSON."""
     binary = binaries.ensure_binaries(["drasil-kubelet-client"])["drasil-kubelet-client"]
     done = subprocess.run(
         [
             str(binary),
-            f"-socket={plugin.dra_socket}",
+            f"-socket={socket}",
             "-claims=" + ",".join(f"{c.namespace}/{c.name}/{c.uid}" for c in claims),
             f"-rounds={LATENCY_ROUNDS}",
             f"-seconds={THROUGHPUT_SECONDS}",
-            "-inflight=1,8,32",
+            "-inflight=" + ",".join(str(n) for n in INFLIGHT),
         ],
         capture_output=True,
         text=True,
@@ -180,36 +200,233 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
+def median_of(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each figure's median over the rounds (same keys as one round)."""
+    first = rounds[0]
+    return {
+        key: median_of([r[key] for r in rounds])
+        if isinstance(first[key], dict)
+        else statistics.median(r[key] for r in rounds)
+        for key in first
+    }
+
+
+def interleaved(
+    drivers: list[DriverUnderTest], claims: Mapping[str, list[ClaimId]]
+) -> dict[str, Any]:
+    """``ROUNDS`` turns of each driver in alternation; per driver its rounds and medians."""
+    rounds: dict[str, list[dict[str, Any]]] = {d.label: [] for d in drivers}
+    for _ in range(ROUNDS):
+        for d in drivers:
+            rounds[d.label].append(kubelet_client(d.dra_socket, claims[d.label]))
+    return {
+        d.label: {
+            **median_of(rounds[d.label]),
+            "rss_mib": rss_mib(d.pid),
+            "driver": d.driver,
+            "rounds": rounds[d.label],
+        }
+        for d in drivers
+    }
+
+
+def ratios(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> dict[str, float]:
+    """drasil/reference: below 1 is better for times and RSS, above 1 for claims/s."""
+    out = {
+        "pair_p50": ours["latency"]["pair_p50_ms"] / theirs["latency"]["pair_p50_ms"],
+        "pair_p99": ours["latency"]["pair_p99_ms"] / theirs["latency"]["pair_p99_ms"],
+        "rss": ours["rss_mib"] / theirs["rss_mib"],
+    }
+    for n in INFLIGHT:
+        out[f"claims_per_s_{n}"] = (
+            ours["throughput_claims_per_s"][str(n)] / theirs["throughput_claims_per_s"][str(n)]
+        )
+    return out
+
+
+# ---- prepare cost with many claims already prepared --------------------------------
+
+
+class _OneClaim:
+    """A ClaimReader that answers one claim from memory."""
+
+    def __init__(self, claim: Mapping[str, Any]) -> None:
+        self.claim = claim
+
+    def get_claim(
+        self, namespace: str, name: str, *, cached: bool = False
+    ) -> Mapping[str, Any] | None:
+        return self.claim
+
+
+def _filler(store: CheckpointStore, cdi_root: Path, count: int) -> None:
+    """``count`` completed claims of another pool's devices: records of realistic size,
+    and a CDI spec file each (so that a listing of the CDI dir would cost what it does
+    on a full node)."""
+    for i in range(count):
+        uid = f"00000000-0000-4000-8000-{i:012d}"
+        device = PreparedDevice(
+            request_names=("gpu",),
+            pool_name="elsewhere",
+            device_name=f"gpu-{i}",
+            cdi_device_ids=(f"k8s.gpu.drasil.dev/claim={uid}-gpu-{i}",),
+        )
+        store.mark_started(uid, namespace="bench", name=f"filler-{i}", devices=[device])
+        store.mark_completed(uid, [device])
+        spec_path(cdi_root, driver=DRIVER, claim_uid=uid).write_text("{}")
+
+
+def prepared_scaling() -> dict[str, dict[str, float]]:
+    """Prepare and pair of one claim with 1, 100 and 1,000 claims already prepared."""
+    node = "scaling-node"
+    found = discover(simulated_library("h100-80gb:1", node_name=node), node_name=node)
+    uid = "11111111-1111-4111-8111-111111111111"
+    ref = ClaimRef(namespace="bench", name="measured", uid=uid)
+    result = {"request": "gpu", "driver": DRIVER, "pool": node, "device": "gpu-0"}
+    claim = {
+        "metadata": {"namespace": "bench", "name": "measured", "uid": uid},
+        "status": {"allocation": {"devices": {"results": [result]}}},
+    }
+    out = {}
+    for level in PREPARED_LEVELS:
+        root = Path(tempfile.mkdtemp(prefix="drasil-bench-scaling-"))
+        try:
+            (root / "state").mkdir()
+            (root / "cdi").mkdir()
+            store = CheckpointStore(root / "state" / CHECKPOINT_FILE)
+            store.load()
+            _filler(store, root / "cdi", level)
+            preparer = Preparer(
+                driver=DRIVER,
+                pool=node,
+                devices={d.name: d for d in found.devices},
+                claims=_OneClaim(claim),
+                store=store,
+                cdi_root=root / "cdi",
+                state_dir=root / "state",
+            )
+            out[str(level)] = _pairs(preparer, ref)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+def _pairs(preparer: Preparer, ref: ClaimRef) -> dict[str, float]:
+    prep, unprep, pair = [], [], []
+    for _ in range(SCALING_ROUNDS):
+        t0 = time.perf_counter()
+        assert preparer.prepare(ref).error == ""
+        t1 = time.perf_counter()
+        assert preparer.unprepare(ref) == ""
+        t2 = time.perf_counter()
+        prep.append(t1 - t0)
+        unprep.append(t2 - t1)
+        pair.append(t2 - t0)
+    return summary(prep=prep, unprep=unprep, pair=pair)
+
+
+# ---- the run -------------------------------------------------------------------------
+
+
+def python_client(drasil: Drasil, claims: list[ClaimId]) -> dict[str, Any]:
+    assert drasil.plugin is not None
+    kubelet = KubeletClient(drasil.plugin)
+    try:
+        return {
+            "latency": latency(kubelet, claims[0]),
+            "throughput_claims_per_s": {str(n): throughput(kubelet, claims, n) for n in INFLIGHT},
+        }
+    finally:
+        kubelet.close()
+
+
 def run() -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="drasil-bench-"))
+    load_before = os.getloadavg()
     try:
         with cluster_kubeconfig() as kubeconfig:
             kube = Kube(kubeconfig)
             kube.make_node(NODE)
-            plugin = PluginProcess(
-                root=root, kubeconfig=kubeconfig, node_name=NODE, profile=f"h100-80gb:{GPUS}"
+            kube.core.create_namespace(
+                client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE))
             )
-            plugin.start()
+            drasil = Drasil(root / "drasil", kubeconfig, NODE, GPUS)
+            reference = Reference(root / "reference", kubeconfig, NODE, GPUS)
+            drivers: list[DriverUnderTest] = [drasil, reference]
             try:
-                claims = make_claims(kube, 32)
-                result: dict[str, Any] = kubelet_client(plugin, claims)
-                kubelet = KubeletClient(plugin)
-                result["python_client"] = {
-                    "latency": latency(kubelet, claims[0]),
-                    "throughput_claims_per_s": {
-                        str(n): throughput(kubelet, claims, n) for n in (1, 8, 32)
-                    },
-                }
-                assert plugin.proc is not None
-                result["plugin_rss_mib"] = rss_mib(plugin.proc.pid)
+                for d in drivers:
+                    d.start()
+                claims = {d.label: make_claims(kube, d, CLAIMS) for d in drivers}
+                result: dict[str, Any] = {"drivers": interleaved(drivers, claims)}
+                result["drivers"]["drasil"]["python_client"] = python_client(
+                    drasil, claims["drasil"]
+                )
             finally:
-                plugin.stop()
+                for d in drivers:
+                    d.stop()
                 kube.delete("v1", "Namespace", NAMESPACE)
                 kube.delete("v1", "Node", NODE)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version()}
+    result["ratios_drasil_to_reference"] = ratios(
+        result["drivers"]["drasil"], result["drivers"]["reference"]
+    )
+    result["prepared_scaling"] = prepared_scaling()
+    result["machine"] = {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "loadavg_before": list(load_before),
+        "loadavg_after": list(os.getloadavg()),
+    }
+    result["parameters"] = {
+        "gpus": GPUS,
+        "claims": CLAIMS,
+        "latency_rounds": LATENCY_ROUNDS,
+        "throughput_seconds": THROUGHPUT_SECONDS,
+        "interleaved_rounds": ROUNDS,
+    }
     return result
+
+
+def table(result: Mapping[str, Any]) -> str:
+    """The side-by-side figures and the ratios, for the terminal."""
+    ours, theirs = result["drivers"]["drasil"], result["drivers"]["reference"]
+    ratio = result["ratios_drasil_to_reference"]
+    rows = [
+        (
+            "pair p50 (ms)",
+            ours["latency"]["pair_p50_ms"],
+            theirs["latency"]["pair_p50_ms"],
+            ratio["pair_p50"],
+        ),
+        (
+            "pair p99 (ms)",
+            ours["latency"]["pair_p99_ms"],
+            theirs["latency"]["pair_p99_ms"],
+            ratio["pair_p99"],
+        ),
+        *(
+            (
+                f"claims/s, {n} in flight",
+                ours["throughput_claims_per_s"][str(n)],
+                theirs["throughput_claims_per_s"][str(n)],
+                ratio[f"claims_per_s_{n}"],
+            )
+            for n in INFLIGHT
+        ),
+        ("RSS (MiB)", ours["rss_mib"], theirs["rss_mib"], ratio["rss"]),
+    ]
+    lines = [f"{'':26}{'drasil':>10}{'reference':>11}{'ratio':>8}"]
+    lines += [f"{name:26}{a:10.2f}{b:11.2f}{r:8.2f}" for name, a, b, r in rows]
+    lines.append("prepare with N claims already prepared (in-process Preparer):")
+    for level, figures in result["prepared_scaling"].items():
+        lines.append(
+            f"  N={level:>5}: prepare p50 {figures['prepare_p50_ms']:.3f} ms, "
+            f"pair p50 {figures['pair_p50_ms']:.3f} ms, p99 {figures['pair_p99_ms']:.3f} ms"
+        )
+    load = result["machine"]
+    lines.append(f"load average before {load['loadavg_before']}, after {load['loadavg_after']}")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -217,7 +434,7 @@ def main() -> None:
     out = Path(__file__).parent / "results" / "prepare.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    print(table(result))
 
 
 if __name__ == "__main__":

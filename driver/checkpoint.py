@@ -1,7 +1,10 @@
 """The checkpoint store: the plugin's durable record of prepared claims.
 
-Every mutation rewrites the whole (small) file with ``write_atomic`` before the
-in-memory copy changes, so memory never runs ahead of disk. A lock makes the store
+Every mutation rewrites the whole file with ``write_atomic`` before the in-memory copy
+changes, so memory never runs ahead of disk. Only the record that changed is encoded:
+the store keeps every record's bytes from the write that made it
+(``drasil.api.checkpoint.assemble_checkpoint``), so what a write costs beyond the rename
+is copying and hashing bytes, not serializing every claim the node holds. A lock makes the store
 safe between threads of one process; between processes (two plugin instances in a
 rolling update) the caller holds a ``drasil.driver.files.FileLock`` around prepare
 and unprepare, which also covers the store.
@@ -30,8 +33,9 @@ from drasil.api.checkpoint import (
     CorruptCheckpoint,
     GpuRecord,
     PreparedDevice,
+    assemble_checkpoint,
     decode_checkpoint,
-    encode_checkpoint,
+    encode_entry,
 )
 from drasil.driver.files import fsync_directory, sweep_temp_files, write_atomic
 
@@ -86,6 +90,10 @@ class LoadResult:
     detail: str = ""
 
 
+def _device_name(device: PreparedDevice) -> str:
+    return device.device_name
+
+
 def _signature(path: Path) -> tuple[int, int] | None:
     try:
         st = path.stat()
@@ -109,6 +117,9 @@ class CheckpointStore:
         self._clock = clock
         self._lock = threading.Lock()
         self._current: Checkpoint | None = None
+        self._encoded: dict[str, bytes] = {}  # each claim of _current as stored
+        self._device_key: Callable[[PreparedDevice], str] = _device_name
+        self._holders: dict[str, set[str]] = {}  # device key -> UIDs of claims holding it
         self._seen: tuple[int, int] | None = None  # (inode, mtime_ns) of the file we know
 
     @property
@@ -123,6 +134,24 @@ class CheckpointStore:
     def get(self, claim_uid: str) -> ClaimRecord | None:
         """The record of one claim, or ``None``."""
         return self._loaded().claims.get(claim_uid)
+
+    def index_devices(self, key: Callable[[PreparedDevice], str]) -> None:
+        """Index the recorded claims' devices by ``key`` (default: the device name).
+
+        ``holding`` answers from the index. The Preparer keys devices by their physical
+        GPU, so that the claims that could conflict with a new one are found without
+        looking at every claim the node holds.
+        """
+        with self._lock:
+            self._device_key = key
+            self._reindex()
+
+    def holding(self, keys: Iterable[str]) -> dict[str, ClaimRecord]:
+        """The recorded claims with a device whose key is one of ``keys``."""
+        claims = self._loaded().claims
+        with self._lock:
+            uids = set().union(*(self._holders.get(k, ()) for k in keys))
+        return {uid: claims[uid] for uid in uids if uid in claims}
 
     def load(self) -> LoadResult:
         """Read the file; raises ``CheckpointError`` when it cannot be used."""
@@ -140,9 +169,9 @@ class CheckpointStore:
                 return self._load()
             except CheckpointError as err:
                 moved = self._quarantine()
-                self._current = self._empty()
+                self._use(self._empty())
                 return LoadResult(
-                    self._current, LoadOutcome.QUARANTINED, quarantined_to=moved, detail=str(err)
+                    self._loaded(), LoadOutcome.QUARANTINED, quarantined_to=moved, detail=str(err)
                 )
 
     def reload_if_changed(self) -> bool:
@@ -237,7 +266,8 @@ class CheckpointStore:
             if claim_uid not in current.claims:
                 return False
             claims = {uid: rec for uid, rec in current.claims.items() if uid != claim_uid}
-            self._save(current.model_copy(update={"claims": claims}))
+            encoded = {uid: data for uid, data in self._encoded.items() if uid != claim_uid}
+            self._save(current.model_copy(update={"claims": claims}), encoded, changed=claim_uid)
         return True
 
     def _load(self) -> LoadResult:
@@ -248,8 +278,8 @@ class CheckpointStore:
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
-            self._current = self._empty(boot_id)
-            return LoadResult(self._current, LoadOutcome.MISSING)
+            self._use(self._empty(boot_id))
+            return LoadResult(self._loaded(), LoadOutcome.MISSING)
         stored = decode_checkpoint(data)
         if stored.boot_id != boot_id:
             # Rebooted: CDI specs in tmpfs are gone and kubelet prepares again. Persist
@@ -261,7 +291,7 @@ class CheckpointStore:
                 discarded=stored.claims,
                 detail=f"boot id changed from {stored.boot_id} to {boot_id}",
             )
-        self._current = stored
+        self._use(stored)
         self._seen = _signature(self.path)
         return LoadResult(stored, LoadOutcome.LOADED)
 
@@ -275,21 +305,71 @@ class CheckpointStore:
     def _put(self, claim_uid: str, record: ClaimRecord) -> None:
         current = self._loaded()
         claims = {**current.claims, claim_uid: record}
-        self._save(current.model_copy(update={"claims": claims}))
+        encoded = {**self._encoded, claim_uid: encode_entry(claim_uid, record)}
+        self._save(current.model_copy(update={"claims": claims}), encoded, changed=claim_uid)
 
-    def _save(self, checkpoint: Checkpoint) -> None:
+    def _use(self, checkpoint: Checkpoint) -> None:
+        """Make ``checkpoint`` (as read from disk, or empty) the one in memory."""
+        self._current = checkpoint
+        self._encoded = {uid: encode_entry(uid, rec) for uid, rec in checkpoint.claims.items()}
+        self._reindex()
+
+    def _reindex(self) -> None:
+        self._holders = {}
+        claims = self._current.claims if self._current is not None else {}
+        for uid, record in claims.items():
+            self._add_holder(uid, record)
+
+    def _add_holder(self, uid: str, record: ClaimRecord) -> None:
+        for device in record.devices:
+            self._holders.setdefault(self._device_key(device), set()).add(uid)
+
+    def _update_index(
+        self, previous: Checkpoint | None, current: Checkpoint, uid: str | None
+    ) -> None:
+        """Index what changed from ``previous`` to ``current``: the claim ``uid`` (a
+        store write changes one), or everything when the claims were replaced."""
+        if previous is not None and previous.claims is current.claims:
+            return
+        if previous is None or uid is None:
+            self._reindex()
+            return
+        if (before := previous.claims.get(uid)) is not None:
+            for device in before.devices:
+                self._holders.get(self._device_key(device), set()).discard(uid)
+        if (after := current.claims.get(uid)) is not None:
+            self._add_holder(uid, after)
+
+    def _save(
+        self,
+        checkpoint: Checkpoint,
+        encoded: dict[str, bytes] | None = None,
+        *,
+        changed: str | None = None,
+    ) -> None:
+        """Write ``checkpoint``; ``encoded`` holds its claims' bytes when they changed
+        (None: they are those of the checkpoint in memory), ``changed`` the one UID
+        whose record changed, if only one did."""
+        if encoded is None:
+            same = self._current is not None and checkpoint.claims is self._current.claims
+            encoded = (
+                self._encoded
+                if same
+                else {uid: encode_entry(uid, rec) for uid, rec in checkpoint.claims.items()}
+            )
         # No fsync: what must survive is a plugin crash, which keeps the page cache.
         # A power loss or kernel crash is a reboot, and a new boot id discards the
         # prepared state anyway (a torn file is quarantined). fsync would cost two
         # disk flushes on every prepare for nothing.
         write_atomic(
             self.path,
-            encode_checkpoint(checkpoint),
+            assemble_checkpoint(checkpoint, encoded),
             mode=0o600,
             crash_tag=_CRASH_TAG,
             durable=False,
         )
-        self._current = checkpoint
+        previous, self._current, self._encoded = self._current, checkpoint, encoded
+        self._update_index(previous, checkpoint, changed)
         self._seen = _signature(self.path)
 
     def _empty(self, boot_id: str | None = None) -> Checkpoint:

@@ -15,6 +15,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final, TypeAlias, cast
+from urllib.parse import urlencode
 
 import urllib3
 from kubernetes import client, config, watch
@@ -44,6 +45,10 @@ API_TIMEOUT: Final = (5.0, 20.0)
 """Seconds to connect and between two reads of a response, for every request that
 does not set its own (watches do): a hung API server must cost a caller one timeout,
 never a thread forever."""
+
+# The same bounds as API_TIMEOUT and with_timeouts' retries, for the plain GETs.
+_GET_TIMEOUT: Final = urllib3.Timeout(connect=API_TIMEOUT[0], read=API_TIMEOUT[1])
+_GET_RETRIES: Final = urllib3.Retry(total=2, read=0)
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -137,6 +142,7 @@ class KubeApi:
 
     def __init__(self, api_client: client.ApiClient) -> None:
         self.api_client = with_timeouts(api_client)
+        self._pool = self.api_client.rest_client.pool_manager
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
 
@@ -157,29 +163,36 @@ class KubeApi:
         return self._get_json(path, query=[("resourceVersion", "0")] if cached else [])
 
     def _get_json(self, path: str, *, query: list[tuple[str, str]]) -> JsonObject | None:
-        # A raw GET: this is on kubelet's prepare path, and the generated method's
-        # argument validation costs more than the JSON decoding.
-        ac = self.api_client
-        request = ac.param_serialize(
-            "GET",
-            path,
-            query_params=query,
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-        )
+        # A plain GET on the client's own connection pool (kept-alive connections, the
+        # kubeconfig's TLS and proxy): this is on kubelet's prepare path, where the
+        # generated client's per-call request building costs more than the JSON decoding.
+        conf = self.api_client.configuration
+        url = conf.host + path + (f"?{urlencode(query)}" if query else "")
         try:
-            response = ac.call_api(*request)
-            response.read()  # type: ignore[no-untyped-call]
-        except ApiException as err:
-            _or_none(err)
-            return None
+            response = self._pool.request(
+                "GET",
+                url,
+                headers=self._headers(),
+                timeout=_GET_TIMEOUT,
+                retries=_GET_RETRIES,
+                preload_content=True,
+            )
         except urllib3.exceptions.HTTPError as err:
-            raise _unavailable(ac.configuration.host, err) from None
+            raise _unavailable(conf.host, err) from None
         if response.status == 404:
             return None
         if response.status >= 300:
             raise ApiException(status=response.status, reason=response.reason)
-        return cast(JsonObject, json.loads(cast(bytes, response.data)))
+        return cast(JsonObject, json.loads(response.data))
+
+    def _headers(self) -> dict[str, str]:
+        """Accept and, when the identity is a token, Authorization (read per call: a
+        kubeconfig's exec plugin or the service account may rotate it)."""
+        headers = {"Accept": "application/json"}
+        for auth in self.api_client.configuration.auth_settings().values():
+            if auth.get("in") == "header" and auth.get("value"):
+                headers[auth["key"]] = auth["value"]
+        return headers
 
     # ---- ResourceSlices ---------------------------------------------------------
 

@@ -3,7 +3,8 @@
 A binary's recipe hash covers everything that decides its content, so that
 `e2e.binaries` rebuilds exactly the binaries whose recipe changed. The Go sources of our
 own small programs (etcd's main, the pause process) are the `main.go` files in e2e/go/;
-bench/kubeletclient is the benchmarks' kubelet client.
+bench/kubeletclient is the benchmarks' kubelet client; dra-test-driver (Kubernetes' own e2e
+DRA driver) is the reference the prepare benchmark measures drasil beside.
 """
 
 from __future__ import annotations
@@ -216,6 +217,15 @@ def binaries() -> tuple[Binary, ...]:
         ),
         *node_binaries(),
         Binary("drasil-kubelet-client", _bench_client_module(), ".", ("-s", "-w"), cgo=False),
+        # The upstream e2e DRA test driver (kubelet-plugin mode): bench/prepare.py's
+        # reference, from the same Kubernetes module as the cluster.
+        Binary(
+            "dra-test-driver",
+            kube,
+            "k8s.io/kubernetes/test/e2e/dra/test-driver",
+            kube_flags,
+            cgo=False,
+        ),
     )
 
 

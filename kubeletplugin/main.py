@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import sys
 from collections.abc import Sequence
@@ -22,7 +24,30 @@ from drasil.kubeletplugin.options import MIG_MODES, OptionsError, PluginOptions,
 log = logging.getLogger("drasil.kubeletplugin")
 
 
+# glibc's mallopt parameter for the number of malloc arenas.
+_M_ARENA_MAX = -8
+MALLOC_ARENAS = 2
+
+
+def fewer_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
+    """Cap glibc's malloc arenas before any thread starts; returns whether it applied.
+
+    glibc gives each thread that allocates concurrently its own arena (up to 8 per
+    CPU), and each keeps the pages it once used: with gRPC's and our thread pools that
+    is tens of MiB of RSS for nothing, since the GIL lets one thread allocate at a time.
+    """
+    name = ctypes.util.find_library("c")
+    if name is None:  # not glibc (musl has no arenas to cap)
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        return bool(libc.mallopt(_M_ARENA_MAX, arenas))
+    except (OSError, AttributeError):
+        return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    fewer_malloc_arenas()
     try:
         opts = parse_options(sys.argv[1:] if argv is None else argv)
     except OptionsError as err:

@@ -131,6 +131,8 @@ class _KeyedLocks:
 API_READERS = 16
 """Prepares that may wait for the API server at once: half of the DRA socket's 32
 gRPC threads (``drasil.kubeletplugin.sockets``)."""
+API_SLOT_WAIT = 1.0
+"""Seconds a prepare waits for one of the ``API_READERS`` slots before it fails."""
 
 
 @dataclass
@@ -154,6 +156,7 @@ class Preparer:
         self._claim_locks = _KeyedLocks()
         self._state_thread_lock = threading.Lock()
         self._state_file_lock = self.state_dir / "checkpoint.lock"
+        self.store.index_devices(self._gpu_key)
 
     @property
     def node(self) -> NodePool:
@@ -194,7 +197,8 @@ class Preparer:
             except Exception as err:  # a fault, not the claim's: still only this claim's answer
                 log.exception("prepare failed", extra=ref.log_fields())
                 return PrepareResult(error=fault_text(err, ref, action="prepare"))
-        log.info("prepared", extra={**ref.log_fields(), "devices": _names(devices)})
+        # Debug, not info: at default verbosity the hot path formats no log record.
+        log.debug("prepared", extra={**ref.log_fields(), "devices": _names(devices)})
         return PrepareResult(devices=devices)
 
     def _prepare_locked(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
@@ -205,13 +209,15 @@ class Preparer:
             return record.devices
         claim = self._read_claim(ref)
         plan = plan_prepare(claim, ref=ref, node=self.node)
-        return self._carry_out(plan, claim)
+        return self._carry_out(plan, claim, resumed=record is not None)
 
-    def _carry_out(self, plan: PreparePlan, claim: Mapping[str, Any]) -> tuple[PreparedDevice, ...]:
+    def _carry_out(
+        self, plan: PreparePlan, claim: Mapping[str, Any], *, resumed: bool
+    ) -> tuple[PreparedDevice, ...]:
         ref = plan.claim
         placements = _placements(plan)
         with self.state_lock():
-            check_not_held(plan, self.store.claims(), devices=self.devices)
+            check_not_held(plan, self._possible_holders(plan), devices=self.devices)
             self.store.mark_started(
                 ref.uid,
                 namespace=ref.namespace,
@@ -222,8 +228,11 @@ class Preparer:
         plan, prepared = self._cut_migs(plan, claim)
         if self.effects is not None:
             plan = self.effects.apply(plan)
-        # A crash mid-write left a temp file; this claim's lock makes it ours to remove.
-        sweep_claim_spec_temps(self.cdi_root, self.driver, claim_uid=ref.uid)
+        if resumed:
+            # A crash mid-write left a temp file; this claim's lock makes it ours to
+            # remove. Only a prepare that got past PrepareStarted writes one, so a claim
+            # without a record has none (and the CDI dir is not listed on every call).
+            sweep_claim_spec_temps(self.cdi_root, self.driver, claim_uid=ref.uid)
         if plan.metadata is not None:
             write_claim_metadata(plan.metadata, driver=self.driver, root=self.metadata_root)
         write_claim_spec(plan.spec, cdi_root=self.cdi_root, driver=self.driver)
@@ -232,6 +241,26 @@ class Preparer:
             self.store.mark_completed(ref.uid, prepared)
         crash_point("prepare-after-completed")
         return prepared
+
+    def _possible_holders(self, plan: PreparePlan) -> Mapping[str, ClaimRecord]:
+        """The recorded claims with a device on a GPU the plan uses: the only ones
+        ``check_not_held`` can find in the way (same device, or a part of the same
+        partitionable GPU), looked up without visiting every claim of the node."""
+        return self.store.holding({self._name_key(d.result.device) for d in plan.devices})
+
+    def _gpu_key(self, device: PreparedDevice) -> str:
+        """The physical GPU a recorded device is on (what the store indexes by)."""
+        if device.mig is not None:
+            return device.mig.parent_uuid
+        return self._name_key(device.device_name)
+
+    def _name_key(self, name: str) -> str:
+        device = self.devices.get(name)
+        if device is None:  # not a device of this node: only its own name can clash
+            return f"name:{name}"
+        if device.mig_placement is not None:
+            return device.mig_placement.parent_uuid
+        return device.parent_uuid or device.uuid or f"name:{name}"
 
     def _cut_migs(
         self, plan: PreparePlan, claim: Mapping[str, Any]
@@ -276,9 +305,11 @@ class Preparer:
 
     def _read_claim(self, ref: ClaimRef) -> Mapping[str, Any]:
         # A hung API server holds each reader for a whole request timeout; past
-        # api_readers of them a prepare fails at once, so that gRPC threads stay free
-        # for unprepare, health and prepares answered from the checkpoint.
-        if not self._api_slots.acquire(blocking=False):
+        # api_readers of them a prepare fails after API_SLOT_WAIT, so that gRPC threads
+        # stay free for unprepare, health and prepares answered from the checkpoint. A
+        # server that answers frees a slot within milliseconds: a burst of prepares
+        # (many Pods starting at once) waits for one instead of failing.
+        if not self._api_slots.acquire(timeout=API_SLOT_WAIT):
             raise PrepareError(
                 f"{self.api_readers} prepares are already waiting for the API server; "
                 "kubelet retries this claim"
@@ -314,16 +345,17 @@ class Preparer:
             except Exception as err:  # every claim of kubelet's call gets its own answer
                 log.error("unprepare failed", extra={**ref.log_fields(), "error": str(err)})
                 return fault_text(err, ref, action="unprepare")
-        log.info("unprepared", extra=ref.log_fields())
+        log.debug("unprepared", extra=ref.log_fields())
         return ""
 
     def _unprepare_locked(self, uid: str) -> None:
-        sweep_claim_spec_temps(self.cdi_root, self.driver, claim_uid=uid)
+        with self.state_lock():
+            record = self.store.get(uid)
+        if record is not None:  # no record: no prepare of it left a temp file (see above)
+            sweep_claim_spec_temps(self.cdi_root, self.driver, claim_uid=uid)
         delete_claim_spec(self.cdi_root, driver=self.driver, claim_uid=uid)
         crash_point("unprepare-after-cdi")
         delete_claim_metadata(self.metadata_root, uid)
-        with self.state_lock():
-            record = self.store.get(uid)
         # The record stays until its instances are gone: it is what names them.
         migs = [d.mig for d in record.devices if d.mig is not None] if record else []
         if migs and self.migs is None:
@@ -335,8 +367,18 @@ class Preparer:
         with self.state_lock():
             self.store.remove(uid)
         crash_point("unprepare-after-removed")
-        if self.effects is not None:
+        if self.effects is not None and self._may_need_settling(record):
             self._settle()
+
+    def _may_need_settling(self, record: ClaimRecord | None) -> bool:
+        """Whether GPU state may be left to undo: the claim shared a GPU, or a GPU
+        record is still there (a settle that failed). A claim of whole, unshared GPUs
+        changed nothing on them, and skipping the settle keeps its unprepare from
+        visiting every prepared claim. Daemons a crash left unrecorded are swept at
+        start (``GpuEffects.resume``) and by the next shared claim's unprepare."""
+        if record is not None and any(d.sharing is not None for d in record.devices):
+            return True
+        return bool(self.store.gpus())
 
     def _settle(self) -> None:
         # The claim is gone from the checkpoint: what is left to undo on its GPUs is

@@ -239,3 +239,28 @@ def test_an_unprepare_after_a_crash_stops_the_daemon_once(root: Path, point: str
     assert p.unprepare(ref) == ""
     assert daemon_pids(root) == []
     assert gpu_records(root) == {}
+
+
+def test_only_an_unprepare_that_may_leave_gpu_state_settles(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = preparer(root)
+    assert p.effects is not None
+    settled: list[str] = []
+    real = p.effects.settle
+
+    def counting() -> list[str]:
+        settled.append("settle")
+        return real()
+
+    monkeypatch.setattr(p.effects, "settle", counting)
+    whole = claim_json(UID_B, result("gpu-1"), name="whole", namespace="ml")
+    FileClaims(root / "claims").put(whole)
+    assert p.prepare(ref_of(whole)).error == ""
+    assert p.unprepare(ref_of(whole)) == ""
+    assert settled == []  # an exclusive whole GPU changed nothing on it
+    share = share_claim(root, UID_A, "20Gi")
+    assert p.prepare(share).error == ""
+    assert p.unprepare(share) == ""
+    assert settled == ["settle"]
+    assert daemon_pids(root) == []
