@@ -149,8 +149,9 @@ def _node(name: str, fleet: str) -> dict[str, Any]:
 
 
 def fleet_nodes(kube: Kube) -> list[dict[str, Any]]:
-    nodes = kube.core.list_node(label_selector=FLEET_LABEL, _request_timeout=60)
-    return [kube.api.sanitize_for_serialization(n) for n in nodes.items]
+    found = kube.resource("v1", "Node").get(label_selector=FLEET_LABEL, _request_timeout=60)
+    items: list[dict[str, Any]] = found.to_dict().get("items") or []
+    return items
 
 
 def _ready_untainted(kube: Kube, count: int) -> tuple[bool, str]:
