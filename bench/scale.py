@@ -580,6 +580,11 @@ def per_minute(counts: Mapping[Any, int], minutes: float) -> list[dict[str, Any]
 # ---- one fleet size ---------------------------------------------------------------
 
 
+def scheduling_minutes(scheduling: Mapping[str, Any]) -> float:
+    seconds = sum(float(scheduling[k]["seconds"]) for k in CLASSES)
+    return max(seconds / 60, 1 / 60)
+
+
 def drasil_users(identity_namespace: str) -> dict[str, str]:
     return {
         "system:serviceaccount:drasil-fleet-system:": "drasil fleet publisher (kubelet-plugin SA)",
@@ -638,9 +643,10 @@ def idle_window(
 
 
 def run_fleet(
-    params: Params, *, check: Callable[[list[str]], None] | None = None
+    params: Params, *, inspect: Callable[[Cluster, PodTimes], None] | None = None
 ) -> dict[str, Any]:
-    """Everything above for one fleet size, on a cluster of its own."""
+    """Everything above for one fleet size, on a cluster of its own; ``inspect`` (a
+    test's checks) is called once the fleet's Pods are all scheduled."""
     cluster = Cluster(die_with_parent=True, out=sys.stderr)
     setup = time.monotonic()
     try:
@@ -655,10 +661,12 @@ def run_fleet(
         with controller(kube, cluster) as proc, watching_pods(api, times):
             users = drasil_users("drasil-scale-system")
             usage = {"started": process_usage(_pid(proc))}
+            busy_since = time.time()
             scheduling = run_waves(api, params, times)
+            busy = audit_writes(cluster, busy_since, time.time(), users)
             problems = allocation_problems(kube, times)
-            if check is not None:
-                check(problems)
+            if inspect is not None:
+                inspect(cluster, times)
             usage["after_scheduling"] = process_usage(_pid(proc))
             events_before = drasil_events(api)
             probe_started = time.monotonic()
@@ -678,6 +686,9 @@ def run_fleet(
             "fleet_setup_s": round(setup_s, 1),
             "publisher": fleet.publisher_status(),
             "scheduling": scheduling,
+            "writes_while_scheduling_by_user": [
+                r for r in per_minute(busy, scheduling_minutes(scheduling)) if r["count"] >= 1
+            ],
             "allocation_problems": problems[:20],
             "controller": {
                 "usage": usage,
