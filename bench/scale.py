@@ -581,11 +581,6 @@ def per_minute(counts: Mapping[Any, int], minutes: float) -> list[dict[str, Any]
 # ---- one fleet size ---------------------------------------------------------------
 
 
-def scheduling_minutes(scheduling: Mapping[str, Any]) -> float:
-    seconds = sum(float(scheduling[k]["seconds"]) for k in CLASSES)
-    return max(seconds / 60, 1 / 60)
-
-
 def drasil_users(identity_namespace: str) -> dict[str, str]:
     return {
         "system:serviceaccount:drasil-fleet-system:": "drasil fleet publisher (kubelet-plugin SA)",
@@ -664,7 +659,8 @@ def run_fleet(
             usage = {"started": process_usage(_pid(proc))}
             busy_since = time.time()
             scheduling = run_waves(api, params, times)
-            busy = audit_writes(cluster, busy_since, time.time(), users)
+            busy_until = time.time()
+            busy = audit_writes(cluster, busy_since, busy_until, users)
             problems = allocation_problems(kube, times)
             if inspect is not None:
                 inspect(cluster, times)
@@ -688,7 +684,7 @@ def run_fleet(
             "publisher": fleet.publisher_status(),
             "scheduling": scheduling,
             "writes_while_scheduling_by_user": [
-                r for r in per_minute(busy, scheduling_minutes(scheduling)) if r["count"] >= 1
+                r for r in per_minute(busy, (busy_until - busy_since) / 60) if r["count"] >= 1
             ],
             "allocation_problems": problems[:20],
             "controller": {

@@ -93,6 +93,8 @@ def test_the_controller_explains_every_unsatisfiable_claim(
     # One Event on each probe's claim and one on the Pod; none repeated since.
     assert result["controller"]["events_since_probes"] == 2 * PARAMS.probes
     assert result["explain"]["output_first_line"].startswith("claim scale/probe-0-gpu-")
+    # Only unbound Pods are read (a field selector), and the waiting one is among them.
+    assert result["explain"]["inputs"]["pods"] == 1
 
 
 def test_drasil_writes_nothing_but_its_lease_when_idle(run: tuple[dict[str, Any], Seen]) -> None:
