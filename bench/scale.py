@@ -12,7 +12,8 @@ For each fleet size N (``--nodes 50,200,500``) a fresh cluster with N fake nodes
    (seen on a watch) per class, and the ratio drasil/minimal;
 2. **the controller**: RSS and CPU seconds after each phase, p99 time from creating a
    Pod whose claim can never be allocated (the fleet is full) to the controller's
-   ``Unsatisfiable`` Event on it, Events per minute;
+   ``Unsatisfiable`` Event on it, for a burst of N/10 (at least 10) such Pods created
+   at once, and Events per minute since;
 3. **drasil explain** for such a claim against the whole fleet: the CLI's wall time,
    and in-process the fetch and the evaluation apart;
 4. **one health flip** of one device on one node in the fleet publisher: the writes it
@@ -76,7 +77,13 @@ class Params:
     profile: str = DEFAULT_FLEET_PROFILE
     pods_per_node: int = 8
     idle_minutes: float = 10.0
-    probes: int = 10  # Pods created on the full fleet: their claims stay pending
+    # Pods created at once on the full fleet, whose claims stay pending: a burst the
+    # controller must explain; 0 means one per 10 nodes, at least 10.
+    probes: int = 0
+
+    @property
+    def burst(self) -> int:
+        return self.probes or max(10, self.nodes // 10)
     explain_runs: int = 5
 
 
@@ -418,7 +425,7 @@ def unsatisfiable_times(
     """Create ``probes`` Pods the full fleet cannot serve; seconds from each create to
     the controller's Unsatisfiable Event on it. Returns (times, probe names)."""
     core = client.CoreV1Api(api)
-    names = [f"probe-{i}" for i in range(params.probes)]
+    names = [f"probe-{i}" for i in range(params.burst)]
     create_pods(api, [pod(n, "drasil", phase="probe") for n in names], times)
     seen: dict[str, float] = {}
 
@@ -690,6 +697,7 @@ def run_fleet(
             "controller": {
                 "usage": usage,
                 "explain_after_s": EXPLAIN_AFTER,
+                "burst_pods": params.burst,
                 "create_to_unsatisfiable_event_s": summary(list(to_event.values())),
                 "events_since_probes": events,
                 "events_per_minute_since_probes": round(events / elapsed_min, 2),

@@ -51,7 +51,7 @@ def run() -> tuple[dict[str, Any], Seen]:
 def test_every_pod_is_scheduled_on_a_fleet_node(run: tuple[dict[str, Any], Seen]) -> None:
     result, seen = run
     fleet_pods = NODES * PARAMS.pods_per_node
-    assert result["pods"] == fleet_pods + PARAMS.probes
+    assert result["pods"] == fleet_pods + PARAMS.burst
     assert result["scheduling"]["drasil"]["pods"] == fleet_pods // 2
     assert result["scheduling"]["minimal"]["pods"] == fleet_pods // 2
     assert len(seen.bound) == fleet_pods, "the probes must stay pending: the fleet is full"
@@ -89,9 +89,9 @@ def test_the_controller_explains_every_unsatisfiable_claim(
     run: tuple[dict[str, Any], Seen],
 ) -> None:
     result, _ = run
-    assert result["controller"]["create_to_unsatisfiable_event_s"]["count"] == PARAMS.probes
+    assert result["controller"]["create_to_unsatisfiable_event_s"]["count"] == PARAMS.burst
     # One Event on each probe's claim and one on the Pod; none repeated since.
-    assert result["controller"]["events_since_probes"] == 2 * PARAMS.probes
+    assert result["controller"]["events_since_probes"] == 2 * PARAMS.burst
     assert result["explain"]["output_first_line"].startswith("claim scale/probe-0-gpu-")
     # Only unbound Pods are read (a field selector), and the waiting one is among them.
     assert result["explain"]["inputs"]["pods"] == 1
