@@ -49,6 +49,7 @@ from typing import Any, cast
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
+from drasil.driver.discovery.simulated import parse_profile_spec
 from drasil.driver.explain.claims import explain_claim
 from drasil.driver.explain.fromapi import fetch_inputs
 from e2e import chart
@@ -84,6 +85,7 @@ class Params:
     @property
     def burst(self) -> int:
         return self.probes or max(10, self.nodes // 10)
+
     explain_runs: int = 5
 
 
@@ -685,7 +687,7 @@ def run_fleet(
             metrics = proc.metrics()
         return {
             "nodes": params.nodes,
-            "gpus": params.nodes * 8,
+            "gpus": params.nodes * sum(n for _, n in parse_profile_spec(params.profile)),
             "pods": len(times.created),
             "fleet_setup_s": round(setup_s, 1),
             "publisher": fleet.publisher_status(),

@@ -1,9 +1,10 @@
 """The scale benchmark's path, small (docs/scale.md): 20 KWOK nodes, 100 Pods.
 
-One run of ``bench.scale.run_fleet`` on a cluster of its own (``up --fake-nodes 20``):
-80 Pods with one-GPU claims in four waves alternating drasil's class and a minimal one,
-then 20 Pods the full fleet cannot serve, an explain, one health flip, a short idle
-window. The tests check what a user of a fleet relies on, not how fast it went.
+One run of ``bench.scale.run_fleet`` on a cluster of its own (``up --fake-nodes 20``),
+4 GPUs a node. 80 Pods with one-GPU claims in two waves, drasil's class and a minimal
+one, fill every GPU; then 20 Pods the full fleet cannot serve, an explain, one health
+flip, a short idle window. The tests check what a user of a fleet relies on, not how
+fast it went.
 """
 
 from __future__ import annotations
@@ -20,7 +21,15 @@ from e2e.cluster.fleet import DRIVER, fleet_nodes, published_slices
 from e2e.kube import Kube
 
 NODES = 20
-PARAMS = Params(nodes=NODES, pods_per_node=4, probes=20, idle_minutes=0.25, explain_runs=1)
+GPUS = 4  # per node: the 4 Pods per node fill the fleet, so the probes must wait
+PARAMS = Params(
+    nodes=NODES,
+    profile=f"h100-80gb:{GPUS}",
+    pods_per_node=GPUS,
+    probes=20,
+    idle_minutes=0.25,
+    explain_runs=1,
+)
 
 
 @dataclass
@@ -72,7 +81,7 @@ def test_the_fleet_publishes_one_valid_pool_per_node(run: tuple[dict[str, Any], 
         validate_slice(obj)
         assert obj["spec"]["driver"] == DRIVER
         assert obj["spec"]["nodeName"] == name
-        assert len(obj["spec"]["devices"]) == 8
+        assert len(obj["spec"]["devices"]) == GPUS
         (owner,) = obj["metadata"]["ownerReferences"]
         assert (owner["kind"], owner["name"], owner["uid"]) == ("Node", name, seen.node_uids[name])
 
