@@ -5,7 +5,7 @@ For each fleet size N (``--nodes 50,200,500``) a fresh cluster with N fake nodes
 (``python -m e2e.cluster up --fake-nodes N``), the controller with its chart RBAC, and:
 
 1. **scheduling**: ``--pods-per-node`` (8: every GPU) Pods per node, each with a one-GPU
-   ResourceClaimTemplate, in waves of 2 Pods per node that alternate the class:
+   ResourceClaimTemplate, in waves of 2 Pods per node whose class goes A B B A:
    ``gpu.drasil.dev`` plus a CEL selector on ``productName`` (drasil's class and slice
    shape), then the same over a minimal DeviceClass (a driver selector only). Each
    wave is created by 8 threads and waited for; Pods/s and p50/p99 create→scheduled
@@ -313,7 +313,8 @@ def run_waves(api: client.ApiClient, params: Params, times: PodTimes) -> dict[st
     spent: dict[str, float] = dict.fromkeys(CLASSES, 0.0)
     names: dict[str, list[str]] = {k: [] for k in CLASSES}
     for wave in range(waves):
-        kind = CLASSES[wave % 2]
+        # A B B A ...: each class gets the emptier and the fuller waves alike.
+        kind = CLASSES[(wave + wave // 2) % 2]
         batch = [f"{kind}-w{wave}-{i}" for i in range(per_wave)]
         started = time.monotonic()
         create_pods(api, [pod(n, kind, phase="fleet") for n in batch], times)
