@@ -708,6 +708,7 @@ def run_fleet(
                     "drasil_controller_explain_duration_seconds_sum"
                 ),
                 "explains": metrics.get("drasil_controller_explain_duration_seconds_count"),
+                "explain_ms_per_claim": _per_claim_ms(metrics),
             },
             "explain": explain,
             "health_flip": flip,
@@ -716,6 +717,12 @@ def run_fleet(
     finally:
         with contextlib.suppress(Exception):
             cluster.down()
+
+
+def _per_claim_ms(metrics: Mapping[str, float]) -> float | None:
+    total = metrics.get("drasil_controller_explain_duration_seconds_sum")
+    count = metrics.get("drasil_controller_explain_duration_seconds_count")
+    return round(1000 * total / count, 1) if total is not None and count else None
 
 
 def machine() -> dict[str, Any]:
@@ -731,6 +738,7 @@ COLUMNS = (
     ("nodes", ("nodes",)),
     ("GPUs", ("gpus",)),
     ("Pods", ("pods",)),
+    ("fleet up (s)", ("fleet_setup_s",)),
     ("drasil Pods/s", ("scheduling", "drasil", "pods_per_second")),
     ("minimal Pods/s", ("scheduling", "minimal", "pods_per_second")),
     ("ratio", ("scheduling", "ratio_drasil_to_minimal", "pods_per_second")),
@@ -738,12 +746,20 @@ COLUMNS = (
     ("drasil p99 s", ("scheduling", "drasil", "create_to_scheduled_s", "p99")),
     ("minimal p50 s", ("scheduling", "minimal", "create_to_scheduled_s", "p50")),
     ("minimal p99 s", ("scheduling", "minimal", "create_to_scheduled_s", "p99")),
-    ("ctrl RSS MiB", ("controller", "usage", "after_idle", "rss_mib")),
-    ("ctrl CPU s", ("controller", "usage", "after_idle", "cpu_seconds")),
+    ("ctrl RSS MiB (end)", ("controller", "usage", "after_idle", "rss_mib")),
+    ("ctrl CPU s while scheduling", ("controller", "usage", "after_scheduling", "cpu_seconds")),
+    ("ctrl CPU s (end)", ("controller", "usage", "after_idle", "cpu_seconds")),
+    ("ctrl CPU s in the idle window", ("idle", "controller_cpu_seconds")),
+    ("burst of pending Pods", ("controller", "burst_pods")),
+    ("p50 to Unsatisfiable s", ("controller", "create_to_unsatisfiable_event_s", "p50")),
     ("p99 to Unsatisfiable s", ("controller", "create_to_unsatisfiable_event_s", "p99")),
+    ("ctrl ms per explanation", ("controller", "explain_ms_per_claim")),
     ("Events/min", ("controller", "events_per_minute_since_probes")),
     ("explain CLI p50 s", ("explain", "cli_wall_s", "p50")),
+    ("explain fetch p50 s", ("explain", "fetch_s", "p50")),
+    ("explain evaluate p50 s", ("explain", "evaluate_s", "p50")),
     ("flip writes", ("health_flip", "unhealthy", "publisher_writes")),
+    ("idle writes/min, all", ("idle", "writes_per_minute_total")),
     ("idle drasil writes/min", ("idle", "drasil_writes_per_minute")),
     ("idle drasil writes/min w/o Lease", ("idle", "drasil_writes_per_minute_without_leader_lease")),
 )
@@ -757,13 +773,15 @@ def _pick(run: Mapping[str, Any], path: Sequence[str]) -> Any:
 
 
 def table(runs: Sequence[Mapping[str, Any]]) -> str:
-    """The per-N figures as a Markdown table (docs/scale.md)."""
+    """The figures per fleet size as a Markdown table (docs/scale.md): one row per
+    figure, one column per N, so the growth reads across."""
     lines = [
-        "| " + " | ".join(name for name, _ in COLUMNS) + " |",
-        "|" + "---|" * len(COLUMNS),
+        "| figure | " + " | ".join(f"N = {run['nodes']}" for run in runs) + " |",
+        "|---|" + "---:|" * len(runs),
     ]
-    for run in runs:
-        lines.append("| " + " | ".join(str(_pick(run, path)) for _, path in COLUMNS) + " |")
+    for name, path in COLUMNS[1:]:
+        cells = " | ".join(str(_pick(run, path)) for run in runs)
+        lines.append(f"| {name} | {cells} |")
     return "\n".join(lines)
 
 
