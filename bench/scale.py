@@ -407,7 +407,15 @@ def controller(kube: Kube, cluster: Cluster) -> Iterator[ControllerProcess]:
             lease=identity.lease,
             lease_namespace=identity.namespace,
             identity="bench-scale",
-            args=[f"--explain-after={EXPLAIN_AFTER}"],
+            # The chart's leader-election timings, not the e2e tests' short ones: under
+            # this load an API request can take seconds, and a 3 s renew deadline
+            # makes the controller give up its lease and exit (seen at N = 200).
+            args=[
+                f"--explain-after={EXPLAIN_AFTER}",
+                "--leader-elect-lease-duration=15",
+                "--leader-elect-renew-deadline=10",
+                "--leader-elect-retry-period=2",
+            ],
         )
         proc.start()
         proc.wait_logged("leading", timeout=120)
@@ -418,7 +426,8 @@ def controller(kube: Kube, cluster: Cluster) -> Iterator[ControllerProcess]:
 
 
 def _pid(proc: ControllerProcess) -> int:
-    assert proc.proc is not None
+    if proc.proc is None or not proc.alive():
+        raise RuntimeError(f"the controller exited; its log ends:\n{proc.tail()}")
     return proc.proc.pid
 
 
