@@ -35,6 +35,9 @@ KEEP_STOPPED_RUNS = 20
 # stops heartbeating. Test Nodes have no kubelet, so the grace period outlives any test
 # run; Nodes with a real kubelet still get their not-ready taint removed once Ready.
 NODE_GRACE_PERIOD = "8760h"
+# With a fleet, kube-controller-manager and kube-scheduler talk to the API server at up
+# to this many requests per second (their defaults: 20 and 50).
+FLEET_API_QPS = 500
 # With a fleet (`up --fake-nodes`), the API server logs every write, with its user and
 # user agent, to logs/audit.log: bench/scale.py tells drasil's writes from the others'.
 AUDIT_POLICY = """\
@@ -343,6 +346,7 @@ class Cluster(RunDir):
             return [
                 str(bins[name]),
                 *common,
+                *self._fleet_qps(),
                 f"--secure-port={ports.controller_manager}",
                 # Every default controller, and explicitly the two DRA needs most.
                 "--controllers=*,resourceclaim-controller,serviceaccount-token-controller",
@@ -355,8 +359,22 @@ class Cluster(RunDir):
                 f"--node-startup-grace-period={NODE_GRACE_PERIOD}",
             ]
         if name == "kube-scheduler":
-            return [str(bins[name]), *common, f"--secure-port={ports.scheduler}"]
+            return [
+                str(bins[name]),
+                *common,
+                *self._fleet_qps(),
+                f"--secure-port={ports.scheduler}",
+            ]
         raise ValueError(name)
+
+    def _fleet_qps(self) -> list[str]:
+        """With a fleet: the client QPS of the controller-manager and the scheduler
+        raised, as large clusters run them. At the defaults (20 and 50) the claim
+        controller (2 writes per Pod) and the scheduler (about 5) cap everything at 10
+        Pods/s, whatever drasil does (docs/scale.md)."""
+        if not self._audit:  # set together: a cluster with a fleet
+            return []
+        return [f"--kube-api-qps={FLEET_API_QPS}", f"--kube-api-burst={2 * FLEET_API_QPS}"]
 
     def _audit_args(self) -> list[str]:
         if not self._audit:
