@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PACKAGES := api driver kubeletplugin controller
 PYTEST_ARGS ?=
 
-.PHONY: all venv test lint unit e2e protos image demo bench clean
+.PHONY: all venv test lint unit e2e protos image demo bench bench-scale clean
 
 all: test
 
@@ -55,6 +55,12 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+
+# A KWOK fleet of 50, 200 and 500 nodes (docs/scale.md); e.g.
+# make bench-scale BENCH_SCALE_ARGS="--nodes 50,200 --idle-minutes 3"
+BENCH_SCALE_ARGS ?=
+bench-scale: $(STAMP)
+	$(BIN)/python -m bench.scale $(BENCH_SCALE_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy-path .mypy_cache .pytest_cache .ruff_cache .hypothesis build dist *.egg-info

@@ -66,7 +66,7 @@ from drasil.controller.poolsync import PoolSync
 from drasil.controller.state import ClusterView, Key, key_of
 from drasil.driver.cel.selectors import CelDeviceCache
 from drasil.driver.claims.configcheck import config_problems
-from drasil.driver.explain.claims import explain_claim
+from drasil.driver.explain.claims import Fleet, explain_claim, prepare_fleet
 from drasil.driver.kubeapi import KubeApi
 
 log = logging.getLogger(__name__)
@@ -76,6 +76,9 @@ RETRY_DELAYS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 READY_RESULTS = frozenset({"published", "unchanged"})
 MIN_RECHECK = 30.0
 NODES_MAX_AGE = 10.0  # Node labels and taints change rarely; explanations are slow anyway
+# A round of explanations shares one view of the fleet's devices and their holders for
+# at most this long; an explanation is a snapshot anyway, re-checked every MIN_RECHECK.
+FLEET_MAX_AGE = 5.0
 
 
 def _meta(obj: JsonObject) -> JsonObject:
@@ -416,12 +419,28 @@ class Controller:
             key = key_of(claim)
             if any(p.waiting for p in self.view.pods_using("ResourceClaim", key)):
                 waiting[_uid(claim)] = key
+        fleet: tuple[float, Fleet] | None = None
         for uid in self.pending.update(waiting, now=now):
             try:
-                await asyncio.to_thread(self.explain, waiting[uid])
+                fleet = await asyncio.to_thread(self._fresh_fleet, fleet)
+                await asyncio.to_thread(self.explain, waiting[uid], fleet=fleet[1])
             except Exception:  # tried again at the next recheck, not every second
                 log.exception("explaining a claim failed", extra={"claim": "/".join(waiting[uid])})
             self.pending.explained(uid, now=now)
+
+    def _fresh_fleet(self, fleet: tuple[float, Fleet] | None) -> tuple[float, Fleet]:
+        """The fleet (devices and their holders) for a round of explanations: built
+        once for all claims due in this tick, not once per claim, so a burst of
+        pending claims costs one pass over the fleet plus a little per claim; built
+        again when a long round has made it older than FLEET_MAX_AGE."""
+        now = time.monotonic()
+        if fleet is not None and now - fleet[0] < FLEET_MAX_AGE:
+            return fleet
+        snapshot = self.view.explain_snapshot()
+        built = prepare_fleet(
+            slices=snapshot.slices, claims=snapshot.claims, driver=self.driver, cache=self.cel_cache
+        )
+        return now, built
 
     def nodes(self, *, now: float) -> Sequence[JsonObject] | None:
         """Every Node, a few seconds old at most (None: not allowed to list them)."""
@@ -431,8 +450,9 @@ class Controller:
             self._nodes = (now, nodes)
         return nodes
 
-    def explain(self, key: Key) -> str | None:
-        """Explain one pending claim and post the result; returns the message posted."""
+    def explain(self, key: Key, *, fleet: Fleet | None = None) -> str | None:
+        """Explain one pending claim and post the result; returns the message posted.
+        ``fleet``: ``prepare_fleet`` of the current view, shared by a round of claims."""
         claim = self.api.get_claim(*key)
         if claim is None or (claim.get("status") or {}).get("allocation"):
             return None
@@ -453,6 +473,7 @@ class Controller:
             cache=self.cel_cache,
             nodes=nodes,
             pods=pods,
+            fleet=fleet,
         )
         self.metrics.explain_duration.observe(time.perf_counter() - started)
         ref = ObjectRef.of(claim)

@@ -185,6 +185,17 @@ def node_binaries() -> tuple[Binary, ...]:
     )
 
 
+def kwok_binary() -> Binary:
+    """KWOK's controller (`up --fake-nodes`): fake Nodes and their Pods, no kubelet."""
+    return Binary(
+        "kwok",
+        _module("kwok", f"sigs.k8s.io/kwok {versions.KWOK}"),
+        "sigs.k8s.io/kwok/cmd/kwok",
+        ("-s", "-w", f"-X sigs.k8s.io/kwok/pkg/consts.Version={versions.KWOK.lstrip('v')}"),
+        cgo=False,
+    )
+
+
 def binaries() -> tuple[Binary, ...]:
     """Every binary the harness provides, in build order."""
     kube = _kubernetes_module()
@@ -216,6 +227,7 @@ def binaries() -> tuple[Binary, ...]:
             ),
         ),
         *node_binaries(),
+        kwok_binary(),
         Binary("drasil-kubelet-client", _bench_client_module(), ".", ("-s", "-w"), cgo=False),
         # The upstream e2e DRA test driver (kubelet-plugin mode): bench/prepare.py's
         # reference, from the same Kubernetes module as the cluster.

@@ -105,3 +105,9 @@ PAUSE_IMAGE = "drasil.local/e2e/pause:1.0"
 # the archive name records it), plus a sleep-forever entrypoint for test Pods.
 BUSYBOX_DEBIAN_PACKAGE = "busybox-static"
 TEST_IMAGE = "drasil.local/e2e/busybox:1.0"
+
+# -- the simulated fleet (`up --fake-nodes N`, docs/scale.md) ---------------------------
+# KWOK (Kubernetes WithOut Kubelet, sigs.k8s.io/kwok): keeps fake Nodes Ready and plays
+# their Pods' lifecycle (Running, deletion) without any kubelet. Its go.mod has no
+# replace directives, so our wrapper module builds it as it is.
+KWOK = "v0.8.0"

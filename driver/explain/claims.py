@@ -56,7 +56,9 @@ from drasil.driver.explain.binding import binding_waits
 from drasil.driver.explain.counters import CounterBook, listing
 from drasil.driver.explain.inventory import (
     DeviceKey,
+    Inventory,
     PoolDevice,
+    Usage,
     build_inventory,
     build_usage,
     claim_ref,
@@ -205,6 +207,54 @@ def _requests(claim: JsonObject) -> Iterator[tuple[str, JsonObject]]:
             yield f"{name}/{sub.get('name', '')}", sub
 
 
+@dataclass(frozen=True)
+class Fleet:
+    """The devices of the driver and who holds them: what every explanation of a
+    pending claim starts from, built once for many (``prepare_fleet``)."""
+
+    inventory: Inventory
+    usage: Usage
+
+
+def prepare_fleet(
+    *,
+    slices: Iterable[JsonObject],
+    claims: Iterable[JsonObject],
+    driver: str,
+    cache: CelDeviceCache | None = None,
+) -> Fleet:
+    """Inventory and usage for explaining any number of **unallocated** claims: an
+    unallocated claim holds nothing, so leaving it out of the usage (as
+    ``explain_claim`` does for the claim it explains) changes nothing, and one
+    ``Fleet`` serves them all. Building both is linear in the fleet's devices and
+    claims; the controller builds it once per round of explanations instead of once
+    per pending claim (docs/scale.md)."""
+    return Fleet(
+        inventory=build_inventory(slices, driver=driver, cache=cache),
+        usage=build_usage(claims, driver=driver),
+    )
+
+
+def _fleet_for(
+    claim: JsonObject,
+    *,
+    fleet: Fleet | None,
+    slices: Iterable[JsonObject],
+    claims: Iterable[JsonObject],
+    driver: str,
+    cache: CelDeviceCache | None,
+) -> Fleet:
+    allocated = bool((claim.get("status") or {}).get("allocation"))
+    if fleet is not None and not allocated:
+        return fleet
+    # An allocated claim's own devices must not count as held by someone else.
+    uid = str(object_meta(claim).get("uid", ""))
+    return Fleet(
+        inventory=fleet.inventory if fleet else build_inventory(slices, driver=driver, cache=cache),
+        usage=build_usage(claims, driver=driver, skip_uid=uid),
+    )
+
+
 def explain_claim(
     claim: JsonObject,
     *,
@@ -217,6 +267,7 @@ def explain_claim(
     pods: Sequence[JsonObject] = (),
     budget: float = EXPLAIN_BUDGET,
     taint_rules: Iterable[JsonObject] = (),
+    fleet: Fleet | None = None,
 ) -> ClaimExplanation:
     """Explain ``claim`` against the cluster's state (see the module docstring).
 
@@ -225,12 +276,16 @@ def explain_claim(
     go to count for the one-node check. ``taint_rules`` (DeviceTaintRules) taint
     devices like the slices' own taints do. Selectors are evaluated for at most
     ``budget`` seconds; past it the explanation stops and says so (``cut_short``),
-    so one costly claim cannot hold up the explanations of all others.
+    so one costly claim cannot hold up the explanations of all others. ``fleet``
+    (``prepare_fleet`` of the same slices and claims) saves building the inventory and
+    usage again; ``slices`` and ``claims`` are then read only for an allocated claim.
     """
     deadline = time.monotonic() + budget
     by_name = {str(object_meta(c).get("name", "")): c for c in classes}
-    inventory = build_inventory(slices, driver=driver, cache=cache)
-    usage = build_usage(claims, driver=driver, skip_uid=str(object_meta(claim).get("uid", "")))
+    prepared = _fleet_for(
+        claim, fleet=fleet, slices=slices, claims=claims, driver=driver, cache=cache
+    )
+    inventory, usage = prepared.inventory, prepared.usage
     book = CounterBook(inventory, usage)
     rules = TaintRules.of(taint_rules, driver=driver)
     explained: list[RequestExplanation] = []

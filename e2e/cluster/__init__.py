@@ -3,6 +3,7 @@
 - `rundir`: one run's directory and state, and finding the runs of this checkout;
 - `control_plane`: `Cluster`, etcd and the Kubernetes control plane of a run;
 - `node`, `nodeconfig`: the run's real node (containerd, kubelet, the plugin), its files;
+- `fleet`: the run's simulated fleet (KWOK, fake Nodes, the fleet publisher);
 - `host`: what a run changes on this machine (mounts, cgroups, bridge, ports, sockets);
 - `pki`: the run's CA, certificates and kubeconfigs.
 """

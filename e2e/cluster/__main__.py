@@ -31,6 +31,16 @@ def _fresh(run_dir: Path | None) -> Path | None:
     return run_dir
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--fake-nodes: {text!r} is not a number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"--fake-nodes: {value} is negative")
+    return value
+
+
 def _run_dir_arg(args: argparse.Namespace) -> str:
     return f" --run-dir {shlex.quote(str(args.run_dir))}" if args.run_dir else ""
 
@@ -40,7 +50,12 @@ def _up(args: argparse.Namespace) -> int:
         raise ClusterError("--device-plugin needs --with-node (it runs beside that kubelet)")
     cluster = Cluster(_fresh(args.run_dir), out=sys.stderr)
     print(f"e2e.cluster: run dir {cluster.run_dir}", file=sys.stderr)
-    seconds = cluster.up(with_node=args.with_node, node_profile=args.profile)
+    seconds = cluster.up(
+        with_node=args.with_node,
+        node_profile=args.profile,
+        fake_nodes=args.fake_nodes,
+        fleet_profile=args.profile,
+    )
     if args.device_plugin and cluster.node is not None:
         try:
             cluster.node.start_device_plugin()
@@ -56,6 +71,13 @@ def _up(args: argparse.Namespace) -> int:
     )
     if cluster.node is not None:
         print(f"e2e.cluster: {describe(cluster.node)}", file=sys.stderr)
+    if args.fake_nodes:
+        print(
+            f"e2e.cluster: {args.fake_nodes} KWOK nodes ({args.profile} each), fleet publisher "
+            f"at {cluster.fleet.publisher_url() if cluster.fleet else '?'}; audit log "
+            f"{cluster.audit_log}",
+            file=sys.stderr,
+        )
     print(f"KUBECONFIG={shlex.quote(str(cluster.kubeconfig))}")
     return 0
 
@@ -98,7 +120,16 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument(
         "--profile",
         default=DEFAULT_PROFILE,
-        help=f"simulated GPUs of the node's plugin (default {DEFAULT_PROFILE})",
+        help=f"simulated GPUs of the node's plugin, and of each fake node (default "
+        f"{DEFAULT_PROFILE})",
+    )
+    up.add_argument(
+        "--fake-nodes",
+        type=_count,
+        default=0,
+        metavar="N",
+        help="also N KWOK nodes whose pools (--profile each) one fleet publisher publishes "
+        "with drasil's slice code (docs/scale.md)",
     )
     up.add_argument(
         "--device-plugin",

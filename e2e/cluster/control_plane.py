@@ -21,6 +21,7 @@ from typing import Any, TextIO
 
 from e2e import binaries, node_images, paths, procs, recipes, versions
 from e2e.cluster import pki, rundir
+from e2e.cluster.fleet import DEFAULT_FLEET_PROFILE, Fleet
 from e2e.cluster.host import free_ports, mounts_under
 from e2e.cluster.node import DEFAULT_PROFILE, NODE_NAME, Node, NodeError
 from e2e.cluster.rundir import STATE_FILE, ClusterError, Ports, RunDir, http_get
@@ -34,6 +35,20 @@ KEEP_STOPPED_RUNS = 20
 # stops heartbeating. Test Nodes have no kubelet, so the grace period outlives any test
 # run; Nodes with a real kubelet still get their not-ready taint removed once Ready.
 NODE_GRACE_PERIOD = "8760h"
+# With a fleet, kube-controller-manager and kube-scheduler talk to the API server at up
+# to this many requests per second (their defaults: 20 and 50).
+FLEET_API_QPS = 500
+# With a fleet (`up --fake-nodes`), the API server logs every write, with its user and
+# user agent, to logs/audit.log: bench/scale.py tells drasil's writes from the others'.
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+  verbs: [create, update, patch, delete, deletecollection]
+- level: None
+"""
 
 
 @dataclass(frozen=True)
@@ -129,6 +144,7 @@ class Cluster(RunDir):
         )
         self._procs: dict[str, procs.Proc] = {}
         self._node: Node | None = None
+        self._audit = False
 
     @classmethod
     def latest(cls) -> Cluster | None:
@@ -312,6 +328,7 @@ class Cluster(RunDir):
                 f"--runtime-config={runtime}",
                 "--profiling=false",
                 "--v=2",
+                *self._audit_args(),
             ]
         kubeconfig = self.kubeconfigs_dir / f"{name}.kubeconfig"
         common = [
@@ -329,6 +346,7 @@ class Cluster(RunDir):
             return [
                 str(bins[name]),
                 *common,
+                *self._fleet_qps(),
                 f"--secure-port={ports.controller_manager}",
                 # Every default controller, and explicitly the two DRA needs most.
                 "--controllers=*,resourceclaim-controller,serviceaccount-token-controller",
@@ -341,8 +359,57 @@ class Cluster(RunDir):
                 f"--node-startup-grace-period={NODE_GRACE_PERIOD}",
             ]
         if name == "kube-scheduler":
-            return [str(bins[name]), *common, f"--secure-port={ports.scheduler}"]
+            return [
+                str(bins[name]),
+                *common,
+                *self._fleet_qps(),
+                f"--secure-port={ports.scheduler}",
+            ]
         raise ValueError(name)
+
+    def _fleet_qps(self) -> list[str]:
+        """With a fleet: the client QPS of the controller-manager and the scheduler
+        raised, as large clusters run them. At the defaults (20 and 50) the claim
+        controller (2 writes per Pod) and the scheduler (about 5) cap everything at 10
+        Pods/s, whatever drasil does (docs/scale.md)."""
+        if not self._audit:  # set together: a cluster with a fleet
+            return []
+        return [f"--kube-api-qps={FLEET_API_QPS}", f"--kube-api-burst={2 * FLEET_API_QPS}"]
+
+    def _audit_args(self) -> list[str]:
+        if not self._audit:
+            return []
+        policy = self.run_dir / "audit-policy.yaml"
+        policy.write_text(AUDIT_POLICY)
+        return [
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json",
+            "--audit-log-maxsize=0",  # never rotated: a benchmark reads the whole window
+            "--audit-log-mode=batch",
+        ]
+
+    @property
+    def audit_log(self) -> Path:
+        return self.logs_dir / "audit.log"
+
+    # -- the fleet ----------------------------------------------------------------------
+
+    @property
+    def fleet(self) -> Fleet | None:
+        """KWOK, its fake Nodes and the fleet publisher, if this run has them."""
+        return Fleet(self) if self.state().get("fleet") else None
+
+    def start_fleet(self, count: int, *, profile: str = DEFAULT_FLEET_PROFILE) -> Fleet:
+        """KWOK, `count` fake Nodes and one publisher of their pools (e2e.cluster.fleet)."""
+        fleet = Fleet(self)
+        try:
+            seconds = fleet.start(count, profile=profile)
+        except BaseException:
+            fleet.down(grace=5.0)
+            raise
+        self.say(f"fleet of {count} fake nodes up in {seconds:.1f}s")
+        return fleet
 
     # -- the node -----------------------------------------------------------------------
 
@@ -382,9 +449,12 @@ class Cluster(RunDir):
         timeout: float = 120.0,
         with_node: bool = False,
         node_profile: str = DEFAULT_PROFILE,
+        fake_nodes: int = 0,
+        fleet_profile: str = DEFAULT_FLEET_PROFILE,
     ) -> float:
         """Build what is missing, start everything, wait until healthy; seconds taken.
-        With `with_node`, also a real node (`start_node`).
+        With `with_node`, also a real node (`start_node`); with `fake_nodes`, a fleet
+        of that many KWOK nodes and their publisher (`start_fleet`), and an audit log.
 
         On failure everything started is stopped again and ClusterError says which
         component failed, with the tail of its log.
@@ -393,8 +463,14 @@ class Cluster(RunDir):
             raise ClusterError(f"{self.run_dir} is already {self.state()['state']}")
         started = time.monotonic()
         progress = self.out if self.out is not None else sys.stderr
+        self._audit = fake_nodes > 0
         bins = binaries.ensure_binaries(
-            [*COMPONENTS, "kubectl", *(recipes.NODE_BINARY_NAMES if with_node else ())],
+            [
+                *COMPONENTS,
+                "kubectl",
+                *(recipes.NODE_BINARY_NAMES if with_node else ()),
+                *(("kwok", "helm") if fake_nodes else ()),
+            ],
             out=progress,
         )
         if with_node:
@@ -446,9 +522,14 @@ class Cluster(RunDir):
             raise
         seconds = time.monotonic() - started
         self.save_state(state="up", up_seconds=round(seconds, 2), build_seconds=round(built, 2))
+        extras: list[Callable[[], object]] = []
         if with_node:
+            extras.append(lambda: self.start_node(profile=node_profile))
+        if fake_nodes:
+            extras.append(lambda: self.start_fleet(fake_nodes, profile=fleet_profile))
+        for start in extras:
             try:
-                self.start_node(profile=node_profile)
+                start()
             except BaseException:
                 with contextlib.suppress(ClusterError):
                     self.down()
@@ -479,6 +560,9 @@ class Cluster(RunDir):
             # First, while the API server still answers: kubelet, plugin, Pods,
             # containerd, mounts, cgroups.
             leftovers += node.down(grace=grace)
+        fleet = self.fleet
+        if fleet is not None:
+            leftovers += fleet.down(grace=grace)
         for proc in reversed(self._known_procs()):
             if not procs.stop(proc, grace=grace):
                 leftovers.append(f"{proc.name} (pid {proc.pid})")
@@ -507,6 +591,10 @@ class Cluster(RunDir):
         node = self.node
         if node is not None and (state.get("node") or {}).get("state") != "down":
             for name, pid, alive, healthy, detail in node.status():
+                components.append(ComponentStatus(name, pid, alive, healthy, detail))
+        fleet = self.fleet
+        if fleet is not None and fleet.state.get("state") != "down":
+            for name, pid, alive, healthy, detail in fleet.status():
                 components.append(ComponentStatus(name, pid, alive, healthy, detail))
         return ClusterStatus(
             run_dir=self.run_dir,

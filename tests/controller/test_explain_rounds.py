@@ -1,0 +1,84 @@
+"""A round of pending-claim explanations reads the fleet once, not once per claim."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from test_explain_events import CLASS, DRIVER, _controller
+
+from drasil.controller import controller as controller_module
+from drasil.controller.events import UNSATISFIABLE
+
+PENDING = 6
+
+
+def _gpu_slice() -> dict[str, Any]:
+    devices = [{"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}}} for i in range(2)]
+    pool = {"name": "node-a", "generation": 1, "resourceSliceCount": 1}
+    return {
+        "metadata": {"name": "node-a-gpus"},
+        "spec": {"driver": DRIVER, "pool": pool, "nodeName": "node-a", "devices": devices},
+    }
+
+
+def _claim(name: str, holds: tuple[str, ...] = ()) -> dict[str, Any]:
+    request = {"name": "gpu", "exactly": {"deviceClassName": DRIVER, "count": 1}}
+    obj: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}"},
+        "spec": {"devices": {"requests": [request]}},
+    }
+    if holds:
+        results = [
+            {"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": d} for d in holds
+        ]
+        obj["status"] = {"allocation": {"devices": {"results": results}}}
+    return obj
+
+
+def _pod(name: str, claim: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "ml", "uid": f"uid-pod-{name}"},
+        "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": claim}]},
+    }
+
+
+def test_one_round_explains_every_due_claim_from_one_fleet(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    controller = _controller()
+    controller.view.put_slice(_gpu_slice())
+    controller.view.put_class(CLASS)
+    controller.view.put_claim(_claim("train", holds=("gpu-0", "gpu-1")))
+    claims = {f"job-{i}": _claim(f"job-{i}") for i in range(PENDING)}
+    for name, obj in claims.items():
+        controller.view.put_claim(obj)
+        controller.view.put_pod(_pod(f"pod-{name}", name))
+    posted: list[dict[str, Any]] = []
+    monkeypatch.setattr(controller.api, "get_claim", lambda namespace, name, **_: claims[name])
+    monkeypatch.setattr(
+        controller.api, "get_pod", lambda namespace, name: _pod(name, name.removeprefix("pod-"))
+    )
+    monkeypatch.setattr(controller.api, "list_nodes", lambda: None)
+    monkeypatch.setattr(controller.api, "post_event", lambda **event: posted.append(event))
+    built: list[int] = []
+    prepare = controller_module.prepare_fleet
+
+    def counting_prepare(**kwargs: Any) -> Any:
+        built.append(1)
+        return prepare(**kwargs)
+
+    monkeypatch.setattr(controller_module, "prepare_fleet", counting_prepare)
+    explain_after = controller.options.explain_after
+
+    asyncio.run(controller.tick(0.0))  # the clocks start
+    asyncio.run(controller.tick(explain_after))
+
+    assert len(built) == 1
+    on_claims = [e for e in posted if e["involved"]["kind"] == "ResourceClaim"]
+    assert sorted(e["involved"]["name"] for e in on_claims) == sorted(claims)
+    assert {e["reason"] for e in posted} == {UNSATISFIABLE}
+    assert all(e["message"].endswith("both allocated to ml/train") for e in on_claims), on_claims

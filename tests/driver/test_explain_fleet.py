@@ -1,0 +1,46 @@
+"""One prepared fleet (inventory and usage) serves many pending claims' explanations."""
+
+from __future__ import annotations
+
+from test_explain import (
+    DRIVER,
+    GPU_CLASS,
+    H200,
+    claim,
+    device,
+    exactly,
+    explain,
+    held,
+    resource_slice,
+    sixteen_with_two_h200,
+)
+
+from drasil.driver.explain.claims import explain_claim, prepare_fleet
+
+
+def test_a_prepared_fleet_explains_every_pending_claim_as_a_fresh_one_would() -> None:
+    slices = sixteen_with_two_h200()
+    train = claim("train-0", [exactly()], results=held("node-a", "gpu-0", "gpu-1"))
+    pending = [claim("job", [exactly("gpu", H200)]), claim("big", [exactly(count=15)])]
+    everyone = [train, *pending]
+    fleet = prepare_fleet(slices=slices, claims=everyone, driver=DRIVER)
+
+    for target in pending:
+        shared = explain_claim(
+            target, slices=(), claims=(), classes=[GPU_CLASS], driver=DRIVER, fleet=fleet
+        )
+        assert shared.message() == explain(target, slices, [train]).message()
+    assert shared.message().endswith("2 allocated to default/train-0; 14 free, 15 needed")
+
+
+def test_an_allocated_claim_does_not_count_its_own_devices_as_held() -> None:
+    slices = [resource_slice("node-a", [device("gpu-0"), device("gpu-1")])]
+    mine = claim("mine", [exactly()], results=held("node-a", "gpu-0"))
+    fleet = prepare_fleet(slices=slices, claims=[mine], driver=DRIVER)
+
+    result = explain_claim(
+        mine, slices=slices, claims=[mine], classes=[GPU_CLASS], driver=DRIVER, fleet=fleet
+    )
+
+    assert not result.unsatisfiable
+    assert result.requests[0].held == {}
