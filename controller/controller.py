@@ -479,6 +479,8 @@ class Controller:
         ref = ObjectRef.of(claim)
         if explanation.cut_short and not explanation.unsatisfiable:
             message = explanation.summary()
+            if self._deferred(ref, EXPLANATION_INCOMPLETE, message):
+                return None
             self.events.memory.keep_only(ref.uid, EXPLANATION_INCOMPLETE, [message])
             self.events.warn(ref, reason=EXPLANATION_INCOMPLETE, message=message)
             return message
@@ -486,6 +488,8 @@ class Controller:
             log.debug("pending claim looks satisfiable", extra={"claim": explanation.claim})
             return None
         message = explanation.message()
+        if self._deferred(ref, UNSATISFIABLE, message):
+            return None
         self.events.memory.keep_only(ref.uid, UNSATISFIABLE, [message])
         self.events.warn(ref, reason=UNSATISFIABLE, message=message)
         on_pod = f"ResourceClaim {key[1]}: {message}"
@@ -493,3 +497,11 @@ class Controller:
             if pod.waiting:
                 self.events.warn(pod.ref(), reason=UNSATISFIABLE, message=on_pod)
         return message
+
+    def _deferred(self, ref: ObjectRef, reason: str, message: str) -> bool:
+        """A changed explanation waits for the next re-check when the repost budget is
+        spent (events.RepostBudget); its Pods' Events follow the claim's."""
+        if self.events.budget_allows(ref, reason=reason, message=message):
+            return False
+        self.metrics.events_deferred.labels(reason).inc()
+        return True

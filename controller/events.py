@@ -4,14 +4,22 @@ The controller re-checks objects on every watch event and re-explains pending cl
 periodically; without memory it would post the same Event again each time. The
 memory is per process: a new leader posts the current problems once more, which
 also tells users the problem still stands.
+
+Explanations change with the fleet: one GPU that flaps between healthy and tainted
+changes the text for every pending claim at once, and each change would be an Event on
+every claim and every waiting Pod. So a *changed* text about an object that already has
+an Event of that reason spends from one controller-wide ``RepostBudget``; when it is
+spent the post is left for the next periodic re-check. A first Event about an object
+never waits: a newly pending claim is told at once, storm or not.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from drasil.controller.metrics import ControllerMetrics
@@ -23,6 +31,8 @@ INVALID_DEVICE_CONFIG = "InvalidDeviceConfig"
 UNSATISFIABLE = "Unsatisfiable"
 EXPLANATION_INCOMPLETE = "ExplanationIncomplete"
 COMPONENT = "drasil-controller"
+# Changed texts of explanation Events per minute, controller-wide (RepostBudget).
+REPOSTS_PER_MINUTE = 60
 
 
 @dataclass(frozen=True)
@@ -65,7 +75,18 @@ class EventMemory:
 
     def __init__(self) -> None:
         self._posted: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+        # (uid, reason) that ever had an Event; keep_only does not clear it, forget does.
+        self._told: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
+
+    def told(self, uid: str, reason: str) -> bool:
+        """Whether an Event of ``reason`` was posted about ``uid`` before (any text)."""
+        with self._lock:
+            return (uid, reason) in self._told
+
+    def is_new(self, uid: str, reason: str, message: str) -> bool:
+        with self._lock:
+            return message not in self._posted.get(uid, {}).get(reason, set())
 
     def claim(self, uid: str, reason: str, message: str) -> bool:
         """True the first time ``message`` is seen for (uid, reason): post it then."""
@@ -74,6 +95,7 @@ class EventMemory:
             if message in seen:
                 return False
             seen.add(message)
+            self._told.add((uid, reason))
             return True
 
     def unclaim(self, uid: str, reason: str, message: str) -> None:
@@ -92,23 +114,51 @@ class EventMemory:
         """The object is gone."""
         with self._lock:
             self._posted.pop(uid, None)
+            self._told = {told for told in self._told if told[0] != uid}
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._posted)
 
 
+class RepostBudget:
+    """A token bucket: ``per_minute`` tokens, refilled evenly; ``clock`` in seconds."""
+
+    def __init__(self, per_minute: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.per_minute = per_minute
+        self.clock = clock
+        self._tokens = float(per_minute)
+        self._at = clock()
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self._lock:
+            now = self.clock()
+            refill = (now - self._at) * self.per_minute / 60.0
+            self._tokens = min(float(self.per_minute), self._tokens + refill)
+            self._at = now
+            if self._tokens < 1.0:
+                return False
+            self._tokens -= 1.0
+            return True
+
+
 class EventRecorder:
     """Posts Warning Events through ``KubeApi``, deduplicated by ``EventMemory``."""
 
-    def __init__(self, api: KubeApi, metrics: ControllerMetrics) -> None:
+    def __init__(
+        self, api: KubeApi, metrics: ControllerMetrics, budget: RepostBudget | None = None
+    ) -> None:
         self.api = api
         self.metrics = metrics
         self.memory = EventMemory()
+        self.budget = budget or RepostBudget(REPOSTS_PER_MINUTE)
 
     def warn(self, ref: ObjectRef, *, reason: str, message: str) -> bool:
         """Post once per distinct message; returns whether an Event was posted."""
-        if not ref.uid or not self.memory.claim(ref.uid, reason, message):
+        if not ref.uid:
+            return False
+        if not self.memory.claim(ref.uid, reason, message):
             return False
         try:
             self.api.post_event(
@@ -120,3 +170,12 @@ class EventRecorder:
         self.metrics.events.labels(reason, ref.kind).inc()
         log.info("posted event", extra={"object": str(ref), "reason": reason, "text": message})
         return True
+
+    def budget_allows(self, ref: ObjectRef, *, reason: str, message: str) -> bool:
+        """Whether ``message`` may be posted about ``ref`` now: always for the first
+        Event of ``reason`` about it and for a text already posted; a changed text
+        spends one token of the repost budget (False: spent, try at the next re-check)."""
+        uid = ref.uid
+        if not self.memory.told(uid, reason) or not self.memory.is_new(uid, reason, message):
+            return True
+        return self.budget.take()

@@ -21,6 +21,13 @@ class ControllerMetrics:
             ["reason", "kind"],
             registry=self.registry,
         )
+        self.events_deferred = Counter(
+            "drasil_controller_events_deferred",
+            "Changed explanation texts left for the next re-check because the "
+            "controller-wide repost budget was spent, by reason.",
+            ["reason"],
+            registry=self.registry,
+        )
         self.pool_publishes = Counter(
             "drasil_controller_pool_publishes",
             "DevicePool reconciliations by result (published|unchanged|invalid|rejected|"

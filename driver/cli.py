@@ -23,7 +23,13 @@ from drasil.driver.discovery.partitions import ExistingMig, existing_mig_instanc
 from drasil.driver.discovery.simulated import ProfileSpecError
 from drasil.driver.explain.claims import render_table
 from drasil.driver.explain.fromapi import ClaimNotFound, explain_from_api
-from drasil.driver.kubeapi import KubeApi, KubeconfigError, load_user_api_client
+from drasil.driver.kubeapi import (
+    InvalidName,
+    KubeApi,
+    KubeconfigError,
+    checked_name,
+    load_user_api_client,
+)
 from drasil.driver.slices.build import build_slices, quantity
 
 DEFAULT_DRIVER = "gpu.drasil.dev"
@@ -208,12 +214,17 @@ def _validate_config(args: argparse.Namespace, out: TextIO) -> int:
 
 def _explain(args: argparse.Namespace, out: TextIO) -> int:
     namespace, _, name = args.claim.rpartition("/")
+    namespace = namespace or args.namespace
+    try:  # before any connection: "ns/" or "a/b/c" is a typo, not a network problem
+        checked_name(namespace, what="namespace", label=True)
+        checked_name(name, what="claim name")
+    except InvalidName as err:
+        print(f"drasil explain: {err}", file=sys.stderr)
+        return 2
     # A person at a terminal: their kubeconfig, never the in-cluster account.
     api = KubeApi(load_user_api_client(args.kubeconfig))
     try:
-        explanation = explain_from_api(
-            api, namespace=namespace or args.namespace, name=name, driver=args.driver_name
-        )
+        explanation = explain_from_api(api, namespace=namespace, name=name, driver=args.driver_name)
     except ClaimNotFound as err:
         print(f"drasil explain: {err}", file=sys.stderr)
         return 1

@@ -273,10 +273,12 @@ class KubeApi:
         checked_name(name, what="Pod name")
         return self._get_json(f"/api/v1/namespaces/{namespace}/pods/{name}", query=[])
 
-    def list_pods(self, namespace: str) -> list[JsonObject] | None:
-        """The namespace's Pods, or None when this identity may not list them."""
+    def list_pods(self, namespace: str, *, field_selector: str = "") -> list[JsonObject] | None:
+        """The namespace's Pods (those matching ``field_selector``, filtered by the API
+        server), or None when this identity may not list them."""
         checked_name(namespace, what="namespace", label=True)
-        return self._list_json(f"/api/v1/namespaces/{namespace}/pods", query=[])
+        query = [("fieldSelector", field_selector)] if field_selector else []
+        return self._list_json(f"/api/v1/namespaces/{namespace}/pods", query=query)
 
     def _list_json(self, path: str, *, query: list[tuple[str, str]]) -> list[JsonObject] | None:
         # Optional reads (explanations): a user's RBAC may not allow them.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -75,17 +74,7 @@ UNBOUND = "spec.nodeName="
 def unbound_pods(api: KubeApi, namespace: str) -> list[JsonObject]:
     """The namespace's Pods not yet bound to a node; none when this identity may not
     list Pods (the explanation then leaves out their node constraints)."""
-    try:
-        # Unparsed (the raw response, typed as the model by the client's stubs): the
-        # JSON is what every other input of the explanation is.
-        response: Any = api.core.list_namespaced_pod(
-            namespace, field_selector=UNBOUND, _preload_content=False
-        )
-    except Exception as err:  # the client's ApiException; kubeapi alone imports it
-        if getattr(err, "status", None) == 403:
-            return []
-        raise
-    return list(json.loads(response.data).get("items") or [])
+    return list(api.list_pods(namespace, field_selector=UNBOUND) or [])
 
 
 def waits_for(pod: JsonObject, claim_name: str) -> bool:

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from drasil.controller.events import EventMemory, ObjectRef
+from typing import cast
+
+from drasil.controller.events import (
+    EXPLANATION_INCOMPLETE,
+    UNSATISFIABLE,
+    EventMemory,
+    EventRecorder,
+    ObjectRef,
+    RepostBudget,
+)
+from drasil.controller.metrics import ControllerMetrics
+from drasil.driver.kubeapi import KubeApi
 
 
 def test_each_message_is_claimed_once_per_object_and_reason() -> None:
@@ -54,3 +65,66 @@ def test_object_ref_from_json() -> None:
         "name": "c",
         "uid": "u",
     }
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _recorder(per_minute: int, clock: _Clock) -> EventRecorder:
+    # budget_allows never calls the API: no server is needed for these rules.
+    return EventRecorder(
+        cast(KubeApi, object()), ControllerMetrics(), RepostBudget(per_minute, clock)
+    )
+
+
+def test_the_repost_budget_refills_evenly_up_to_its_size() -> None:
+    clock = _Clock()
+    budget = RepostBudget(2, clock)
+    assert budget.take()
+    assert budget.take()
+    assert not budget.take()
+    clock.now = 30.0  # half a minute: one token back
+    assert budget.take()
+    assert not budget.take()
+    clock.now = 3600.0  # never more than its size
+    assert budget.take()
+    assert budget.take()
+    assert not budget.take()
+
+
+def test_a_first_event_never_waits_for_the_budget_a_changed_text_does() -> None:
+    clock = _Clock()
+    recorder = _recorder(1, clock)
+    memory = recorder.memory
+    claim = ObjectRef("resource.k8s.io/v1", "ResourceClaim", "ns", "c", "uid-1")
+    other = ObjectRef("resource.k8s.io/v1", "ResourceClaim", "ns", "d", "uid-2")
+    for ref in (claim, other):
+        assert recorder.budget_allows(ref, reason=UNSATISFIABLE, message="no GPU free")
+        memory.claim(ref.uid, UNSATISFIABLE, "no GPU free")
+    # The same text again costs nothing (warn will not post it anyway).
+    assert recorder.budget_allows(claim, reason=UNSATISFIABLE, message="no GPU free")
+    # A flapping GPU changes both texts: one token, so one waits for a re-check.
+    assert recorder.budget_allows(claim, reason=UNSATISFIABLE, message="gpu-3 tainted")
+    memory.keep_only(claim.uid, UNSATISFIABLE, ["gpu-3 tainted"])
+    memory.claim(claim.uid, UNSATISFIABLE, "gpu-3 tainted")
+    assert not recorder.budget_allows(other, reason=UNSATISFIABLE, message="gpu-3 tainted")
+    # A different reason about the same object is a first Event again.
+    assert recorder.budget_allows(other, reason=EXPLANATION_INCOMPLETE, message="cut short")
+    clock.now = 60.0
+    assert recorder.budget_allows(other, reason=UNSATISFIABLE, message="gpu-3 tainted")
+
+
+def test_forgetting_an_object_makes_its_next_event_a_first_one() -> None:
+    clock = _Clock()
+    recorder = _recorder(1, clock)
+    ref = ObjectRef("resource.k8s.io/v1", "ResourceClaim", "ns", "c", "uid-1")
+    recorder.memory.claim(ref.uid, UNSATISFIABLE, "a")
+    assert recorder.budget.take()  # spend the only token
+    assert not recorder.budget_allows(ref, reason=UNSATISFIABLE, message="b")
+    recorder.memory.forget(ref.uid)
+    assert recorder.budget_allows(ref, reason=UNSATISFIABLE, message="b")

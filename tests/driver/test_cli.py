@@ -277,3 +277,18 @@ def test_version_prints_the_installed_distribution_version(
         main(["--version"])
     assert exited.value.code == 0
     assert capsys.readouterr().out == f"drasil {importlib.metadata.version('drasil')}\n"
+
+
+@pytest.mark.parametrize(
+    ("claim", "named"),
+    [("ns/", "claim name ''"), ("a/b/c", "namespace 'a/b'"), ("Bad_Claim", "claim name")],
+)
+def test_explain_names_a_malformed_claim_before_any_connection(
+    claim: str, named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # No kubeconfig exists here: the name is refused before one would be read.
+    assert main(["explain", claim, "--kubeconfig", "/nonexistent"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("drasil explain: ")
+    assert named in err
+    assert "Traceback" not in err
