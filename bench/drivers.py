@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from e2e import binaries
+from e2e import binaries, procs
 from e2e.pluginproc import DRIVER, PluginProcess
 
 REFERENCE_DRIVER = "test-driver.cdi.k8s.io"
@@ -142,7 +142,12 @@ class Reference:
         for directory in (self.dra_socket.parent, self.root / "registry", self.root / "cdi"):
             directory.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(self.command(binary), stdout=log, stderr=log)
+            self.proc = subprocess.Popen(
+                self.command(binary),
+                stdout=log,
+                stderr=log,
+                preexec_fn=procs.kill_on_parent_death,  # noqa: PLW1509 - prctl only; dies with the benchmark
+            )
         deadline = time.monotonic() + timeout
         while not self.dra_socket.is_socket():
             if self.proc.poll() is not None:

@@ -50,8 +50,7 @@ from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
 from drasil.driver.discovery.simulated import parse_profile_spec
-from drasil.driver.explain.claims import explain_claim
-from drasil.driver.explain.fromapi import fetch_inputs
+from drasil.driver.explain.fromapi import explain_fetched, fetch_inputs
 from e2e import chart
 from e2e.cluster.control_plane import Cluster
 from e2e.cluster.fleet import DEFAULT_FLEET_PROFILE, DRIVER, Fleet
@@ -500,16 +499,7 @@ def explain_latency(cluster: Cluster, claim: str, runs: int) -> dict[str, Any]:
         started = time.perf_counter()
         inputs = fetch_inputs(api, namespace=NAMESPACE, name=claim, driver=DRIVER)
         fetched = time.perf_counter()
-        explain_claim(
-            inputs.claim,
-            slices=inputs.slices,
-            claims=inputs.claims,
-            classes=inputs.classes,
-            driver=DRIVER,
-            nodes=inputs.nodes,
-            pods=inputs.pods,
-            taint_rules=inputs.taint_rules,
-        )
+        explain_fetched(inputs, driver=DRIVER)
         fetch.append(fetched - started)
         evaluate.append(time.perf_counter() - fetched)
     return {

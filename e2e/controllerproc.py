@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.request import urlopen
 
+from e2e import procs
 from e2e.kube import NotYet, wait_for
 
 
@@ -50,7 +51,14 @@ class ControllerProcess:
 
     def start(self) -> None:
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=log, env=os.environ)
+            # Dies with the test or benchmark that started it, even on SIGKILL.
+            self.proc = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=log,
+                env=os.environ,
+                preexec_fn=procs.kill_on_parent_death,  # noqa: PLW1509 - prctl only
+            )
 
     def logs(self) -> list[dict[str, Any]]:
         lines = self.log_path.read_text().splitlines() if self.log_path.exists() else []

@@ -88,7 +88,13 @@ def waits_for(pod: JsonObject, claim_name: str) -> bool:
 
 def explain_from_api(api: KubeApi, *, namespace: str, name: str, driver: str) -> ClaimExplanation:
     """``drasil explain``: fetch and explain one claim; raises ``ClaimNotFound``."""
-    inputs = fetch_inputs(api, namespace=namespace, name=name, driver=driver)
+    return explain_fetched(
+        fetch_inputs(api, namespace=namespace, name=name, driver=driver), driver=driver
+    )
+
+
+def explain_fetched(inputs: ExplainInputs, *, driver: str) -> ClaimExplanation:
+    """Explain what ``fetch_inputs`` read (the two halves are timed apart in bench.scale)."""
     return explain_claim(
         inputs.claim,
         slices=inputs.slices,
