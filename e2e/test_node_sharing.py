@@ -161,9 +161,14 @@ def _alive(pid: int) -> bool:
 def test_four_20gi_shares_fit_one_h100_a_fifth_waits_and_the_daemon_goes_with_them(
     kube: Kube, ns: str, consumable: Node, kubeconfig: Any
 ) -> None:
-    pods = [_pod(kube, ns, consumable, requests=_share("20Gi")) for _ in range(4)]
-    for name in pods:
-        wait_running(kube, ns, name)
+    # One at a time: kube-scheduler v1.37.1 sometimes finds no capacity left for a share
+    # Pod scheduled while another share of the same device is still being allocated,
+    # and then leaves it unschedulable until some unrelated event (seen in CI: the
+    # second of four created at once waited 2 minutes). The fifth below is the test.
+    pods = []
+    for _ in range(4):
+        pods.append(_pod(kube, ns, consumable, requests=_share("20Gi")))
+        wait_running(kube, ns, pods[-1])
     claims = [_claim(kube, ns, name) for name in pods]
     results = [c["status"]["allocation"]["devices"]["results"][0] for c in claims]
     assert {r["device"] for r in results} == {"gpu-0"}
