@@ -1,21 +1,36 @@
 """The kubelet plugin's checkpoint: which claims it prepared, as stored on disk.
 
-One JSON document in the plugin state dir::
+A directory in the plugin state dir, one small file per claim and per GPU, so that
+a change writes one file whatever the number of claims held (``drasil.driver.checkpoint``)::
+
+    checkpoint/claims/<claimUID>.json
+        {"version": 1, "bootId": "...", "uid": "<claimUID>",
+         "claim": {"namespace": "...", "name": "...",
+                   "state": "PrepareStarted" | "PrepareCompleted",
+                   "devices": [{"requestNames": [...], "poolName": "...",
+                                "deviceName": "...", "cdiDeviceIds": [...],
+                                "shareId": "...", "mig": {...}, "sharing": "MPS"}],
+                   "updatedAt": "<RFC 3339>"},
+         "checksum": "<sha256 hex>"}
+    checkpoint/gpus/<GPU UUID>.json
+        {"version": 1, "bootId": "...", "uuid": "<GPU UUID>",
+         "gpu": {"mps": {...}, "timeSlice": 3, "previousTimeSlice": 0}, "checksum": "..."}
+
+A claim file whose ``claim`` is ``null`` is a tombstone: the claim is being removed and
+counts as absent. Each file carries the boot id, so files of an earlier boot are told
+apart one by one.
+
+Before 0.3 the checkpoint was one document, ``checkpoint.json``, still read (to migrate
+it into the directory)::
 
     {"version": 1, "bootId": "...", "checksum": "<sha256 hex>",
-     "claims": {"<claimUID>": {"namespace": "...", "name": "...",
-                               "state": "PrepareStarted" | "PrepareCompleted",
-                               "devices": [{"requestNames": [...], "poolName": "...",
-                                            "deviceName": "...", "cdiDeviceIds": [...],
-                                            "shareId": "...", "mig": {...},
-                                            "sharing": "MPS"}],
-                               "updatedAt": "<RFC 3339>"}},
-     "gpus": {"<GPU UUID>": {"mps": {...}, "timeSlice": 3, "previousTimeSlice": 0}}}
+     "claims": {"<claimUID>": {<the claim record above>}},
+     "gpus": {"<GPU UUID>": {<the GPU record above>}}}
 
 ``checksum`` is the SHA-256 of the canonical JSON (sorted keys, no whitespace, ASCII)
 of the document without ``checksum``; it is checked on the raw parsed document, before
-schema validation, so it covers fields this version does not know. The file itself is
-that canonical JSON with ``checksum`` appended as the last key.
+schema validation, so it covers fields this version does not know. A file is that
+canonical JSON with ``checksum`` appended as the last key.
 
 Compatibility policy:
 
@@ -27,7 +42,8 @@ Compatibility policy:
   from the previous version to ``MIGRATIONS``. Documents are migrated on read and
   written in ``CHECKPOINT_VERSION``.
 - A document newer than ``CHECKPOINT_VERSION`` cannot be read safely:
-  ``UnsupportedCheckpointVersionError``.
+  ``UnsupportedCheckpointVersionError``. The same policy holds for the files of the
+  directory with ``RECORD_VERSION``; they have no migrations yet.
 """
 
 from __future__ import annotations
@@ -35,13 +51,18 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 CHECKPOINT_VERSION: Final = 1
+"""The single-file checkpoint's version (the layout before 0.3, still read to migrate)."""
+
+RECORD_VERSION: Final = 1
+"""The version of one file of the checkpoint directory (a claim's or a GPU's)."""
 
 JsonObject = dict[str, Any]
 Migration = Callable[[JsonObject], JsonObject]
@@ -49,6 +70,9 @@ Migration = Callable[[JsonObject], JsonObject]
 
 MIGRATIONS: Final[Mapping[int, Migration]] = {}
 """Migrations keyed by the version they read. Version 1 is the first on-disk format."""
+
+
+_M = TypeVar("_M", bound=BaseModel)
 
 
 class CheckpointError(ValueError):
@@ -175,45 +199,106 @@ def _canonical(document: Mapping[str, Any]) -> bytes:
 
 
 def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
-    """The bytes to store: canonical JSON with the checksum appended as the last key."""
-    entries = {uid: encode_entry(uid, record) for uid, record in checkpoint.claims.items()}
-    return assemble_checkpoint(checkpoint, entries)
-
-
-def encode_entry(claim_uid: str, record: ClaimRecord) -> bytes:
-    """One claim's ``"<uid>":{record}`` member of ``claims``, as stored (canonical)."""
-    key = json.dumps(claim_uid, ensure_ascii=True).encode("ascii")
-    return key + b":" + _canonical(record.model_dump(mode="json"))
-
-
-# Stands in for the claims while the rest of the document is serialized.
-_CLAIMS_SLOT: Final = "\x00claims"
-_CLAIMS_SLOT_JSON: Final = b'"claims":' + json.dumps(_CLAIMS_SLOT).encode("ascii")
-
-
-def assemble_checkpoint(checkpoint: Checkpoint, entries: Mapping[str, bytes]) -> bytes:
-    """``encode_checkpoint``'s bytes, from the claims already encoded one by one.
-
-    The store keeps each claim's bytes (``encode_entry``) from the write that changed
-    it, so a write encodes one record and not every claim the node holds. ``entries``
-    must be the encoded ``checkpoint.claims`` by UID.
-    """
-    document = checkpoint.model_dump(mode="json", exclude={"claims"})
-    document.pop("checksum", None)
+    """The bytes of a single-file checkpoint (the layout before 0.3, read to migrate it)."""
+    document = checkpoint.model_dump(mode="json")
     document["version"] = CHECKPOINT_VERSION
-    document["claims"] = _CLAIMS_SLOT
-    rest = _canonical(document)
-    if rest.count(_CLAIMS_SLOT_JSON) == 1:
-        head, tail = rest.split(_CLAIMS_SLOT_JSON)
-        body = b",".join([entries[uid] for uid in sorted(entries)])
-        canonical = b"".join((head, b'"claims":{', body, b"}", tail))
-    else:  # an unknown field of a newer drasil holds the slot's text: the slow way
-        document["claims"] = json.loads(b"{" + b",".join(entries.values()) + b"}")
-        canonical = _canonical(document)
+    return _seal(document)
+
+
+def _seal(document: JsonObject) -> bytes:
+    """Canonical JSON of ``document`` with the checksum appended as the last key."""
+    document.pop("checksum", None)
+    canonical = _canonical(document)
     # Splicing the checksum in, rather than serializing twice; the result is still
     # deterministic JSON, and its checksum is that of the canonical document.
     digest = hashlib.sha256(canonical).hexdigest()
     return canonical[:-1] + f',"checksum":"{digest}"}}'.encode("ascii")
+
+
+# --- the checkpoint directory: one file per claim and per GPU ------------------------
+
+
+@dataclass(frozen=True)
+class ClaimFile:
+    """One claim's file; ``record`` is None in a tombstone (the claim is being removed)."""
+
+    uid: str
+    boot_id: str
+    record: ClaimRecord | None
+
+
+@dataclass(frozen=True)
+class GpuFile:
+    """One GPU's file: what prepared claims changed on it."""
+
+    uuid: str
+    boot_id: str
+    record: GpuRecord
+
+
+def encode_claim_file(uid: str, record: ClaimRecord | None, *, boot_id: str) -> bytes:
+    """The bytes of ``claims/<uid>.json``; ``None`` encodes a tombstone."""
+    claim = record.model_dump(mode="json") if record is not None else None
+    return _seal(
+        {"version": RECORD_VERSION, "bootId": boot_id, "uid": uid, "claim": claim}
+    )
+
+
+def encode_gpu_file(uuid: str, record: GpuRecord, *, boot_id: str) -> bytes:
+    """The bytes of ``gpus/<uuid>.json``."""
+    gpu = record.model_dump(mode="json")
+    return _seal({"version": RECORD_VERSION, "bootId": boot_id, "uuid": uuid, "gpu": gpu})
+
+
+def decode_claim_file(data: bytes) -> ClaimFile:
+    """Parse a claim file: checksum, version, then the schema."""
+    document = _open_record(data)
+    uid = _string(document, "uid")
+    claim = document.get("claim")
+    record = None if claim is None else _validate(ClaimRecord, claim, "claim")
+    return ClaimFile(uid=uid, boot_id=_string(document, "bootId"), record=record)
+
+
+def decode_gpu_file(data: bytes) -> GpuFile:
+    """Parse a GPU file: checksum, version, then the schema."""
+    document = _open_record(data)
+    record = _validate(GpuRecord, document.get("gpu"), "gpu")
+    return GpuFile(
+        uuid=_string(document, "uuid"), boot_id=_string(document, "bootId"), record=record
+    )
+
+
+def _open_record(data: bytes) -> JsonObject:
+    document = _parse_object(data)
+    expected = document.pop("checksum", None)
+    if not isinstance(expected, str):
+        raise CorruptCheckpoint("checksum: missing or not a string")
+    if expected != checksum(document):
+        raise CorruptCheckpoint("checksum: does not match the content")
+    version = document.get("version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise CorruptCheckpoint(f"version: {version!r} is not an integer")
+    if version > RECORD_VERSION:
+        raise UnsupportedCheckpointVersionError(
+            f"version: {version} is newer than this drasil reads ({RECORD_VERSION})"
+        )
+    if version < RECORD_VERSION:
+        raise UnsupportedCheckpointVersionError(f"version: no migration from {version}")
+    return document
+
+
+def _string(document: JsonObject, key: str) -> str:
+    value = document.get(key)
+    if not isinstance(value, str) or not value:
+        raise CorruptCheckpoint(f"{key}: {value!r} is not a non-empty string")
+    return value
+
+
+def _validate(model: type[_M], value: object, where: str) -> _M:
+    try:
+        return model.model_validate(value)
+    except ValidationError as err:
+        raise CorruptCheckpoint(f"schema: {where}.{_first_error(err)}") from err
 
 
 def decode_checkpoint(

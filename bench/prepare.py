@@ -44,7 +44,7 @@ from kubernetes import client
 from bench.drivers import Drasil, DriverUnderTest, Reference
 from drasil.api.checkpoint import PreparedDevice
 from drasil.driver.cdi.claimspecs import spec_path
-from drasil.driver.checkpoint import CHECKPOINT_FILE, CheckpointStore
+from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore
 from drasil.driver.claims.plan import ClaimRef
 from drasil.driver.discovery.nodedevices import discover
 from drasil.driver.discovery.simulated import simulated_library
@@ -293,7 +293,7 @@ def prepared_scaling() -> dict[str, dict[str, float]]:
         try:
             (root / "state").mkdir()
             (root / "cdi").mkdir()
-            store = CheckpointStore(root / "state" / CHECKPOINT_FILE)
+            store = CheckpointStore(root / "state" / CHECKPOINT_DIR)
             store.load()
             _filler(store, root / "cdi", level)
             preparer = Preparer(

@@ -1,59 +1,84 @@
 """The checkpoint store: the plugin's durable record of prepared claims.
 
-Every mutation rewrites the whole file with ``write_atomic`` before the in-memory copy
-changes, so memory never runs ahead of disk. Only the record that changed is encoded:
-the store keeps every record's bytes from the write that made it
-(``drasil.api.checkpoint.assemble_checkpoint``), so what a write costs beyond the rename
-is copying and hashing bytes, not serializing every claim the node holds. A lock makes the store
-safe between threads of one process; between processes (two plugin instances in a
-rolling update) the caller holds a ``drasil.driver.files.FileLock`` around prepare
-and unprepare, which also covers the store.
+The checkpoint is a directory (layout in ``drasil.api.checkpoint``): one file per claim
+(``claims/<uid>.json``) and per GPU (``gpus/<uuid>.json``), each written whole with
+``write_atomic``, so a change writes one small file whatever the number of claims the
+node holds. Every change is on disk before the in-memory copy changes, so memory never
+runs ahead of disk. Removing a claim first replaces its file with a tombstone, then
+unlinks it: a crash leaves the record or its tombstone, never a torn file, and the
+crash points are those of a write. A lock makes the store safe between threads of one
+process; between processes (two plugin instances in a rolling update) the caller holds
+a ``drasil.driver.files.FileLock`` around prepare and unprepare, which also covers the
+store.
+
+``generation`` in the directory tells another instance that something changed: each
+change overwrites it with this instance's id and a counter *before* it writes the
+record, so an instance that sees its own last value knows nothing else changed, with
+one small read and no directory scan.
 
 Crash points (see ``drasil.driver.files``): ``checkpoint-mid-write``,
-``checkpoint-before-rename``, ``checkpoint-after-rename``.
+``checkpoint-before-rename``, ``checkpoint-after-rename`` (every claim and GPU file
+write, the tombstone of a removal included), and ``checkpoint-legacy-before-remove``
+(a migrated ``checkpoint.json`` about to be removed).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import secrets
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from types import MappingProxyType
 from typing import Final
+from urllib.parse import quote, unquote
 
 from drasil.api.checkpoint import (
     Checkpoint,
     CheckpointError,
+    ClaimFile,
     ClaimRecord,
     ClaimState,
     CorruptCheckpoint,
+    GpuFile,
     GpuRecord,
     PreparedDevice,
-    assemble_checkpoint,
     decode_checkpoint,
-    encode_entry,
+    decode_claim_file,
+    decode_gpu_file,
+    encode_claim_file,
+    encode_gpu_file,
 )
-from drasil.driver.files import fsync_directory, sweep_temp_files, write_atomic
+from drasil.driver.files import fsync_directory, remove_file, sweep_temp_files, write_atomic
 
 __all__ = [
     "BOOT_ID_PATH",
-    "CHECKPOINT_FILE",
+    "CHECKPOINT_DIR",
+    "LEGACY_CHECKPOINT_FILE",
     "CheckpointStore",
     "CorruptCheckpoint",
     "LoadOutcome",
     "LoadResult",
     "read_boot_id",
+    "read_state",
 ]
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_FILE: Final = "checkpoint.json"
+CHECKPOINT_DIR: Final = "checkpoint"
+LEGACY_CHECKPOINT_FILE: Final = "checkpoint.json"
+"""The single-file checkpoint before 0.3, beside the directory; migrated at load."""
 BOOT_ID_PATH: Final = Path("/proc/sys/kernel/random/boot_id")
+CLAIMS: Final = "claims"
+GPUS: Final = "gpus"
+GENERATION: Final = "generation"
+_SUFFIX: Final = ".json"
 _CRASH_TAG: Final = "checkpoint"
+_MODE: Final = 0o600
 
 
 def read_boot_id() -> str:
@@ -78,62 +103,168 @@ class LoadOutcome(StrEnum):
 class LoadResult:
     """The checkpoint in force after ``load`` and why it looks the way it does.
 
-    ``discarded`` holds the claims of a checkpoint from an earlier boot: their CDI
-    specs lived in tmpfs and are gone, but other state they left may need cleaning.
-    ``quarantined_to`` and ``detail`` explain a corrupt file, for the Event.
+    ``discarded`` holds the claims of an earlier boot: their CDI specs lived in tmpfs
+    and are gone, but other state they left may need cleaning. ``quarantined`` lists
+    the unreadable files moved aside (``quarantined_to`` is the first) and ``detail``
+    says why, for the Event; the other claims are loaded.
     """
 
     checkpoint: Checkpoint
     outcome: LoadOutcome
     discarded: Mapping[str, ClaimRecord] = field(default_factory=dict)
-    quarantined_to: Path | None = None
+    quarantined: tuple[Path, ...] = ()
     detail: str = ""
+
+    @property
+    def quarantined_to(self) -> Path | None:
+        return self.quarantined[0] if self.quarantined else None
+
+
+# --- reading the directory -------------------------------------------------------------
+
+
+@dataclass
+class _Disk:
+    """What the directory holds, file by file."""
+
+    claims: dict[str, ClaimFile] = field(default_factory=dict)
+    gpus: dict[str, GpuFile] = field(default_factory=dict)
+    tombstones: list[Path] = field(default_factory=list)
+    unreadable: list[tuple[Path, CheckpointError]] = field(default_factory=list)
+
+
+def _files(folder: Path) -> Iterator[tuple[Path, bytes]]:
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        if entry.name.endswith(_SUFFIX):
+            try:
+                yield Path(entry.path), Path(entry.path).read_bytes()
+            except FileNotFoundError:  # removed between the listing and the read
+                continue
+
+
+def _read_disk(directory: Path) -> _Disk:
+    disk = _Disk()
+    for path, data in _files(directory / CLAIMS):
+        try:
+            claim = decode_claim_file(data)
+            _check_name(path, claim.uid)
+        except CheckpointError as err:
+            disk.unreadable.append((path, err))
+            continue
+        if claim.record is None:
+            disk.tombstones.append(path)
+        else:
+            disk.claims[claim.uid] = claim
+    for path, data in _files(directory / GPUS):
+        try:
+            gpu = decode_gpu_file(data)
+            _check_name(path, gpu.uuid)
+        except CheckpointError as err:
+            disk.unreadable.append((path, err))
+            continue
+        disk.gpus[gpu.uuid] = gpu
+    return disk
+
+
+def _check_name(path: Path, key: str) -> None:
+    if path.name != _file_name(key):
+        raise CorruptCheckpoint(f"{key!r} does not match the file name")
+
+
+def read_state(directory: Path) -> Checkpoint | None:
+    """What the checkpoint directory holds, read without changing anything.
+
+    For tests and people: no sweep, no quarantine, no migration; ``None`` when the
+    directory does not exist; ``CheckpointError`` names the first unreadable file.
+    ``boot_id`` is that of a file found ("" for none).
+    """
+    if not directory.is_dir():
+        return None
+    disk = _read_disk(directory)
+    if disk.unreadable:
+        path, err = disk.unreadable[0]
+        raise type(err)(f"{path}: {err}")
+    boots = [c.boot_id for c in disk.claims.values()] + [g.boot_id for g in disk.gpus.values()]
+    return Checkpoint(
+        boot_id=boots[0] if boots else "",
+        claims={uid: c.record for uid, c in disk.claims.items() if c.record is not None},
+        gpus={uuid: g.record for uuid, g in disk.gpus.items()},
+    )
 
 
 def _device_name(device: PreparedDevice) -> str:
     return device.device_name
 
 
-def _signature(path: Path) -> tuple[int, int] | None:
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        return None
-    return (st.st_ino, st.st_mtime_ns)
+def _file_name(key: str) -> str:
+    # Claim UIDs and GPU UUIDs come from the API server and NVML; quoting keeps a
+    # separator in one from putting its file anywhere but in its folder.
+    return f"{quote(key, safe='')}{_SUFFIX}"
+
+
+def _key_of(path: Path) -> str:
+    return unquote(path.name.removesuffix(_SUFFIX))
+
+
+def _key_file(folder: Path, key: str) -> Path:
+    return folder / _file_name(key)
 
 
 class CheckpointStore:
-    """Load and mutate the checkpoint at ``path``; call ``load`` first."""
+    """Load and change the checkpoint in ``directory``; call ``load`` first."""
 
     def __init__(
         self,
-        path: Path,
+        directory: Path,
         *,
         boot_id_reader: Callable[[], str] = read_boot_id,
         clock: Callable[[], datetime] = _utcnow,
     ) -> None:
-        self.path = path
+        self.directory = directory
+        self.legacy_path = directory.parent / LEGACY_CHECKPOINT_FILE
+        self._claims_dir = directory / CLAIMS
+        self._gpus_dir = directory / GPUS
+        self._generation = directory / GENERATION
         self._boot_id_reader = boot_id_reader
         self._clock = clock
         self._lock = threading.Lock()
-        self._current: Checkpoint | None = None
-        self._encoded: dict[str, bytes] = {}  # each claim of _current as stored
+        self._boot_id: str | None = None  # None until load
+        self._claims: dict[str, ClaimRecord] = {}
+        self._gpus: dict[str, GpuRecord] = {}
         self._device_key: Callable[[PreparedDevice], str] = _device_name
         self._holders: dict[str, set[str]] = {}  # device key -> UIDs of claims holding it
-        self._seen: tuple[int, int] | None = None  # (inode, mtime_ns) of the file we know
+        self._instance = secrets.token_hex(8)
+        self._changes = 0
+        self._seen: bytes | None = None  # the generation we last wrote or read
+
+    # --- reading ----------------------------------------------------------------------
 
     @property
     def checkpoint(self) -> Checkpoint:
-        """The checkpoint as last written (treat as read-only)."""
-        return self._loaded()
+        """A copy of the whole checkpoint as last written."""
+        with self._lock:
+            return self._snapshot()
 
     def claims(self) -> Mapping[str, ClaimRecord]:
-        """All recorded claims by UID, read-only."""
-        return MappingProxyType(self._loaded().claims)
+        """All recorded claims by UID: a read-only copy."""
+        with self._lock:
+            self._require_loaded()
+            return MappingProxyType(dict(self._claims))
 
     def get(self, claim_uid: str) -> ClaimRecord | None:
         """The record of one claim, or ``None``."""
-        return self._loaded().claims.get(claim_uid)
+        self._require_loaded()
+        return self._claims.get(claim_uid)
+
+    def gpus(self) -> Mapping[str, GpuRecord]:
+        """What prepared claims changed on each GPU, by GPU UUID: a read-only copy."""
+        with self._lock:
+            self._require_loaded()
+            return MappingProxyType(dict(self._gpus))
 
     def index_devices(self, key: Callable[[PreparedDevice], str]) -> None:
         """Index the recorded claims' devices by ``key`` (default: the device name).
@@ -148,66 +279,53 @@ class CheckpointStore:
 
     def holding(self, keys: Iterable[str]) -> dict[str, ClaimRecord]:
         """The recorded claims with a device whose key is one of ``keys``."""
-        claims = self._loaded().claims
         with self._lock:
+            self._require_loaded()
             uids = set().union(*(self._holders.get(k, ()) for k in keys))
-        return {uid: claims[uid] for uid in uids if uid in claims}
+            return {uid: self._claims[uid] for uid in uids if uid in self._claims}
+
+    # --- loading ----------------------------------------------------------------------
 
     def load(self) -> LoadResult:
-        """Read the file; raises ``CheckpointError`` when it cannot be used."""
+        """Read the directory; raises ``CheckpointError`` at the first unusable file."""
         with self._lock:
-            return self._load()
+            return self._load(quarantine=False)
 
     def load_or_quarantine(self) -> LoadResult:
-        """Read the file; an unusable one is moved aside and an empty checkpoint used.
+        """Read the directory; each unusable file is moved aside, the rest is used.
 
-        The plugin keeps serving on a fresh checkpoint and turns ``detail`` into an
-        Event; the bad file stays at ``quarantined_to`` for a human to inspect.
+        The plugin keeps serving and turns ``detail`` into an Event; a bad file stays
+        at its ``quarantined`` path (``<name>.corrupt-<time>``) for a human to inspect.
+        One damaged claim file costs that claim's record, not the node's.
         """
         with self._lock:
-            try:
-                return self._load()
-            except CheckpointError as err:
-                moved = self._quarantine()
-                self._use(self._empty())
-                return LoadResult(
-                    self._loaded(), LoadOutcome.QUARANTINED, quarantined_to=moved, detail=str(err)
-                )
+            return self._load(quarantine=True)
 
     def reload_if_changed(self) -> bool:
-        """Re-read the file if another process replaced it since we last read or wrote it.
+        """Re-read the directory if another process changed it since we last did.
 
-        Two plugin instances run side by side during a rolling update; each mutates
-        under the shared FileLock after this check, so neither overwrites the other's
-        claims. Every write renames a new file into place, so the inode tells.
+        Two plugin instances run side by side during a rolling update; each changes
+        the checkpoint under the shared FileLock after this check, so neither acts
+        on a stale view of the other's claims.
         """
         with self._lock:
-            current, signature = self._current, _signature(self.path)
-            if current is not None and signature == self._seen:
-                return False
-            if current is None:
-                self._load()
+            if self._boot_id is None:
+                self._load(quarantine=False)
                 return True
-            if signature is None:
+            generation = self._read_generation()
+            if generation is not None and generation == self._seen:
+                return False
+            if not (self._claims_dir.is_dir() and self._gpus_dir.is_dir()):
                 # Deleted under us (a careless clean-up): memory mirrors what was on
                 # disk, so write it back rather than forget claims whose devices are
                 # still in use.
-                log.error("checkpoint file vanished; rewritten from memory", extra=self._where())
-                self._save(current)
+                log.error("checkpoint directory vanished; rewritten from memory", extra=self._where())
+                self._restore()
                 return True
-            try:
-                self._load()
-            except CheckpointError as err:
-                moved = self._quarantine()
-                log.error(
-                    "checkpoint corrupted while running; quarantined and rewritten from memory",
-                    extra={**self._where(), "error": str(err), "moved_to": str(moved)},
-                )
-                self._save(current)
+            self._reread()
             return True
 
-    def _where(self) -> dict[str, str]:
-        return {"path": str(self.path)}
+    # --- changing ---------------------------------------------------------------------
 
     def mark_started(
         self,
@@ -226,13 +344,15 @@ class CheckpointStore:
             updated_at=self._clock(),
         )
         with self._lock:
+            self._require_loaded()
             self._put(claim_uid, record)
         return record
 
     def mark_completed(self, claim_uid: str, devices: Iterable[PreparedDevice]) -> ClaimRecord:
         """Record the devices a finished prepare returned; the claim must be started."""
         with self._lock:
-            started = self._loaded().claims.get(claim_uid)
+            self._require_loaded()
+            started = self._claims.get(claim_uid)
             if started is None:
                 raise CheckpointError(f"claim {claim_uid}: completed without being started")
             record = ClaimRecord(
@@ -245,137 +365,303 @@ class CheckpointStore:
             self._put(claim_uid, record)
         return record
 
-    def gpus(self) -> Mapping[str, GpuRecord]:
-        """What prepared claims changed on each GPU, by GPU UUID, read-only."""
-        return MappingProxyType(self._loaded().gpus)
-
     def set_gpu(self, gpu_uuid: str, record: GpuRecord | None) -> None:
         """Record (or, with None or an empty record, forget) one GPU's changed state."""
         with self._lock:
-            current = self._loaded()
-            gpus = {uuid: rec for uuid, rec in current.gpus.items() if uuid != gpu_uuid}
-            if record is not None and record != GpuRecord():
-                gpus[gpu_uuid] = record
-            if gpus != current.gpus:
-                self._save(current.model_copy(update={"gpus": gpus}))
+            self._require_loaded()
+            keep = record is not None and record != GpuRecord()
+            if keep and record is not None:
+                if self._gpus.get(gpu_uuid) != record:
+                    self._write_gpu(gpu_uuid, record)
+                    self._gpus[gpu_uuid] = record
+            elif gpu_uuid in self._gpus:
+                self._bump()
+                _key_file(self._gpus_dir, gpu_uuid).unlink(missing_ok=True)
+                del self._gpus[gpu_uuid]
 
     def remove(self, claim_uid: str) -> bool:
         """Forget a claim; returns whether it was recorded (no write when it was not)."""
         with self._lock:
-            current = self._loaded()
-            if claim_uid not in current.claims:
+            self._require_loaded()
+            before = self._claims.get(claim_uid)
+            if before is None:
                 return False
-            claims = {uid: rec for uid, rec in current.claims.items() if uid != claim_uid}
-            encoded = {uid: data for uid, data in self._encoded.items() if uid != claim_uid}
-            self._save(current.model_copy(update={"claims": claims}), encoded, changed=claim_uid)
+            # The tombstone is the removal: from here the claim counts as absent. The
+            # unlink only tidies; a crash before it leaves the tombstone to load.
+            self._write_claim(claim_uid, None)
+            del self._claims[claim_uid]
+            self._unindex(claim_uid, before)
+            _key_file(self._claims_dir, claim_uid).unlink(missing_ok=True)
         return True
 
-    def _load(self) -> LoadResult:
-        boot_id = self._boot_id_reader()
-        # A crash between the temp write and the rename leaves a temp file; the caller
-        # holds the FileLock at load, so no live writer owns one.
-        sweep_temp_files(self.path.parent, prefix=f"{self.path.name}.")
-        try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
-            self._use(self._empty(boot_id))
-            return LoadResult(self._loaded(), LoadOutcome.MISSING)
-        stored = decode_checkpoint(data)
-        if stored.boot_id != boot_id:
-            # Rebooted: CDI specs in tmpfs are gone and kubelet prepares again. Persist
-            # the reset so a crash before the next mutation does not repeat it.
-            self._save(self._empty(boot_id))
-            return LoadResult(
-                self._loaded(),
-                LoadOutcome.BOOT_CHANGED,
-                discarded=stored.claims,
-                detail=f"boot id changed from {stored.boot_id} to {boot_id}",
-            )
-        self._use(stored)
-        self._seen = _signature(self.path)
-        return LoadResult(stored, LoadOutcome.LOADED)
+    # --- internals --------------------------------------------------------------------
 
-    def _quarantine(self) -> Path:
-        stamp = self._clock().astimezone(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
-        target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
-        self.path.rename(target)
-        fsync_directory(self.path.parent)
-        return target
+    def _where(self) -> dict[str, str]:
+        return {"path": str(self.directory)}
+
+    def _require_loaded(self) -> str:
+        if self._boot_id is None:
+            raise CheckpointError(f"{self.directory}: load() the checkpoint before using it")
+        return self._boot_id
+
+    def _snapshot(self) -> Checkpoint:
+        return Checkpoint(
+            boot_id=self._require_loaded(), claims=dict(self._claims), gpus=dict(self._gpus)
+        )
 
     def _put(self, claim_uid: str, record: ClaimRecord) -> None:
-        current = self._loaded()
-        claims = {**current.claims, claim_uid: record}
-        encoded = {**self._encoded, claim_uid: encode_entry(claim_uid, record)}
-        self._save(current.model_copy(update={"claims": claims}), encoded, changed=claim_uid)
+        self._write_claim(claim_uid, record)
+        before = self._claims.get(claim_uid)
+        self._claims[claim_uid] = record
+        if before is not None:
+            self._unindex(claim_uid, before)
+        self._add_holder(claim_uid, record)
 
-    def _use(self, checkpoint: Checkpoint) -> None:
-        """Make ``checkpoint`` (as read from disk, or empty) the one in memory."""
-        self._current = checkpoint
-        self._encoded = {uid: encode_entry(uid, rec) for uid, rec in checkpoint.claims.items()}
+    def _write_claim(self, claim_uid: str, record: ClaimRecord | None) -> None:
+        path = _key_file(self._claims_dir, claim_uid)
+        self._bump()
+        data = encode_claim_file(claim_uid, record, boot_id=self._require_loaded())
+        self._write(path, data)
+
+    def _write_gpu(self, gpu_uuid: str, record: GpuRecord) -> None:
+        path = _key_file(self._gpus_dir, gpu_uuid)
+        self._bump()
+        self._write(path, encode_gpu_file(gpu_uuid, record, boot_id=self._require_loaded()))
+
+    @staticmethod
+    def _write(path: Path, data: bytes) -> None:
+        # No fsync: what must survive is a plugin crash, which keeps the page cache.
+        # A power loss or kernel crash is a reboot, and a new boot id discards the
+        # prepared state anyway (a torn file is quarantined). fsync would cost two
+        # disk flushes on every prepare for nothing.
+        write_atomic(path, data, mode=_MODE, crash_tag=_CRASH_TAG, durable=False)
+
+    def _bump(self) -> None:
+        """Tell other instances that something changes, before it does."""
+        self._changes += 1
+        generation = f"{self._instance}-{self._changes:016x}".encode("ascii")  # fixed width
+        try:
+            fd = os.open(self._generation, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, _MODE)
+        except FileNotFoundError:
+            log.error("checkpoint directory vanished; rewritten from memory", extra=self._where())
+            self._restore()
+            return
+        try:
+            os.pwrite(fd, generation, 0)
+        finally:
+            os.close(fd)
+        self._seen = generation
+
+    def _read_generation(self) -> bytes | None:
+        try:
+            fd = os.open(self._generation, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            return os.read(fd, 64)
+        finally:
+            os.close(fd)
+
+    def _make_dirs(self) -> bool:
+        """Create the directory tree; returns whether the checkpoint directory existed."""
+        existed = self.directory.is_dir()
+        for folder in (self._claims_dir, self._gpus_dir):
+            if not folder.is_dir():
+                folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+                fsync_directory(folder.parent)
+        if not existed:
+            fsync_directory(self.directory.parent)
+        return existed
+
+    def _restore(self) -> None:
+        """Write everything in memory back into a recreated directory."""
+        self._make_dirs()
+        self._bump()
+        for uid, record in self._claims.items():
+            self._write(
+                _key_file(self._claims_dir, uid),
+                encode_claim_file(uid, record, boot_id=self._require_loaded()),
+            )
+        for uuid, gpu in self._gpus.items():
+            self._write(
+                _key_file(self._gpus_dir, uuid),
+                encode_gpu_file(uuid, gpu, boot_id=self._require_loaded()),
+            )
+
+    def _load(self, *, quarantine: bool) -> LoadResult:
+        boot_id = self._boot_id_reader()
+        existed = self._make_dirs()
+        found = _Found()
+        migrated = self._migrate_legacy(boot_id, quarantine=quarantine, found=found)
+        # A crash between a temp write and its rename leaves a temp file; the caller
+        # holds the FileLock at load, so no live writer owns one.
+        for folder in (self._claims_dir, self._gpus_dir):
+            sweep_temp_files(folder, prefix="")
+        sweep_temp_files(self.directory.parent, prefix=f"{LEGACY_CHECKPOINT_FILE}.")
+        disk = _read_disk(self.directory)
+        for path, err in disk.unreadable:
+            if not quarantine:
+                raise type(err)(f"{path}: {err}") from err
+            found.quarantine(self._quarantine(path), f"{path.name}: {err}")
+        for path in disk.tombstones:  # removals a crash interrupted: finish them
+            path.unlink(missing_ok=True)
+        claims, gpus = self._current_boot(disk, boot_id, found)
+        self._boot_id, self._claims, self._gpus = boot_id, claims, gpus
         self._reindex()
+        self._seen = self._read_generation()
+        if self._seen is None:
+            self._bump()
+        return found.result(
+            self._snapshot(), missing=not existed and not migrated, boot_id=boot_id
+        )
+
+    def _current_boot(
+        self, disk: _Disk, boot_id: str, found: _Found
+    ) -> tuple[dict[str, ClaimRecord], dict[str, GpuRecord]]:
+        """The records of this boot; those of an earlier one are removed from disk
+        (each on its own, so a crash half-way leaves the rest to the next load)."""
+        claims: dict[str, ClaimRecord] = {}
+        for uid, claim in disk.claims.items():
+            assert claim.record is not None  # tombstones are not in disk.claims
+            if claim.boot_id == boot_id:
+                claims[uid] = claim.record
+            else:
+                found.discard(uid, claim.record, claim.boot_id)
+                _key_file(self._claims_dir, uid).unlink(missing_ok=True)
+        gpus: dict[str, GpuRecord] = {}
+        for uuid, gpu in disk.gpus.items():
+            if gpu.boot_id == boot_id:
+                gpus[uuid] = gpu.record
+            else:
+                found.previous_boot = found.previous_boot or gpu.boot_id
+                _key_file(self._gpus_dir, uuid).unlink(missing_ok=True)
+        return claims, gpus
+
+    def _migrate_legacy(self, boot_id: str, *, quarantine: bool, found: _Found) -> bool:
+        """Split a single-file checkpoint (before 0.3) into the directory.
+
+        While ``checkpoint.json`` exists it is the whole truth: the directory is made
+        to hold exactly its records, and only then is the file removed, so a migration
+        a crash interrupted is simply done again. Returns whether there was one.
+        """
+        try:
+            data = self.legacy_path.read_bytes()
+        except FileNotFoundError:
+            return False
+        try:
+            legacy = decode_checkpoint(data)
+        except CheckpointError as err:
+            if not quarantine:
+                raise type(err)(f"{self.legacy_path}: {err}") from err
+            found.quarantine(self._quarantine(self.legacy_path), f"{self.legacy_path.name}: {err}")
+            return True
+        keep = legacy.boot_id == boot_id
+        if not keep:
+            for uid, record in legacy.claims.items():
+                found.discard(uid, record, legacy.boot_id)
+        claims = legacy.claims if keep else {}
+        gpus = legacy.gpus if keep else {}
+        self._bump()
+        for path, _ in _files(self._claims_dir):
+            if _key_of(path) not in claims:
+                path.unlink()
+        for path, _ in _files(self._gpus_dir):
+            if _key_of(path) not in gpus:
+                path.unlink()
+        for uid, record in claims.items():
+            self._write(_key_file(self._claims_dir, uid), encode_claim_file(uid, record, boot_id=boot_id))
+        for uuid, gpu in gpus.items():
+            self._write(_key_file(self._gpus_dir, uuid), encode_gpu_file(uuid, gpu, boot_id=boot_id))
+        remove_file(self.legacy_path, crash_tag=f"{_CRASH_TAG}-legacy")
+        log.info("checkpoint.json migrated into the checkpoint directory", extra=self._where())
+        return True
+
+    def _reread(self) -> None:
+        """Take what another instance wrote; a file damaged under us is moved aside and
+        our record of it written back (its devices stay reserved)."""
+        disk = _read_disk(self.directory)
+        restored: list[str] = []
+        for path, err in disk.unreadable:
+            moved = self._quarantine(path)
+            log.error(
+                "checkpoint file corrupted while running; quarantined",
+                extra={"path": str(path), "error": str(err), "moved_to": str(moved)},
+            )
+            restored.append(_key_of(path))
+        claims = {uid: c.record for uid, c in disk.claims.items() if c.record is not None}
+        gpus = {uuid: g.record for uuid, g in disk.gpus.items()}
+        for key in restored:
+            if key in self._claims and key not in claims:
+                claims[key] = self._claims[key]
+                self._write(
+                    _key_file(self._claims_dir, key),
+                    encode_claim_file(key, claims[key], boot_id=self._require_loaded()),
+                )
+            if key in self._gpus and key not in gpus:
+                gpus[key] = self._gpus[key]
+                self._write(
+                    _key_file(self._gpus_dir, key),
+                    encode_gpu_file(key, gpus[key], boot_id=self._require_loaded()),
+                )
+        self._claims, self._gpus = claims, gpus
+        self._reindex()
+        self._seen = self._read_generation()
+        if self._seen is None or restored:
+            self._bump()
+
+    def _quarantine(self, path: Path) -> Path:
+        stamp = self._clock().astimezone(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+        target = path.with_name(f"{path.name}.corrupt-{stamp}")
+        path.rename(target)
+        fsync_directory(path.parent)
+        return target
 
     def _reindex(self) -> None:
         self._holders = {}
-        claims = self._current.claims if self._current is not None else {}
-        for uid, record in claims.items():
+        for uid, record in self._claims.items():
             self._add_holder(uid, record)
 
     def _add_holder(self, uid: str, record: ClaimRecord) -> None:
         for device in record.devices:
             self._holders.setdefault(self._device_key(device), set()).add(uid)
 
-    def _update_index(
-        self, previous: Checkpoint | None, current: Checkpoint, uid: str | None
-    ) -> None:
-        """Index what changed from ``previous`` to ``current``: the claim ``uid`` (a
-        store write changes one), or everything when the claims were replaced."""
-        if previous is not None and previous.claims is current.claims:
-            return
-        if previous is None or uid is None:
-            self._reindex()
-            return
-        if (before := previous.claims.get(uid)) is not None:
-            for device in before.devices:
-                self._holders.get(self._device_key(device), set()).discard(uid)
-        if (after := current.claims.get(uid)) is not None:
-            self._add_holder(uid, after)
+    def _unindex(self, uid: str, record: ClaimRecord) -> None:
+        for device in record.devices:
+            self._holders.get(self._device_key(device), set()).discard(uid)
 
-    def _save(
-        self,
-        checkpoint: Checkpoint,
-        encoded: dict[str, bytes] | None = None,
-        *,
-        changed: str | None = None,
-    ) -> None:
-        """Write ``checkpoint``; ``encoded`` holds its claims' bytes when they changed
-        (None: they are those of the checkpoint in memory), ``changed`` the one UID
-        whose record changed, if only one did."""
-        if encoded is None:
-            same = self._current is not None and checkpoint.claims is self._current.claims
-            encoded = (
-                self._encoded
-                if same
-                else {uid: encode_entry(uid, rec) for uid, rec in checkpoint.claims.items()}
-            )
-        # No fsync: what must survive is a plugin crash, which keeps the page cache.
-        # A power loss or kernel crash is a reboot, and a new boot id discards the
-        # prepared state anyway (a torn file is quarantined). fsync would cost two
-        # disk flushes on every prepare for nothing.
-        write_atomic(
-            self.path,
-            assemble_checkpoint(checkpoint, encoded),
-            mode=0o600,
-            crash_tag=_CRASH_TAG,
-            durable=False,
+
+@dataclass
+class _Found:
+    """What a load came across besides the current records, for its ``LoadResult``."""
+
+    discarded: dict[str, ClaimRecord] = field(default_factory=dict)
+    previous_boot: str = ""
+    quarantined: list[Path] = field(default_factory=list)
+    details: list[str] = field(default_factory=list)
+
+    def discard(self, uid: str, record: ClaimRecord, boot_id: str) -> None:
+        self.discarded[uid] = record
+        self.previous_boot = self.previous_boot or boot_id
+
+    def quarantine(self, moved: Path, detail: str) -> None:
+        self.quarantined.append(moved)
+        self.details.append(detail)
+
+    def result(self, checkpoint: Checkpoint, *, missing: bool, boot_id: str) -> LoadResult:
+        if self.quarantined:
+            outcome = LoadOutcome.QUARANTINED
+            detail = "; ".join(self.details)
+        elif self.previous_boot:
+            # Rebooted: CDI specs in tmpfs are gone and kubelet prepares again.
+            outcome = LoadOutcome.BOOT_CHANGED
+            detail = f"boot id changed from {self.previous_boot} to {boot_id}"
+        else:
+            outcome = LoadOutcome.MISSING if missing else LoadOutcome.LOADED
+            detail = ""
+        return LoadResult(
+            checkpoint,
+            outcome,
+            discarded=self.discarded,
+            quarantined=tuple(self.quarantined),
+            detail=detail,
         )
-        previous, self._current, self._encoded = self._current, checkpoint, encoded
-        self._update_index(previous, checkpoint, changed)
-        self._seen = _signature(self.path)
-
-    def _empty(self, boot_id: str | None = None) -> Checkpoint:
-        return Checkpoint(boot_id=boot_id if boot_id is not None else self._boot_id_reader())
-
-    def _loaded(self) -> Checkpoint:
-        if self._current is None:
-            raise CheckpointError(f"{self.path}: load() the checkpoint before using it")
-        return self._current

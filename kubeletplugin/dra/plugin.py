@@ -20,7 +20,7 @@ from drasil.api.kubelet.pluginregistration import registration_pb2 as reg_pb
 from drasil.api.kubelet.pluginregistration import registration_pb2_grpc as reg_grpc
 from drasil.driver.cdi.claimspecs import delete_claim_spec
 from drasil.driver.cdi.spec import ENV_NVIDIA_VISIBLE_DEVICES, ContainerEdits, DeviceNode
-from drasil.driver.checkpoint import CHECKPOINT_FILE, CheckpointStore, LoadOutcome, LoadResult
+from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore, LoadOutcome, LoadResult
 from drasil.driver.discovery.nvml import NvmlLibrary
 from drasil.driver.files import FileLock
 from drasil.driver.kubeapi import KubeApi
@@ -88,7 +88,7 @@ class KubeletPlugin:
         self.devices = {d.name: d for d in self.node.discover()}
         self.opts.state_dir.mkdir(parents=True, exist_ok=True)
         self.opts.cdi_root.mkdir(parents=True, exist_ok=True)
-        self.store = CheckpointStore(self.opts.state_dir / CHECKPOINT_FILE)
+        self.store = CheckpointStore(self.opts.state_dir / CHECKPOINT_DIR)
         self.preparer = Preparer(
             driver=self.opts.driver_name,
             pool=self.opts.node_name,
@@ -166,7 +166,8 @@ class KubeletPlugin:
     def _report_load(self, loaded: LoadResult) -> None:
         if loaded.outcome == LoadOutcome.QUARANTINED:
             message = (
-                f"checkpoint unreadable ({loaded.detail}); moved to {loaded.quarantined_to}; "
+                f"checkpoint unreadable ({loaded.detail}); moved to "
+                f"{', '.join(str(p) for p in loaded.quarantined)}; "
                 "prepared claims are being rebuilt from CDI specs"
             )
             log.error(message)

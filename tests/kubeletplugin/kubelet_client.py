@@ -25,7 +25,7 @@ from typing import Any
 
 import grpc
 
-from drasil.driver.checkpoint import CheckpointStore
+from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore
 from drasil.driver.claims.plan import ClaimRef
 from drasil.driver.devices import Device
 from drasil.driver.discovery.nodedevices import discover
@@ -208,7 +208,7 @@ def make_preparer(
     cdi_root = root / "cdi"
     state_dir.mkdir(parents=True, exist_ok=True)
     cdi_root.mkdir(parents=True, exist_ok=True)
-    store = CheckpointStore(state_dir / "checkpoint.json")
+    store = CheckpointStore(state_dir / CHECKPOINT_DIR)
     store.load()
     return Preparer(
         driver=DRIVER,

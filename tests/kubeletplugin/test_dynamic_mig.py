@@ -26,7 +26,7 @@ from kubelet_client import (
 )
 
 from drasil.api.checkpoint import ClaimState, MigState
-from drasil.driver.checkpoint import CheckpointStore
+from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore
 from drasil.driver.devices import Device
 from drasil.driver.discovery.nodedevices import discover
 from drasil.driver.discovery.nvml import NvmlLibrary, Placement
@@ -58,7 +58,7 @@ def preparer(root: Path) -> Preparer:
     state, cdi = root / "state", root / "cdi"
     state.mkdir(parents=True, exist_ok=True)
     cdi.mkdir(parents=True, exist_ok=True)
-    store = CheckpointStore(state / "checkpoint.json")
+    store = CheckpointStore(state / CHECKPOINT_DIR)
     store.load()
     lib = library(root)
     return Preparer(

@@ -26,7 +26,7 @@ from kubelet_client import (
 from prometheus_client import CollectorRegistry
 from test_deviceplugin_main import process
 
-from drasil.driver.checkpoint import CHECKPOINT_FILE, CheckpointStore
+from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore, read_state
 from drasil.driver.discovery.health import FAULT_FILE, write_faults
 from drasil.driver.discovery.simulated import simulated_library
 from drasil.kubeletplugin.dra.prepare import Preparer
@@ -124,7 +124,7 @@ def test_sigterm_in_dra_mode_stops_serving_and_keeps_prepared_claims() -> None:
         claim = claim_json(UID, result("gpu-2"))
         opts.state_dir.mkdir(parents=True)
         opts.cdi_root.mkdir(parents=True)
-        store = CheckpointStore(opts.state_dir / CHECKPOINT_FILE)
+        store = CheckpointStore(opts.state_dir / CHECKPOINT_DIR)
         store.load()
         preparer = Preparer(
             driver=DRIVER,
@@ -136,7 +136,8 @@ def test_sigterm_in_dra_mode_stops_serving_and_keeps_prepared_claims() -> None:
             state_dir=opts.state_dir,
         )
         assert preparer.prepare(ref_of(claim)).error == ""
-        checkpoint = (opts.state_dir / CHECKPOINT_FILE).read_bytes()
+        checkpoint = read_state(opts.state_dir / CHECKPOINT_DIR)
+        assert checkpoint is not None and UID in checkpoint.claims
         spec = opts.cdi_root / f"k8s.{DRIVER}-claim_{UID}.json"
         args = dra_flags(root, f"--kubeconfig={_kubeconfig(root / 'kubeconfig')}")
         with process(args) as daemon:
@@ -146,5 +147,5 @@ def test_sigterm_in_dra_mode_stops_serving_and_keeps_prepared_claims() -> None:
             daemon.proc.send_signal(signal.SIGTERM)
             assert daemon.exit_code() == 0, daemon.output
         assert not any(s.exists() for s in sockets)
-        assert (opts.state_dir / CHECKPOINT_FILE).read_bytes() == checkpoint
+        assert read_state(opts.state_dir / CHECKPOINT_DIR) == checkpoint
         assert spec.exists()

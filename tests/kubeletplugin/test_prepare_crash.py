@@ -20,6 +20,7 @@ import pytest
 from kubelet_client import FileClaims, claim_json, make_preparer, result, spec_file
 
 from drasil.api.checkpoint import ClaimState
+from drasil.driver.checkpoint import CHECKPOINT_DIR, GENERATION, read_state
 from drasil.driver.claims.plan import ClaimRef
 from drasil.driver.files import CRASH_ENV, CRASH_EXIT_CODE
 
@@ -81,11 +82,9 @@ def setup_root(root: Path) -> Path:
 
 def checkpoint_entry(root: Path) -> dict[str, Any] | None:
     """The claim's entry as stored, read without a store (a load sweeps temp files)."""
-    path = root / "state" / "checkpoint.json"
-    if not path.exists():
-        return None
-    entry: dict[str, Any] | None = json.loads(path.read_bytes())["claims"].get(UID)
-    return entry
+    state = read_state(root / "state" / CHECKPOINT_DIR)
+    record = state.claims.get(UID) if state is not None else None
+    return record.model_dump(mode="json") if record is not None else None
 
 
 def temp_files(root: Path) -> list[str]:
@@ -98,7 +97,8 @@ def leftovers(root: Path) -> list[str]:
     state = sorted(
         str(p.relative_to(root / "state")) for p in (root / "state").rglob("*") if p.is_file()
     )
-    kept = {"checkpoint.json", "checkpoint.lock"}
+    # The checkpoint's own files: its claim files are checked through read_state.
+    kept = {"checkpoint.lock", f"{CHECKPOINT_DIR}/{GENERATION}"}
     return cdi + [n for n in state if n not in kept] + temp_files(root)
 
 

@@ -27,7 +27,7 @@ from kubelet_client import (
     spec_file,
 )
 
-from drasil.driver.checkpoint import CheckpointStore
+from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore, read_state
 from drasil.driver.devices import CapacityPolicy, Device
 from drasil.driver.discovery.nodedevices import discover
 from drasil.driver.discovery.nvml import NvmlLibrary
@@ -65,7 +65,7 @@ def preparer(root: Path) -> Preparer:
     state, cdi = root / "state", root / "cdi"
     state.mkdir(parents=True, exist_ok=True)
     cdi.mkdir(parents=True, exist_ok=True)
-    store = CheckpointStore(state / "checkpoint.json")
+    store = CheckpointStore(state / CHECKPOINT_DIR)
     store.load()
     p = Preparer(
         driver=DRIVER,
@@ -124,9 +124,8 @@ def daemon_pids(root: Path) -> list[int]:
 
 
 def gpu_records(root: Path) -> dict[str, Any]:
-    path = root / "state" / "checkpoint.json"
-    records: dict[str, Any] = json.loads(path.read_text()).get("gpus", {}) if path.exists() else {}
-    return records
+    state = read_state(root / "state" / CHECKPOINT_DIR)
+    return {} if state is None else {u: g.model_dump(mode="json") for u, g in state.gpus.items()}
 
 
 def spec_env(root: Path, uid: str) -> dict[str, str]:

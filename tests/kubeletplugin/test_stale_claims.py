@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from kubelet_client import (
 )
 
 from drasil.api.checkpoint import ClaimState, PreparedDevice
+from drasil.driver.checkpoint import CHECKPOINT_DIR
 from drasil.kubeletplugin.dra.prepare import Preparer
 from drasil.kubeletplugin.dra.reconcile import (
     TEMP_MAX_AGE,
@@ -107,7 +109,7 @@ def test_reconcile_sweeps_only_old_temp_files(tmp_path: Path) -> None:
 
 
 def lose_checkpoint(tmp_path: Path, reader: MemoryClaims) -> Preparer:
-    (tmp_path / "state" / "checkpoint.json").unlink()
+    shutil.rmtree(tmp_path / "state" / CHECKPOINT_DIR)
     return make_preparer(tmp_path, reader)
 
 
