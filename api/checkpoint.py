@@ -239,9 +239,7 @@ class GpuFile:
 def encode_claim_file(uid: str, record: ClaimRecord | None, *, boot_id: str) -> bytes:
     """The bytes of ``claims/<uid>.json``; ``None`` encodes a tombstone."""
     claim = record.model_dump(mode="json") if record is not None else None
-    return _seal(
-        {"version": RECORD_VERSION, "bootId": boot_id, "uid": uid, "claim": claim}
-    )
+    return _seal({"version": RECORD_VERSION, "bootId": boot_id, "uid": uid, "claim": claim})
 
 
 def encode_gpu_file(uuid: str, record: GpuRecord, *, boot_id: str) -> bytes:

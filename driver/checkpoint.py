@@ -316,10 +316,6 @@ class CheckpointStore:
             if generation is not None and generation == self._seen:
                 return False
             if not (self._claims_dir.is_dir() and self._gpus_dir.is_dir()):
-                # Deleted under us (a careless clean-up): memory mirrors what was on
-                # disk, so write it back rather than forget claims whose devices are
-                # still in use.
-                log.error("checkpoint directory vanished; rewritten from memory", extra=self._where())
                 self._restore()
                 return True
             self._reread()
@@ -418,15 +414,20 @@ class CheckpointStore:
         self._add_holder(claim_uid, record)
 
     def _write_claim(self, claim_uid: str, record: ClaimRecord | None) -> None:
-        path = _key_file(self._claims_dir, claim_uid)
         self._bump()
-        data = encode_claim_file(claim_uid, record, boot_id=self._require_loaded())
-        self._write(path, data)
+        self._store_claim(claim_uid, record, self._require_loaded())
 
     def _write_gpu(self, gpu_uuid: str, record: GpuRecord) -> None:
-        path = _key_file(self._gpus_dir, gpu_uuid)
         self._bump()
-        self._write(path, encode_gpu_file(gpu_uuid, record, boot_id=self._require_loaded()))
+        self._store_gpu(gpu_uuid, record, self._require_loaded())
+
+    def _store_claim(self, claim_uid: str, record: ClaimRecord | None, boot_id: str) -> None:
+        path = _key_file(self._claims_dir, claim_uid)
+        self._write(path, encode_claim_file(claim_uid, record, boot_id=boot_id))
+
+    def _store_gpu(self, gpu_uuid: str, record: GpuRecord, boot_id: str) -> None:
+        path = _key_file(self._gpus_dir, gpu_uuid)
+        self._write(path, encode_gpu_file(gpu_uuid, record, boot_id=boot_id))
 
     @staticmethod
     def _write(path: Path, data: bytes) -> None:
@@ -443,7 +444,6 @@ class CheckpointStore:
         try:
             fd = os.open(self._generation, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, _MODE)
         except FileNotFoundError:
-            log.error("checkpoint directory vanished; rewritten from memory", extra=self._where())
             self._restore()
             return
         try:
@@ -474,19 +474,31 @@ class CheckpointStore:
         return existed
 
     def _restore(self) -> None:
-        """Write everything in memory back into a recreated directory."""
+        """Write everything in memory back into a recreated directory.
+
+        The directory was deleted under us (a careless clean-up): memory mirrors what
+        was on disk, so write it back rather than forget claims whose devices are
+        still in use.
+        """
+        log.error("checkpoint directory vanished; rewritten from memory", extra=self._where())
         self._make_dirs()
         self._bump()
-        for uid, record in self._claims.items():
-            self._write(
-                _key_file(self._claims_dir, uid),
-                encode_claim_file(uid, record, boot_id=self._require_loaded()),
-            )
-        for uuid, gpu in self._gpus.items():
-            self._write(
-                _key_file(self._gpus_dir, uuid),
-                encode_gpu_file(uuid, gpu, boot_id=self._require_loaded()),
-            )
+        self._replace_all(self._claims, self._gpus, self._require_loaded())
+
+    def _replace_all(
+        self, claims: Mapping[str, ClaimRecord], gpus: Mapping[str, GpuRecord], boot_id: str
+    ) -> None:
+        """Make the directory hold exactly ``claims`` and ``gpus``."""
+        for path, _ in _files(self._claims_dir):
+            if _key_of(path) not in claims:
+                path.unlink()
+        for path, _ in _files(self._gpus_dir):
+            if _key_of(path) not in gpus:
+                path.unlink()
+        for uid, record in claims.items():
+            self._store_claim(uid, record, boot_id)
+        for uuid, gpu in gpus.items():
+            self._store_gpu(uuid, gpu, boot_id)
 
     def _load(self, *, quarantine: bool) -> LoadResult:
         boot_id = self._boot_id_reader()
@@ -511,9 +523,7 @@ class CheckpointStore:
         self._seen = self._read_generation()
         if self._seen is None:
             self._bump()
-        return found.result(
-            self._snapshot(), missing=not existed and not migrated, boot_id=boot_id
-        )
+        return found.result(self._snapshot(), missing=not existed and not migrated, boot_id=boot_id)
 
     def _current_boot(
         self, disk: _Disk, boot_id: str, found: _Found
@@ -562,16 +572,7 @@ class CheckpointStore:
         claims = legacy.claims if keep else {}
         gpus = legacy.gpus if keep else {}
         self._bump()
-        for path, _ in _files(self._claims_dir):
-            if _key_of(path) not in claims:
-                path.unlink()
-        for path, _ in _files(self._gpus_dir):
-            if _key_of(path) not in gpus:
-                path.unlink()
-        for uid, record in claims.items():
-            self._write(_key_file(self._claims_dir, uid), encode_claim_file(uid, record, boot_id=boot_id))
-        for uuid, gpu in gpus.items():
-            self._write(_key_file(self._gpus_dir, uuid), encode_gpu_file(uuid, gpu, boot_id=boot_id))
+        self._replace_all(claims, gpus, boot_id)
         remove_file(self.legacy_path, crash_tag=f"{_CRASH_TAG}-legacy")
         log.info("checkpoint.json migrated into the checkpoint directory", extra=self._where())
         return True
@@ -590,19 +591,14 @@ class CheckpointStore:
             restored.append(_key_of(path))
         claims = {uid: c.record for uid, c in disk.claims.items() if c.record is not None}
         gpus = {uuid: g.record for uuid, g in disk.gpus.items()}
+        boot_id = self._require_loaded()
         for key in restored:
             if key in self._claims and key not in claims:
                 claims[key] = self._claims[key]
-                self._write(
-                    _key_file(self._claims_dir, key),
-                    encode_claim_file(key, claims[key], boot_id=self._require_loaded()),
-                )
+                self._store_claim(key, claims[key], boot_id)
             if key in self._gpus and key not in gpus:
                 gpus[key] = self._gpus[key]
-                self._write(
-                    _key_file(self._gpus_dir, key),
-                    encode_gpu_file(key, gpus[key], boot_id=self._require_loaded()),
-                )
+                self._store_gpu(key, gpus[key], boot_id)
         self._claims, self._gpus = claims, gpus
         self._reindex()
         self._seen = self._read_generation()

@@ -8,6 +8,7 @@ cluster under test, and `KubeletClient` calls its sockets exactly as kubelet doe
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -24,6 +26,7 @@ from drasil.api.kubelet.dra.v1 import dra_pb2, dra_pb2_grpc
 from drasil.api.kubelet.dra.v1beta1 import dra_pb2 as dra_v1beta1_pb2
 from drasil.api.kubelet.dra.v1beta1 import dra_pb2_grpc as dra_v1beta1_grpc
 from drasil.api.kubelet.pluginregistration import registration_pb2, registration_pb2_grpc
+from drasil.driver.checkpoint import CHECKPOINT_DIR, read_state
 from drasil.kubeletplugin.deviceplugin.resources import socket_name
 from e2e import procs
 
@@ -49,6 +52,25 @@ GPU_CLASS = {
         ]
     },
 }
+
+
+def checkpoint_claims(state_dir: Path) -> dict[str, Any]:
+    """The claims the plugin's checkpoint records, by UID, as stored (camelCase JSON)."""
+    state = read_state(state_dir / CHECKPOINT_DIR)
+    claims = state.claims if state is not None else {}
+    return {uid: record.model_dump(mode="json") for uid, record in claims.items()}
+
+
+def checkpoint_gpus(state_dir: Path) -> dict[str, Any]:
+    """What the checkpoint records per GPU UUID, as stored (camelCase JSON)."""
+    state = read_state(state_dir / CHECKPOINT_DIR)
+    gpus = state.gpus if state is not None else {}
+    return {uuid: record.model_dump(mode="json") for uuid, record in gpus.items()}
+
+
+def lose_checkpoint(state_dir: Path) -> None:
+    """Delete the plugin's checkpoint, as a careless clean-up would."""
+    shutil.rmtree(state_dir / CHECKPOINT_DIR)
 
 
 @dataclass

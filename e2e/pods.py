@@ -14,7 +14,7 @@ from kubernetes.client.exceptions import ApiException
 from e2e import versions
 from e2e.cluster.node import Node
 from e2e.kube import Kube, NotYet, gone, wait_for
-from e2e.pluginproc import DRIVER
+from e2e.pluginproc import DRIVER, checkpoint_claims
 
 RESOURCE = "resource.k8s.io/v1"
 # Prints the env, then waits; exits at once on SIGTERM (a shell as PID 1 ignores it,
@@ -195,11 +195,7 @@ def delete_pod(kube: Kube, namespace: str, name: str, *, wait: bool = True) -> N
 
 
 def checkpoint(node: Node) -> dict[str, Any]:
-    path = node.plugin.state_dir / "checkpoint.json"
-    if not path.exists():
-        return {}
-    claims: dict[str, Any] = json.loads(path.read_text()).get("claims", {})
-    return claims
+    return checkpoint_claims(node.plugin.state_dir)
 
 
 def cdi_spec(node: Node, uid: str) -> Path:

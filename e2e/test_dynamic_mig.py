@@ -23,7 +23,14 @@ import pytest
 
 from bench import mig as mig_bench
 from e2e.kube import Kube, NotYet, wait_for
-from e2e.pluginproc import DRIVER, GPU_CLASS, ClaimId, KubeletClient, PluginProcess
+from e2e.pluginproc import (
+    DRIVER,
+    GPU_CLASS,
+    ClaimId,
+    KubeletClient,
+    PluginProcess,
+    lose_checkpoint,
+)
 from e2e.pods import pod, template
 from e2e.test_kubeletplugin import cdi_file, checkpoint_claims
 
@@ -266,7 +273,7 @@ def test_orphan_instances_are_destroyed_at_start_and_said_in_an_event(
     assert len(instances(plugin)) == 1
     # The checkpoint is lost while the plugin is down; the instance is now nobody's.
     plugin.stop()
-    (plugin.state_dir / "checkpoint.json").unlink()
+    lose_checkpoint(plugin.state_dir)
     cdi_file(plugin, ref.uid).unlink()
     plugin.start()
     assert instances(plugin) == []

@@ -29,7 +29,15 @@ from referencing.jsonschema import DRAFT7
 from drasil.api.limits import allow_nesting
 from e2e.cluster import Cluster
 from e2e.kube import Kube, NotYet, wait_for
-from e2e.pluginproc import DRIVER, GPU_CLASS, ClaimId, KubeletClient, PluginProcess
+from e2e.pluginproc import (
+    DRIVER,
+    GPU_CLASS,
+    ClaimId,
+    KubeletClient,
+    PluginProcess,
+    lose_checkpoint,
+)
+from e2e.pluginproc import checkpoint_claims as stored_claims
 from e2e.pods import device_variable, template
 from e2e.procs import read_pid_file
 
@@ -139,11 +147,7 @@ def cdi_file(plugin: PluginProcess, uid: str) -> Path:
 
 
 def checkpoint_claims(plugin: PluginProcess) -> dict[str, Any]:
-    path = plugin.state_dir / "checkpoint.json"
-    if not path.exists():
-        return {}
-    claims: dict[str, Any] = json.loads(path.read_text()).get("claims", {})
-    return claims
+    return stored_claims(plugin.state_dir)
 
 
 def assert_clean(plugin: PluginProcess) -> None:
@@ -454,7 +458,7 @@ def test_a_checkpoint_deleted_while_running_is_written_back(
     ref, _ = allocated_pod_claim(kube, namespace, node)
     kubelet = KubeletClient(plugin)
     assert kubelet.prepare([ref]).claims[ref.uid].error == ""
-    (plugin.state_dir / "checkpoint.json").unlink()
+    lose_checkpoint(plugin.state_dir)
 
     again = kubelet.prepare([ref]).claims[ref.uid]  # any call under the state lock
 
@@ -471,7 +475,7 @@ def test_a_checkpoint_deleted_while_stopped_is_rebuilt_from_the_cdi_specs(
     kubelet = KubeletClient(plugin)
     assert kubelet.prepare([ref]).claims[ref.uid].error == ""
     plugin.stop()
-    (plugin.state_dir / "checkpoint.json").unlink()
+    lose_checkpoint(plugin.state_dir)
 
     plugin.start()
 

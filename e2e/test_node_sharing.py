@@ -10,7 +10,6 @@ backend, with the real daemon's lifecycle).
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import pytest
 
 from e2e.cluster.node import Node
 from e2e.kube import Kube, NotYet, wait_for
-from e2e.pluginproc import DRIVER
+from e2e.pluginproc import DRIVER, checkpoint_gpus
 from e2e.pods import (
     RESOURCE,
     checkpoint,
@@ -146,7 +145,7 @@ def _claim(kube: Kube, ns: str, pod: str) -> dict[str, Any]:
 
 
 def _daemon_pids(node: Node) -> list[int]:
-    gpus = json.loads((node.plugin.state_dir / "checkpoint.json").read_text()).get("gpus", {})
+    gpus = checkpoint_gpus(node.plugin.state_dir)
     return [g["mps"]["pid"] for g in gpus.values() if g.get("mps")]
 
 

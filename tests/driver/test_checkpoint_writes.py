@@ -1,27 +1,20 @@
-"""What a checkpoint write costs: one record encoded, the same bytes as a full encode,
-and the index of held devices kept in step with every change."""
+"""What a checkpoint write costs: one small file, whatever the number of claims held
+(counted in files and bytes, not timed), and the index of held devices kept in step
+with every change."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import drasil.driver.checkpoint as checkpoint_module
-from drasil.api.checkpoint import (
-    Checkpoint,
-    ClaimRecord,
-    ClaimState,
-    GpuRecord,
-    PreparedDevice,
-    assemble_checkpoint,
-    decode_checkpoint,
-    encode_checkpoint,
-    encode_entry,
-)
-from drasil.driver.checkpoint import CHECKPOINT_FILE, CheckpointStore
+from drasil.api.checkpoint import ClaimRecord, ClaimState, GpuRecord, PreparedDevice
+from drasil.driver.checkpoint import CHECKPOINT_DIR, CLAIMS, GPUS, CheckpointStore, read_state
 from drasil.driver.files import write_atomic
 
 WHEN = datetime(2026, 3, 1, 12, 30, tzinfo=UTC)
@@ -51,49 +44,93 @@ def store_at(path: Path) -> CheckpointStore:
     return store
 
 
-def test_assembled_bytes_are_those_of_a_full_encode() -> None:
-    claims = {uid(n): record(f"c{n}", f"gpu-{n}") for n in (3, 1, 2)}
-    checkpoint = Checkpoint(boot_id="b", claims=claims, gpus={"GPU-1": GpuRecord(time_slice=2)})
-    entries = {u: encode_entry(u, r) for u, r in claims.items()}
-    assert assemble_checkpoint(checkpoint, entries) == encode_checkpoint(checkpoint)
-    assert decode_checkpoint(encode_checkpoint(checkpoint)) == checkpoint
+@dataclass
+class Writes:
+    """The files the store wrote or removed, and the bytes it wrote."""
+
+    files: list[Path] = field(default_factory=list)
+    size: int = 0
+    unlinked: list[Path] = field(default_factory=list)
 
 
-def test_an_unknown_field_that_looks_like_the_claims_slot_is_still_encoded_right() -> None:
-    # A newer drasil's field whose value is the text the encoder splices claims into.
-    odd = Checkpoint.model_validate(
-        {"bootId": "b", "claims": {}, "zzz": {"claims": "\x00claims"}}
-    ).model_copy(update={"claims": {uid(1): record("c1", "gpu-1")}})
-    entries = {uid(1): encode_entry(uid(1), record("c1", "gpu-1"))}
-    data = assemble_checkpoint(odd, entries)
-    assert decode_checkpoint(data) == odd
+@pytest.fixture
+def writes(monkeypatch: pytest.MonkeyPatch) -> Writes:
+    seen = Writes()
+    real_write, real_unlink = checkpoint_module.write_atomic, Path.unlink
+
+    def write(path: Path, data: bytes, **kwargs: Any) -> None:
+        seen.files.append(path)
+        seen.size += len(data)
+        real_write(path, data, **kwargs)
+
+    def unlink(path: Path, missing_ok: bool = False) -> None:
+        seen.unlinked.append(path)
+        real_unlink(path, missing_ok=missing_ok)
+
+    monkeypatch.setattr(checkpoint_module, "write_atomic", write)
+    monkeypatch.setattr(Path, "unlink", unlink)
+    return seen
 
 
-def test_a_write_encodes_only_the_record_that_changed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    store = store_at(tmp_path / CHECKPOINT_FILE)
-    for n in range(50):
+def holding_store(directory: Path, count: int) -> CheckpointStore:
+    store = store_at(directory)
+    for n in range(count):
         store.mark_started(uid(n), namespace="team-a", name=f"c{n}", devices=[device("gpu-0")])
-    encoded: list[str] = []
-    real = checkpoint_module.encode_entry
+    return store
 
-    def counting(claim_uid: str, rec: ClaimRecord) -> bytes:
-        encoded.append(claim_uid)
-        return real(claim_uid, rec)
 
-    monkeypatch.setattr(checkpoint_module, "encode_entry", counting)
+def one_of_each_change(store: CheckpointStore) -> None:
+    store.mark_started(uid(99_999), namespace="team-a", name="new", devices=[device("gpu-1")])
+    store.mark_completed(uid(99_999), [device("gpu-1")])
+    store.set_gpu("GPU-1", GpuRecord(time_slice=2))
+    store.set_gpu("GPU-1", None)
+    store.remove(uid(99_999))
+
+
+@pytest.mark.parametrize("held", [1, 1000])
+def test_a_write_touches_one_small_file_whatever_the_claims_held(
+    tmp_path: Path, writes: Writes, held: int
+) -> None:
+    store = holding_store(tmp_path / CHECKPOINT_DIR, held)
+    writes.files.clear()
+    writes.size = 0
+    writes.unlinked.clear()
+
+    one_of_each_change(store)
+
+    claim = tmp_path / CHECKPOINT_DIR / CLAIMS / f"{uid(99_999)}.json"
+    gpu = tmp_path / CHECKPOINT_DIR / GPUS / "GPU-1.json"
+    # started, completed, the GPU, the removal's tombstone: one file each
+    assert writes.files == [claim, claim, gpu, claim]
+    assert writes.size < 4 * 1024
+    assert writes.unlinked == [gpu, claim]
+    assert len(store.claims()) == held
+
+
+def test_the_bytes_written_do_not_grow_with_the_claims_held(tmp_path: Path, writes: Writes) -> None:
+    sizes = []
+    for held in (1, 1000):
+        store = holding_store(tmp_path / f"held-{held}" / CHECKPOINT_DIR, held)
+        writes.size = 0
+        one_of_each_change(store)
+        sizes.append(writes.size)
+    assert sizes[0] == sizes[1]
+
+
+def test_changes_are_all_there_for_the_next_load(tmp_path: Path) -> None:
+    directory = tmp_path / CHECKPOINT_DIR
+    store = holding_store(directory, 50)
     store.mark_completed(uid(7), [device("gpu-0")])
     store.remove(uid(8))
     store.set_gpu("GPU-1", GpuRecord(time_slice=2))
-    assert encoded == [uid(7)]
-    again = store_at(tmp_path / CHECKPOINT_FILE)
+    again = store_at(directory)
     assert again.checkpoint == store.checkpoint
     assert len(again.claims()) == 49
+    assert read_state(directory) == store.checkpoint
 
 
 def test_holding_follows_every_change(tmp_path: Path) -> None:
-    path = tmp_path / CHECKPOINT_FILE
+    path = tmp_path / CHECKPOINT_DIR
     store = store_at(path)
     store.mark_started(uid(1), namespace="team-a", name="c1", devices=[device("gpu-0")])
     store.mark_started(uid(2), namespace="team-a", name="c2", devices=[device("gpu-1")])
@@ -106,7 +143,7 @@ def test_holding_follows_every_change(tmp_path: Path) -> None:
 
 
 def test_holding_sees_what_another_process_wrote(tmp_path: Path) -> None:
-    path = tmp_path / CHECKPOINT_FILE
+    path = tmp_path / CHECKPOINT_DIR
     store = store_at(path)
     store.index_devices(lambda d: d.device_name.split("-mig")[0])  # key: the parent GPU
     other = store_at(path)

@@ -137,7 +137,8 @@ def test_sigterm_in_dra_mode_stops_serving_and_keeps_prepared_claims() -> None:
         )
         assert preparer.prepare(ref_of(claim)).error == ""
         checkpoint = read_state(opts.state_dir / CHECKPOINT_DIR)
-        assert checkpoint is not None and UID in checkpoint.claims
+        assert checkpoint is not None
+        assert UID in checkpoint.claims
         spec = opts.cdi_root / f"k8s.{DRIVER}-claim_{UID}.json"
         args = dra_flags(root, f"--kubeconfig={_kubeconfig(root / 'kubeconfig')}")
         with process(args) as daemon:
