@@ -20,7 +20,7 @@ A claim file whose ``claim`` is ``null`` is a tombstone: the claim is being remo
 counts as absent. Each file carries the boot id, so files of an earlier boot are told
 apart one by one.
 
-Before 0.3 the checkpoint was one document, ``checkpoint.json``, still read (to migrate
+Earlier drasil kept the checkpoint in one document, ``checkpoint.json``, still read (to migrate
 it into the directory)::
 
     {"version": 1, "bootId": "...", "checksum": "<sha256 hex>",
@@ -59,7 +59,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationErro
 from pydantic.alias_generators import to_camel
 
 CHECKPOINT_VERSION: Final = 1
-"""The single-file checkpoint's version (the layout before 0.3, still read to migrate)."""
+"""The single-file checkpoint's version (the earlier layout, still read to migrate)."""
 
 RECORD_VERSION: Final = 1
 """The version of one file of the checkpoint directory (a claim's or a GPU's)."""
@@ -199,7 +199,7 @@ def _canonical(document: Mapping[str, Any]) -> bytes:
 
 
 def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
-    """The bytes of a single-file checkpoint (the layout before 0.3, read to migrate it)."""
+    """The bytes of a single-file checkpoint (the earlier layout, read to migrate it)."""
     document = checkpoint.model_dump(mode="json")
     document["version"] = CHECKPOINT_VERSION
     return _seal(document)

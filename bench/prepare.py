@@ -17,6 +17,7 @@ figure is the median over the rounds; the load average before and after is recor
 "prepared_scaling": the prepare and the pair of one claim, through drasil's Preparer
 in this process (no gRPC, no API server), with 1, 100 and 1,000 other claims already
 prepared in the checkpoint: whether a checkpoint write costs more on a full node.
+``python -m bench.prepare --scaling-only`` reruns this part alone, into the same JSON.
 
 "python_client": the drasil runs again from this process's Python gRPC client; on a
 small machine that client's own CPU time is a good part of what it measures.
@@ -31,6 +32,7 @@ import secrets
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -429,10 +431,34 @@ def table(result: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def scaling_only(out: Path) -> None:
+    """``--scaling-only``: rerun "prepared_scaling" alone (no cluster, no reference) and
+    replace that part of an earlier run's JSON, marked with when and under what load."""
+    load_before = os.getloadavg()
+    scaling = prepared_scaling()
+    result = json.loads(out.read_text()) if out.exists() else {}
+    result["prepared_scaling"] = scaling
+    result["prepared_scaling_run"] = {
+        "separately": True,
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "loadavg_before": list(load_before),
+        "loadavg_after": list(os.getloadavg()),
+    }
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    for level, figures in scaling.items():
+        print(
+            f"N={level:>5}: prepare p50 {figures['prepare_p50_ms']:.3f} ms, "
+            f"p99 {figures['prepare_p99_ms']:.3f} ms; pair p50 {figures['pair_p50_ms']:.3f} ms"
+        )
+
+
 def main() -> None:
-    result = run()
     out = Path(__file__).parent / "results" / "prepare.json"
     out.parent.mkdir(exist_ok=True)
+    if "--scaling-only" in sys.argv[1:]:
+        scaling_only(out)
+        return
+    result = run()
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(table(result))
 

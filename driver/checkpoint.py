@@ -71,7 +71,7 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_DIR: Final = "checkpoint"
 LEGACY_CHECKPOINT_FILE: Final = "checkpoint.json"
-"""The single-file checkpoint before 0.3, beside the directory; migrated at load."""
+"""The single-file checkpoint of earlier drasil, beside the directory; migrated at load."""
 BOOT_ID_PATH: Final = Path("/proc/sys/kernel/random/boot_id")
 CLAIMS: Final = "claims"
 GPUS: Final = "gpus"
@@ -312,6 +312,10 @@ class CheckpointStore:
             if self._boot_id is None:
                 self._load(quarantine=False)
                 return True
+            if self.legacy_path.exists():  # written by an earlier drasil beside us
+                self._migrate_legacy(self._require_loaded(), quarantine=True, found=_Found())
+                self._reread()
+                return True
             generation = self._read_generation()
             if generation is not None and generation == self._seen:
                 return False
@@ -495,6 +499,11 @@ class CheckpointStore:
         for path, _ in _files(self._gpus_dir):
             if _key_of(path) not in gpus:
                 path.unlink()
+        self._write_records(claims, gpus, boot_id)
+
+    def _write_records(
+        self, claims: Mapping[str, ClaimRecord], gpus: Mapping[str, GpuRecord], boot_id: str
+    ) -> None:
         for uid, record in claims.items():
             self._store_claim(uid, record, boot_id)
         for uuid, gpu in gpus.items():
@@ -548,11 +557,14 @@ class CheckpointStore:
         return claims, gpus
 
     def _migrate_legacy(self, boot_id: str, *, quarantine: bool, found: _Found) -> bool:
-        """Split a single-file checkpoint (before 0.3) into the directory.
+        """Split a single-file checkpoint (earlier drasil) into the directory.
 
-        While ``checkpoint.json`` exists it is the whole truth: the directory is made
-        to hold exactly its records, and only then is the file removed, so a migration
-        a crash interrupted is simply done again. Returns whether there was one.
+        Its records are written into the directory, over those of the same keys, and
+        only then is the file removed, so a migration a crash interrupted is simply
+        done again. Records the directory holds besides are kept: an earlier plugin
+        serving beside this one (a rolling update) may write the file again, and
+        what this instance prepared meanwhile must not be lost; an entry kept too many
+        is removed by the stale-claim pass. Returns whether there was a file.
         """
         try:
             data = self.legacy_path.read_bytes()
@@ -569,10 +581,9 @@ class CheckpointStore:
         if not keep:
             for uid, record in legacy.claims.items():
                 found.discard(uid, record, legacy.boot_id)
-        claims = legacy.claims if keep else {}
-        gpus = legacy.gpus if keep else {}
         self._bump()
-        self._replace_all(claims, gpus, boot_id)
+        if keep:
+            self._write_records(legacy.claims, legacy.gpus, boot_id)
         remove_file(self.legacy_path, crash_tag=f"{_CRASH_TAG}-legacy")
         log.info("checkpoint.json migrated into the checkpoint directory", extra=self._where())
         return True

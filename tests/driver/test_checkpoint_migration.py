@@ -1,4 +1,4 @@
-"""A single-file checkpoint.json (before 0.3) is split into the checkpoint directory at
+"""A single-file checkpoint.json (earlier drasil) is split into the checkpoint directory at
 load, crash-safely: the file goes last, and an interrupted migration is done again."""
 
 from __future__ import annotations
@@ -121,12 +121,16 @@ def test_an_interrupted_migration_is_done_again(directory: Path, point: str) -> 
     assert not (directory.parent / LEGACY_CHECKPOINT_FILE).exists()
 
 
-def test_while_the_legacy_file_exists_it_is_the_whole_truth(directory: Path) -> None:
-    # A directory a crashed migration left, with a claim the legacy file no longer has
-    # (a rolled-back plugin unprepared it since).
+def test_a_migration_adds_to_what_the_directory_holds(directory: Path) -> None:
     store = store_at(directory)
     store.load()
-    store.mark_started(uid(77), namespace="team-a", name="gone")
-    (directory.parent / LEGACY_CHECKPOINT_FILE).write_bytes(encode_checkpoint(LEGACY))
+    store.mark_started(uid(77), namespace="team-a", name="prepared-since")
+    # An earlier plugin, serving beside this one, writes its file again.
+    stale = LEGACY.model_copy(update={"claims": {uid(0): record(0)}})
+    (directory.parent / LEGACY_CHECKPOINT_FILE).write_bytes(encode_checkpoint(stale))
 
-    assert store_at(directory).load().checkpoint == LEGACY
+    assert store.reload_if_changed()  # a running instance takes it in at once
+
+    assert sorted(store.claims()) == sorted([*LEGACY.claims, uid(77)])
+    assert not (directory.parent / LEGACY_CHECKPOINT_FILE).exists()
+    assert store_at(directory).load().checkpoint == store.checkpoint
