@@ -487,19 +487,9 @@ class CheckpointStore:
         log.error("checkpoint directory vanished; rewritten from memory", extra=self._where())
         self._make_dirs()
         self._bump()
-        self._replace_all(self._claims, self._gpus, self._require_loaded())
-
-    def _replace_all(
-        self, claims: Mapping[str, ClaimRecord], gpus: Mapping[str, GpuRecord], boot_id: str
-    ) -> None:
-        """Make the directory hold exactly ``claims`` and ``gpus``."""
-        for path, _ in _files(self._claims_dir):
-            if _key_of(path) not in claims:
-                path.unlink()
-        for path, _ in _files(self._gpus_dir):
-            if _key_of(path) not in gpus:
-                path.unlink()
-        self._write_records(claims, gpus, boot_id)
+        # Written over whatever is left, never deleting: a part of the tree that
+        # survived may hold records another instance wrote.
+        self._write_records(self._claims, self._gpus, self._require_loaded())
 
     def _write_records(
         self, claims: Mapping[str, ClaimRecord], gpus: Mapping[str, GpuRecord], boot_id: str
