@@ -588,7 +588,7 @@ def describe(node: Node) -> str:
         f"node {cfg.name}: kubelet root {node.kubelet_root}, cgroup /{cfg.cgroup_root}, "
         f"Pod network {cfg.subnet} on bridge {cfg.bridge}",
         f"  plugin sockets: {node.plugin.reg_socket}, {node.plugin.dra_socket}",
-        f"  CDI specs: {node.cdi_dir}; checkpoint: {node.plugin.state_dir / 'checkpoint.json'}",
+        f"  CDI specs: {node.cdi_dir}; checkpoint: {node.plugin.state_dir / 'checkpoint'}",
         f"  containers: {ctr} containers ls",
     ]
     if node.device_plugin.running():
