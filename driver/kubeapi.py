@@ -8,9 +8,11 @@ ever read-modified-replaced.
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import re
+import ssl
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
@@ -21,6 +23,8 @@ import urllib3
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config import ConfigException
+
+from drasil.driver.keptalive import KeptAliveGets
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +50,10 @@ API_TIMEOUT: Final = (5.0, 20.0)
 does not set its own (watches do): a hung API server must cost a caller one timeout,
 never a thread forever."""
 
+KEPT_CONNECTIONS: Final = 32
+"""Kept-alive connections to the API server, at least: one per gRPC thread of the
+kubelet plugin's DRA socket (``drasil.kubeletplugin.sockets``)."""
+
 # The same bounds as API_TIMEOUT and with_timeouts' retries, for the plain GETs.
 _GET_TIMEOUT: Final = urllib3.Timeout(connect=API_TIMEOUT[0], read=API_TIMEOUT[1])
 _GET_RETRIES: Final = urllib3.Retry(total=2, read=0)
@@ -66,7 +74,8 @@ class ApiUnavailable(Exception):
 
 
 def _unavailable(host: str, err: Exception) -> ApiUnavailable:
-    reason = getattr(err, "reason", None) or err
+    # urllib3 wraps the cause in .reason; an ssl error's .reason is only its code.
+    reason = err if isinstance(err, ssl.SSLError) else getattr(err, "reason", None) or err
     if "timed out" in str(reason).lower():
         return ApiUnavailable(
             f"the API server at {host} did not answer within {API_TIMEOUT[1]:g} s"
@@ -93,6 +102,12 @@ def with_timeouts(api_client: client.ApiClient) -> client.ApiClient:
     # urllib3 retries a timed-out read of a GET three times: four timeouts in a row
     # would outlast kubelet's 45 s deadline. Connections are still retried.
     rest.pool_manager.connection_pool_kw["retries"] = urllib3.Retry(total=2, read=0)
+    # The client keeps 5 connections per CPU; past that many concurrent callers each
+    # further request opens, TLS-handshakes and discards a connection of its own (a
+    # burst of prepares on a 2-CPU node paid a handshake a claim).
+    kept = rest.pool_manager.connection_pool_kw.get("maxsize") or 1
+    rest.pool_manager.connection_pool_kw["maxsize"] = max(kept, KEPT_CONNECTIONS)
+    rest.pool_manager.clear()  # pools made before this get the new size when remade
     _TIMED.add(rest)
     return api_client
 
@@ -143,6 +158,12 @@ class KubeApi:
     def __init__(self, api_client: client.ApiClient) -> None:
         self.api_client = with_timeouts(api_client)
         self._pool = self.api_client.rest_client.pool_manager
+        gets = KeptAliveGets(
+            self.api_client.configuration,
+            connect_timeout=API_TIMEOUT[0],
+            read_timeout=API_TIMEOUT[1],
+        )
+        self._gets = gets if gets.usable else None
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
 
@@ -163,27 +184,37 @@ class KubeApi:
         return self._get_json(path, query=[("resourceVersion", "0")] if cached else [])
 
     def _get_json(self, path: str, *, query: list[tuple[str, str]]) -> JsonObject | None:
-        # A plain GET on the client's own connection pool (kept-alive connections, the
-        # kubeconfig's TLS and proxy): this is on kubelet's prepare path, where the
-        # generated client's per-call request building costs more than the JSON decoding.
-        conf = self.api_client.configuration
-        url = conf.host + path + (f"?{urlencode(query)}" if query else "")
+        # A plain GET, not the generated client's request building: this is on
+        # kubelet's prepare path. Over this thread's own kept-alive connection
+        # (``drasil.driver.keptalive``), or the client's pool when there is a proxy.
+        path += f"?{urlencode(query)}" if query else ""
+        status, reason, data = self._get(path)
+        if status == 404:
+            return None
+        if status >= 300:
+            raise ApiException(status=status, reason=reason)
+        return cast(JsonObject, json.loads(data))
+
+    def _get(self, path: str) -> tuple[int, str, bytes]:
+        host = self.api_client.configuration.host
+        if self._gets is not None:
+            try:
+                answer = self._gets.get(path, self._headers())
+            except (OSError, http.client.HTTPException) as err:
+                raise _unavailable(host, err) from None
+            return answer.status, answer.reason, answer.data
         try:
             response = self._pool.request(
                 "GET",
-                url,
+                host + path,
                 headers=self._headers(),
                 timeout=_GET_TIMEOUT,
                 retries=_GET_RETRIES,
                 preload_content=True,
             )
         except urllib3.exceptions.HTTPError as err:
-            raise _unavailable(conf.host, err) from None
-        if response.status == 404:
-            return None
-        if response.status >= 300:
-            raise ApiException(status=response.status, reason=response.reason)
-        return cast(JsonObject, json.loads(response.data))
+            raise _unavailable(host, err) from None
+        return response.status, str(response.reason), bytes(response.data)
 
     def _headers(self) -> dict[str, str]:
         """Accept and, when the identity is a token, Authorization (read per call: a

@@ -234,16 +234,26 @@ def write_claim_metadata(claim: ClaimMetadata, *, driver: str, root: Path) -> No
     means a reboot, after which kubelet prepares the claim again. Call it under the
     claim's lock: temp files a crashed write left in the claim's directory are swept.
     """
-    sweep_temp_files(claim_dir(root, claim.claim_uid), prefix="")
+    directory = claim_dir(root, claim.claim_uid)
+    try:
+        directory.mkdir(parents=True)
+        new = True  # the common case: nothing to sweep or compare with
+    except FileExistsError:
+        new = False
+        sweep_temp_files(directory, prefix="")
     for request in claim.requests:
         path = host_path(root, claim.claim_uid, request.base_request)
         data = encode_metadata(claim, request, driver=driver)
-        try:
-            if path.read_bytes() == data:
-                continue
-        except FileNotFoundError:
-            path.parent.mkdir(parents=True, exist_ok=True)
+        if not new and _holds(path, data):
+            continue
         write_atomic(path, data, mode=FILE_MODE, crash_tag=_CRASH_TAG, durable=False)
+
+
+def _holds(path: Path, data: bytes) -> bool:
+    try:
+        return path.read_bytes() == data
+    except FileNotFoundError:
+        return False
 
 
 def delete_claim_metadata(root: Path, claim_uid: str) -> bool:

@@ -351,7 +351,10 @@ class Preparer:
     def _unprepare_locked(self, uid: str) -> None:
         with self.state_lock():
             record = self.store.get(uid)
-        if record is not None:  # no record: no prepare of it left a temp file (see above)
+        if record is not None and record.state != ClaimState.PREPARE_COMPLETED:
+            # Only a prepare that stopped between PrepareStarted and PrepareCompleted
+            # can have left a temp file (a completed one swept before it wrote), so a
+            # normal unprepare does not list the CDI directory.
             sweep_claim_spec_temps(self.cdi_root, self.driver, claim_uid=uid)
         delete_claim_spec(self.cdi_root, driver=self.driver, claim_uid=uid)
         crash_point("unprepare-after-cdi")

@@ -56,6 +56,7 @@ LAYOUT: dict[str, set[str]] = {
         "endpoints",
         "files",
         "kubeapi",
+        "keptalive",
         "logs",
         "cdi/",
         "cel/",

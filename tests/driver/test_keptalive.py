@@ -1,0 +1,238 @@
+"""The claim GET's own connections: one kept alive per thread, renewed when the server
+closed it, TLS checked as the kubeconfig says, and a proxy left to the client's pool."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import json
+import ssl
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from kubernetes import client
+
+from drasil.driver.keptalive import KeptAliveGets
+from drasil.driver.kubeapi import ApiUnavailable, KubeApi
+
+CLAIM = {"metadata": {"name": "train", "namespace": "default", "uid": "u-1"}}
+
+
+@dataclass
+class Server:
+    url: str
+    connections: list[tuple[str, int]] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
+    close_after: list[bool] = field(default_factory=lambda: [False])
+    httpd: ThreadingHTTPServer | None = None
+
+
+def serve(server: Server, context: ssl.SSLContext | None = None) -> Iterator[Server]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as the API server speaks
+
+        def setup(self) -> None:
+            super().setup()
+            server.connections.append(self.client_address)
+
+        def do_GET(self) -> None:
+            server.paths.append(self.path)
+            body = json.dumps(CLAIM).encode() if "/train" in self.path else b"{}"
+            self.send_response(200 if "/missing" not in self.path else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            if server.close_after[0]:  # the server drops the idle connection afterwards
+                self.close_connection = True
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    if context is not None:
+        httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+    server.httpd = httpd
+    scheme = "https" if context else "http"
+    server.url = f"{scheme}://127.0.0.1:{httpd.server_address[1]}"
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture
+def plain() -> Iterator[Server]:
+    yield from serve(Server(url=""))
+
+
+def api_for(url: str) -> KubeApi:
+    configuration = client.Configuration()
+    configuration.host = url
+    return KubeApi(client.ApiClient(configuration))
+
+
+def test_one_thread_reuses_one_connection(plain: Server) -> None:
+    api = api_for(plain.url)
+    for _ in range(5):
+        assert api.get_claim("default", "train") == CLAIM
+    assert len(plain.connections) == 1
+    assert plain.paths[0] == "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/train"
+
+
+def test_each_thread_has_its_own_connection(plain: Server) -> None:
+    api = api_for(plain.url)
+    threads = [
+        threading.Thread(target=lambda: [api.get_claim("default", "train") for _ in range(3)])
+        for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(plain.connections) == 4
+
+
+def test_a_connection_the_server_closed_is_replaced(plain: Server) -> None:
+    api = api_for(plain.url)
+    plain.close_after[0] = True
+    for _ in range(3):
+        assert api.get_claim("default", "train") == CLAIM
+    assert len(plain.connections) == 3
+
+
+def test_the_query_and_a_missing_claim(plain: Server) -> None:
+    api = api_for(plain.url)
+    assert api.get_claim("default", "missing", cached=True) is None
+    assert plain.paths[-1].endswith("/resourceclaims/missing?resourceVersion=0")
+
+
+def test_a_path_prefix_in_the_host_is_kept(plain: Server) -> None:
+    api = api_for(plain.url + "/k8s/clusters/c-1")
+    api.get_claim("default", "missing")
+    assert plain.paths[-1].startswith("/k8s/clusters/c-1/apis/resource.k8s.io/v1/")
+
+
+def test_a_proxied_api_server_is_left_to_the_clients_pool() -> None:
+    configuration = client.Configuration()
+    configuration.host = "https://10.0.0.1:6443"
+    configuration.proxy = "http://proxy.example:3128"
+    gets = KeptAliveGets(configuration, connect_timeout=1, read_timeout=1)
+    assert not gets.usable
+
+
+# --- TLS ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Pki:
+    ca: Path
+    cert: Path
+    key: Path
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """A CA and a server certificate for ``api.internal`` and 127.0.0.1."""
+    root = tmp_path_factory.mktemp("pki")
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test-ca")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(1)
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    names = [x509.DNSName("api.internal"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "api")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(2)
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    pki = Pki(ca=root / "ca.crt", cert=root / "api.crt", key=root / "api.key")
+    pki.ca.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    pki.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    pki.key.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return pki
+
+
+@pytest.fixture
+def secure(pki: Pki) -> Iterator[Server]:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(pki.cert, pki.key)
+    yield from serve(Server(url=""), context)
+
+
+def secure_api(url: str, pki: Pki, **settings: object) -> KubeApi:
+    configuration = client.Configuration()
+    configuration.host = url
+    configuration.ssl_ca_cert = str(pki.ca)
+    for name, value in settings.items():
+        setattr(configuration, name, value)
+    return KubeApi(client.ApiClient(configuration))
+
+
+def test_tls_with_the_kubeconfigs_ca(secure: Server, pki: Pki) -> None:
+    api = secure_api(secure.url, pki)
+    assert api.get_claim("default", "train") == CLAIM
+    assert api.get_claim("default", "train") == CLAIM
+    assert len(secure.connections) == 1
+
+
+def test_tls_refuses_a_server_the_ca_did_not_sign(secure: Server, tmp_path: Path) -> None:
+    other = tmp_path / "other-ca.crt"
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "other")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(3)
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    other.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    configuration = client.Configuration()
+    configuration.host = secure.url
+    configuration.ssl_ca_cert = str(other)
+    api = KubeApi(client.ApiClient(configuration))
+    with pytest.raises(ApiUnavailable, match="certificate verify failed"):
+        api.get_claim("default", "train")
+
+
+def test_tls_server_name_names_the_certificate_to_check(secure: Server, pki: Pki) -> None:
+    assert secure_api(secure.url, pki, tls_server_name="api.internal").get_claim("default", "train")
+    with pytest.raises(ApiUnavailable, match=r"certificate verify failed|doesn't match"):
+        secure_api(secure.url, pki, tls_server_name="elsewhere.internal").get_claim(
+            "default", "train"
+        )
