@@ -266,13 +266,19 @@ def decode_gpu_file(data: bytes) -> GpuFile:
     )
 
 
-def _open_record(data: bytes) -> JsonObject:
+def _summed(data: bytes) -> JsonObject:
+    """The stored object without its checksum, which must match the rest."""
     document = _parse_object(data)
     expected = document.pop("checksum", None)
     if not isinstance(expected, str):
         raise CorruptCheckpoint("checksum: missing or not a string")
     if expected != checksum(document):
         raise CorruptCheckpoint("checksum: does not match the content")
+    return document
+
+
+def _open_record(data: bytes) -> JsonObject:
+    document = _summed(data)
     version = document.get("version")
     if not isinstance(version, int) or isinstance(version, bool):
         raise CorruptCheckpoint(f"version: {version!r} is not an integer")
@@ -303,13 +309,7 @@ def decode_checkpoint(
     data: bytes, *, migrations: Mapping[int, Migration] = MIGRATIONS
 ) -> Checkpoint:
     """Parse stored bytes: verify the checksum, migrate to the current version, validate."""
-    document = _parse_object(data)
-    expected = document.pop("checksum", None)
-    if not isinstance(expected, str):
-        raise CorruptCheckpoint("checksum: missing or not a string")
-    if expected != checksum(document):
-        raise CorruptCheckpoint("checksum: does not match the content")
-    document = migrate(document, migrations=migrations)
+    document = migrate(_summed(data), migrations=migrations)
     try:
         return Checkpoint.model_validate(document)
     except ValidationError as err:

@@ -151,24 +151,12 @@ class Reference:
         deadline = time.monotonic() + timeout
         while not self.dra_socket.is_socket():
             if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"dra-test-driver exited with {self.proc.returncode}:\n{self._log_tail()}"
-                )
+                last = procs.tail(self.log_path)
+                raise RuntimeError(f"dra-test-driver exited with {self.proc.returncode}:\n{last}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"dra-test-driver: no {self.dra_socket} after {timeout}s")
             time.sleep(0.1)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-
-    def _log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except FileNotFoundError:
-            return "(no log)"
+        if self.proc is not None:
+            procs.end_child(self.proc)

@@ -21,13 +21,21 @@ prepared in the checkpoint: whether a checkpoint write costs more on a full node
 
 "python_client": the drasil runs again from this process's Python gRPC client; on a
 small machine that client's own CPU time is a good part of what it measures.
+
+"grpc_floor": the Go client against a no-op servicer on drasil's own gRPC server code:
+what a pair costs in Python gRPC before a claim is read or a file written.
+``bench/results/prepare-profile.txt``: cProfile of pairs through a Preparer in this
+process with the claim read from the API server (no gRPC), top functions by own time.
 """
 
 from __future__ import annotations
 
+import cProfile
+import io
 import json
 import os
 import platform
+import pstats
 import secrets
 import shutil
 import statistics
@@ -45,12 +53,16 @@ from kubernetes import client
 
 from bench.drivers import Drasil, DriverUnderTest, Reference
 from drasil.api.checkpoint import PreparedDevice
+from drasil.api.kubelet.dra.v1 import dra_pb2 as v1
+from drasil.api.kubelet.dra.v1 import dra_pb2_grpc as v1_grpc
 from drasil.driver.cdi.claimspecs import spec_path
 from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore
 from drasil.driver.claims.plan import ClaimRef
 from drasil.driver.discovery.nodedevices import discover
 from drasil.driver.discovery.simulated import simulated_library
+from drasil.driver.kubeapi import KubeApi, load_api_client
 from drasil.kubeletplugin.dra.prepare import Preparer
+from drasil.kubeletplugin.sockets import UnixSocketServer
 from e2e import binaries
 from e2e.cluster import Cluster
 from e2e.kube import Kube
@@ -68,6 +80,8 @@ INFLIGHT = (1, 8, 32)
 ROUNDS = 3
 PREPARED_LEVELS = (1, 100, 1000)
 SCALING_ROUNDS = 300
+PROFILE_PAIRS = 500
+PROFILE_PATH = Path(__file__).parent / "results" / "prepare-profile.txt"
 
 
 @contextmanager
@@ -342,6 +356,87 @@ def _pairs(preparer: Preparer, ref: ClaimRef) -> dict[str, float]:
     return {**summary(prep=prep, unprep=unprep, pair=pair), "bytes_written_per_pair": per_pair}
 
 
+# ---- what a pair costs before drasil does anything, and where drasil's time goes ------
+
+
+class _NoOp(v1_grpc.DRAPluginServicer):
+    """Answers each claim with one device and does nothing else."""
+
+    def NodePrepareResources(
+        self, request: v1.NodePrepareResourcesRequest, context: Any
+    ) -> v1.NodePrepareResourcesResponse:
+        response = v1.NodePrepareResourcesResponse()
+        for claim in request.claims:
+            response.claims[claim.uid].devices.add(
+                request_names=["gpu"],
+                pool_name=NODE,
+                device_name="gpu-0",
+                cdi_device_ids=[f"{DRIVER}/claim={claim.uid}-gpu-0"],
+            )
+        return response
+
+    def NodeUnprepareResources(
+        self, request: v1.NodeUnprepareResourcesRequest, context: Any
+    ) -> v1.NodeUnprepareResourcesResponse:
+        response = v1.NodeUnprepareResourcesResponse()
+        for claim in request.claims:
+            response.claims[claim.uid].error = ""
+        return response
+
+
+def grpc_floor(root: Path) -> dict[str, Any]:
+    """The same client against a no-op servicer on drasil's own gRPC server code (the
+    plugin's ``UnixSocketServer``, in this process): the cost of a pair in Python gRPC
+    before any claim is read or any file written."""
+    socket = root / "floor" / "dra.sock"
+    server = UnixSocketServer(socket, lambda s: v1_grpc.add_DRAPluginServicer_to_server(_NoOp(), s))
+    server.start()
+    try:
+        claims = [ClaimId(namespace="floor", name=f"c{i}", uid=f"f-{i}") for i in range(CLAIMS)]
+        return kubelet_client(socket, claims)
+    finally:
+        server.stop()
+
+
+def preparer_profile(kubeconfig: Path, claim: ClaimId, root: Path) -> str:
+    """``PROFILE_PAIRS`` pairs of one claim through a Preparer in this process, reading
+    the claim from the API server as the plugin does (no gRPC): cProfile's top
+    functions by their own time, as text."""
+    found = discover(simulated_library(f"h100-80gb:{GPUS}", node_name=NODE), node_name=NODE)
+    (root / "state").mkdir(parents=True)
+    (root / "cdi").mkdir()
+    store = CheckpointStore(root / "state" / CHECKPOINT_DIR)
+    store.load()
+    preparer = Preparer(
+        driver=DRIVER,
+        pool=NODE,
+        devices={d.name: d for d in found.devices},
+        claims=KubeApi(load_api_client(str(kubeconfig))),
+        store=store,
+        cdi_root=root / "cdi",
+        state_dir=root / "state",
+    )
+    ref = ClaimRef(namespace=claim.namespace, name=claim.name, uid=claim.uid)
+    profile = cProfile.Profile()
+    started = time.perf_counter(), time.process_time()
+    profile.enable()
+    for _ in range(PROFILE_PAIRS):
+        assert preparer.prepare(ref).error == ""
+        assert preparer.unprepare(ref) == ""
+    profile.disable()
+    wall, cpu = time.perf_counter() - started[0], time.process_time() - started[1]
+    out = io.StringIO()
+    out.write(
+        f"{PROFILE_PAIRS} prepare+unprepare pairs of one claim through the Preparer in one "
+        "thread, the claim read from the API server, no gRPC; under cProfile "
+        f"(which slows Python calls down): {wall / PROFILE_PAIRS * 1000:.2f} ms wall and "
+        f"{cpu / PROFILE_PAIRS * 1000:.2f} ms CPU a pair\n"
+    )
+    stats = pstats.Stats(profile, stream=out)
+    stats.sort_stats("tottime").print_stats(30)
+    return out.getvalue()
+
+
 # ---- the run -------------------------------------------------------------------------
 
 
@@ -357,32 +452,48 @@ def python_client(drasil: Drasil, claims: list[ClaimId]) -> dict[str, Any]:
         kubelet.close()
 
 
+def measure(kube: Kube, kubeconfig: Path, root: Path) -> dict[str, Any]:
+    """Both drivers side by side, then the gRPC floor and the Preparer's profile.
+
+    ``kube`` creates the claims; the drivers use ``kubeconfig``. Inside ``bench_node``.
+    """
+    drasil = Drasil(root / "drasil", kubeconfig, NODE, GPUS)
+    reference = Reference(root / "reference", kubeconfig, NODE, GPUS)
+    drivers: list[DriverUnderTest] = [drasil, reference]
+    try:
+        for d in drivers:
+            d.start()
+        claims = {d.label: make_claims(kube, d, CLAIMS) for d in drivers}
+        result: dict[str, Any] = {"drivers": interleaved(drivers, claims)}
+        result["drivers"]["drasil"]["python_client"] = python_client(drasil, claims["drasil"])
+    finally:
+        for d in drivers:
+            d.stop()
+    result["grpc_floor"] = grpc_floor(root)
+    PROFILE_PATH.write_text(preparer_profile(kubeconfig, claims["drasil"][0], root / "profile"))
+    return result
+
+
+@contextmanager
+def bench_node(kube: Kube) -> Iterator[None]:
+    """The benchmark's Node and namespace, deleted afterwards."""
+    kube.make_node(NODE)
+    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
+    try:
+        yield
+    finally:
+        kube.delete("v1", "Namespace", NAMESPACE)
+        kube.delete("v1", "Node", NODE)
+
+
 def run() -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="drasil-bench-"))
     load_before = os.getloadavg()
     try:
         with cluster_kubeconfig() as kubeconfig:
             kube = Kube(kubeconfig)
-            kube.make_node(NODE)
-            kube.core.create_namespace(
-                client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE))
-            )
-            drasil = Drasil(root / "drasil", kubeconfig, NODE, GPUS)
-            reference = Reference(root / "reference", kubeconfig, NODE, GPUS)
-            drivers: list[DriverUnderTest] = [drasil, reference]
-            try:
-                for d in drivers:
-                    d.start()
-                claims = {d.label: make_claims(kube, d, CLAIMS) for d in drivers}
-                result: dict[str, Any] = {"drivers": interleaved(drivers, claims)}
-                result["drivers"]["drasil"]["python_client"] = python_client(
-                    drasil, claims["drasil"]
-                )
-            finally:
-                for d in drivers:
-                    d.stop()
-                kube.delete("v1", "Namespace", NAMESPACE)
-                kube.delete("v1", "Node", NODE)
+            with bench_node(kube):
+                result = measure(kube, kubeconfig, root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     result["ratios_drasil_to_reference"] = ratios(
@@ -435,6 +546,14 @@ def table(result: Mapping[str, Any]) -> str:
     ]
     lines = [f"{'':26}{'drasil':>10}{'reference':>11}{'ratio':>8}"]
     lines += [f"{name:26}{a:10.2f}{b:11.2f}{r:8.2f}" for name, a, b, r in rows]
+    floor = result.get("grpc_floor")
+    if floor:
+        lines.append(
+            "gRPC floor (a no-op servicer on drasil's server code, same client): pair p50 "
+            f"{floor['latency']['pair_p50_ms']:.2f} ms, claims/s "
+            + " / ".join(f"{floor['throughput_claims_per_s'][str(n)]:.0f}" for n in INFLIGHT)
+            + f" at {' / '.join(str(n) for n in INFLIGHT)} in flight"
+        )
     lines.append("prepare with N claims already prepared (in-process Preparer):")
     for level, figures in result["prepared_scaling"].items():
         lines.append(
@@ -444,6 +563,7 @@ def table(result: Mapping[str, Any]) -> str:
         )
     load = result["machine"]
     lines.append(f"load average before {load['loadavg_before']}, after {load['loadavg_after']}")
+    lines.append(f"where the Preparer's time goes: {PROFILE_PATH}")
     return "\n".join(lines)
 
 

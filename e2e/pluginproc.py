@@ -248,11 +248,7 @@ class PluginProcess:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+            procs.end_child(self.proc)
         elif self.proc is None and (other := self.attached()) is not None:
             procs.stop(other, grace=10)
         self._forget_pid_file()

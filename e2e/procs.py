@@ -141,6 +141,18 @@ def stop(proc: Proc, *, grace: float) -> bool:
     return not proc.alive()
 
 
+def end_child(child: subprocess.Popen[bytes], *, grace: float = 10.0) -> None:
+    """SIGTERM a child this process started; SIGKILL it if it outlives ``grace`` s."""
+    if child.poll() is not None:
+        return
+    child.terminate()
+    try:
+        child.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait(timeout=grace)
+
+
 def tail(path: Path, n: int = 30) -> str:
     """The last `n` lines of a log, or why it cannot be read."""
     try:

@@ -139,40 +139,51 @@ class Pki:
     key: Path
 
 
+def certificate(
+    subject: str,
+    key: ec.EllipticCurvePrivateKey,
+    *,
+    issuer: x509.Certificate | None = None,
+    issuer_key: ec.EllipticCurvePrivateKey | None = None,
+    names: list[x509.GeneralName] | None = None,
+) -> x509.Certificate:
+    """A day-long certificate for ``subject``: a CA when ``issuer`` is None."""
+    now = datetime.datetime.now(datetime.UTC)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(issuer.subject if issuer else name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+    )
+    if issuer is None:
+        builder = builder.add_extension(
+            x509.BasicConstraints(ca=True, path_length=None), critical=True
+        )
+    if names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    return builder.sign(issuer_key or key, hashes.SHA256())
+
+
+def pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     """A CA and a server certificate for ``api.internal`` and 127.0.0.1."""
     root = tmp_path_factory.mktemp("pki")
-    now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test-ca")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(1)
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
+    ca = certificate("test-ca", ca_key)
     key = ec.generate_private_key(ec.SECP256R1())
     names = [x509.DNSName("api.internal"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "api")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(2)
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
+    cert = certificate("api", key, issuer=ca, issuer_key=ca_key, names=names)
     pki = Pki(ca=root / "ca.crt", cert=root / "api.crt", key=root / "api.key")
-    pki.ca.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    pki.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    pki.ca.write_bytes(pem(ca))
+    pki.cert.write_bytes(pem(cert))
     pki.key.write_bytes(
         key.private_bytes(
             serialization.Encoding.PEM,
@@ -208,20 +219,7 @@ def test_tls_with_the_kubeconfigs_ca(secure: Server, pki: Pki) -> None:
 
 def test_tls_refuses_a_server_the_ca_did_not_sign(secure: Server, tmp_path: Path) -> None:
     other = tmp_path / "other-ca.crt"
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "other")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(3)
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .sign(key, hashes.SHA256())
-    )
-    other.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    other.write_bytes(pem(certificate("other", ec.generate_private_key(ec.SECP256R1()))))
     configuration = client.Configuration()
     configuration.host = secure.url
     configuration.ssl_ca_cert = str(other)
