@@ -433,7 +433,7 @@ def preparer_profile(kubeconfig: Path, claim: ClaimId, root: Path) -> str:
         f"{cpu / PROFILE_PAIRS * 1000:.2f} ms CPU a pair\n"
     )
     stats = pstats.Stats(profile, stream=out)
-    stats.sort_stats("tottime").print_stats(30)
+    stats.strip_dirs().sort_stats("tottime").print_stats(30)
     return out.getvalue()
 
 
