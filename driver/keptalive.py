@@ -48,7 +48,6 @@ class KeptAliveGets:
 
     def __init__(self, configuration: Any, *, connect_timeout: float, read_timeout: float):
         url = urlsplit(str(configuration.host))
-        self.host = str(configuration.host)
         self._secure = url.scheme == "https"
         self._hostname = url.hostname or "localhost"
         self._port = url.port or (443 if self._secure else 80)
@@ -74,7 +73,10 @@ class KeptAliveGets:
             try:
                 return self._exchange(reused, path, headers)
             except _STALE:
-                self.drop()
+                self.drop()  # closed by the server while idle: once more, on a new one
+            except BaseException:
+                self.drop()  # a timeout mid-answer leaves nothing to reuse
+                raise
         conn = self._connect()
         try:
             return self._exchange(conn, path, headers)
