@@ -214,6 +214,52 @@ def _key_file(folder: Path, key: str) -> Path:
     return folder / _file_name(key)
 
 
+class _GenerationFile:
+    """The ``generation`` file, kept open: read and written on every state-lock
+    acquisition and change, without a path lookup each time.
+
+    A file that lost its name (deleted, or its directory removed) is opened again by
+    name; that fails with ``FileNotFoundError`` when the directory is gone.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def read(self) -> bytes | None:
+        """The value, or ``None`` when there is no such file."""
+        fd = self._open(create=False)
+        return None if fd is None else os.pread(fd, 64, 0)
+
+    def write(self, value: bytes) -> None:
+        """Overwrite the value in place (fixed width, so no truncation is needed)."""
+        fd = self._open(create=True)
+        assert fd is not None
+        os.pwrite(fd, value, 0)
+
+    def _open(self, *, create: bool) -> int | None:
+        if self._fd is not None:
+            if os.fstat(self._fd).st_nlink > 0:
+                return self._fd
+            self.close()
+        flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+        try:
+            self._fd = os.open(self.path, flags, _MODE)
+        except FileNotFoundError:
+            if create:
+                raise
+            return None
+        return self._fd
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
+
+
 class CheckpointStore:
     """Load and change the checkpoint in ``directory``; call ``load`` first."""
 
@@ -228,7 +274,7 @@ class CheckpointStore:
         self.legacy_path = directory.parent / LEGACY_CHECKPOINT_FILE
         self._claims_dir = directory / CLAIMS
         self._gpus_dir = directory / GPUS
-        self._generation = directory / GENERATION
+        self._generation = _GenerationFile(directory / GENERATION)
         self._boot_id_reader = boot_id_reader
         self._clock = clock
         self._lock = threading.Lock()
@@ -446,25 +492,14 @@ class CheckpointStore:
         self._changes += 1
         generation = f"{self._instance}-{self._changes:016x}".encode("ascii")  # fixed width
         try:
-            fd = os.open(self._generation, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, _MODE)
+            self._generation.write(generation)
         except FileNotFoundError:
             self._restore()
             return
-        try:
-            os.pwrite(fd, generation, 0)
-        finally:
-            os.close(fd)
         self._seen = generation
 
     def _read_generation(self) -> bytes | None:
-        try:
-            fd = os.open(self._generation, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return None
-        try:
-            return os.read(fd, 64)
-        finally:
-            os.close(fd)
+        return self._generation.read()
 
     def _make_dirs(self) -> bool:
         """Create the directory tree; returns whether the checkpoint directory existed."""

@@ -193,10 +193,12 @@ class FileLock:
     _POLL_START: Final = 0.001
     _POLL_MAX: Final = 0.05
 
-    def __init__(self, path: Path, *, timeout: float | None = None) -> None:
+    def __init__(self, path: Path, *, timeout: float | None = None, keep_open: bool = False):
         self.path = path
         self.timeout = timeout
+        self.keep_open = keep_open
         self._fd: int | None = None
+        self._kept: int | None = None  # keep_open: the lock file, open between holds
 
     @property
     def locked(self) -> bool:
@@ -204,16 +206,29 @@ class FileLock:
         return self._fd is not None
 
     def acquire(self) -> None:
-        """Take the lock, waiting at most ``timeout`` seconds (forever when ``None``)."""
+        """Take the lock, waiting at most ``timeout`` seconds (forever when ``None``).
+
+        ``keep_open`` keeps the file open between holds (a lock taken several times a
+        call saves its open and close); a lock file that lost its name meanwhile is
+        opened again, so that every holder always locks the file the name points to.
+        """
         if self._fd is not None:
             raise RuntimeError(f"{self.path} is already locked by this FileLock")
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            self._wait_for_lock(fd)
-        except BaseException:
-            os.close(fd)
-            raise
+        while True:
+            fd = self._kept if self._kept is not None else self._open()
+            self._kept = None
+            try:
+                self._wait_for_lock(fd)
+            except BaseException:
+                os.close(fd)
+                raise
+            if os.fstat(fd).st_nlink > 0:
+                break
+            os.close(fd)  # deleted while we waited: lock the file the name is now
         self._fd = fd
+
+    def _open(self) -> int:
+        return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
 
     def _wait_for_lock(self, fd: int) -> None:
         if self.timeout is None:
@@ -236,10 +251,20 @@ class FileLock:
             pause = min(pause * 2, self._POLL_MAX)
 
     def release(self) -> None:
-        """Drop the lock; closing the file is what releases it."""
+        """Drop the lock: close the file, or unlock it and keep it (``keep_open``)."""
         fd, self._fd = self._fd, None
-        if fd is not None:
+        if fd is None:
+            return
+        if self.keep_open:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            self._kept = fd
+        else:
             os.close(fd)
+
+    def __del__(self) -> None:
+        for fd in (self._fd, self._kept):
+            if fd is not None:
+                os.close(fd)
 
     def __enter__(self) -> FileLock:
         self.acquire()

@@ -155,7 +155,9 @@ class Preparer:
         self._api_slots = threading.BoundedSemaphore(self.api_readers)
         self._claim_locks = _KeyedLocks()
         self._state_thread_lock = threading.Lock()
-        self._state_file_lock = self.state_dir / "checkpoint.lock"
+        self._state_file_lock = FileLock(
+            self.state_dir / "checkpoint.lock", timeout=STATE_LOCK_TIMEOUT, keep_open=True
+        )
         self.store.index_devices(self._gpu_key)
 
     @property
@@ -177,7 +179,7 @@ class Preparer:
     @contextmanager
     def state_lock(self) -> Iterator[None]:
         """Exclusive access to the checkpoint, across threads and plugin instances."""
-        with self._state_thread_lock, FileLock(self._state_file_lock, timeout=STATE_LOCK_TIMEOUT):
+        with self._state_thread_lock, self._state_file_lock:
             self.store.reload_if_changed()
             yield
 

@@ -490,3 +490,43 @@ def test_a_change_by_another_instance_is_read(prepared: CheckpointStore, directo
 
     assert list(prepared.claims()) == [UID2]
     assert not prepared.reload_if_changed()  # nothing new since
+
+
+def test_a_lock_kept_open_still_excludes_and_is_released(tmp_path: Path) -> None:
+    lock_path = tmp_path / "checkpoint.lock"
+    kept = FileLock(lock_path, timeout=5, keep_open=True)
+    for _ in range(3):  # held several times over the one open file
+        with kept, pytest.raises(LockTimeoutError):
+            FileLock(lock_path, timeout=0.05).acquire()
+        with FileLock(lock_path, timeout=0.05) as other:  # released between holds
+            assert other.locked
+    child = _hold_lock(lock_path)  # and against another process
+    try:
+        with pytest.raises(LockTimeoutError):
+            FileLock(lock_path, timeout=0.2, keep_open=True).acquire()
+        with pytest.raises(LockTimeoutError), kept:
+            pass
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_lock_kept_open_follows_its_file_when_it_is_replaced(tmp_path: Path) -> None:
+    lock_path = tmp_path / "checkpoint.lock"
+    kept = FileLock(lock_path, timeout=5, keep_open=True)
+    with kept:
+        pass
+    lock_path.unlink()  # a careless clean-up; another instance makes the file again
+    child = _hold_lock(lock_path)
+    try:
+        with pytest.raises(LockTimeoutError), FileLock(lock_path, timeout=0.2, keep_open=True):
+            pass
+        kept.timeout = 0.2
+        with pytest.raises(LockTimeoutError), kept:  # the new file, not the one kept open
+            pass
+    finally:
+        child.kill()
+        child.wait()
+    kept.timeout = 5
+    with kept:
+        assert kept.locked
