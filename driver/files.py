@@ -193,7 +193,9 @@ class FileLock:
     _POLL_START: Final = 0.001
     _POLL_MAX: Final = 0.05
 
-    def __init__(self, path: Path, *, timeout: float | None = None, keep_open: bool = False):
+    def __init__(
+        self, path: Path, *, timeout: float | None = None, keep_open: bool = False
+    ) -> None:
         self.path = path
         self.timeout = timeout
         self.keep_open = keep_open
