@@ -30,6 +30,7 @@ from kubernetes.client.exceptions import ApiException
 
 from drasil.api.devicepool import API_VERSION as POOL_API
 from drasil.api.devicepool import CRD_NAME, crd_manifest
+from drasil.api.limits import allow_nesting
 from drasil.driver.explain.fromapi import explain_from_api
 from drasil.driver.kubeapi import KubeApi
 from e2e.chart import ChartIdentity, chart_identity
@@ -734,6 +735,7 @@ def test_hostile_claims_cost_one_event_each_and_the_controller_keeps_serving(
             "create", "-f", str(_claim_file(tmp_path, namespace, name, _devices_json(parameters)))
         )
 
+    allow_nesting()  # this test's own client reads the deep claim back, as a user's would
     deep_event = wait_event(kube, namespace, _uid(kube, namespace, "deep"), "InvalidDeviceConfig")
     assert "nested too deeply" in deep_event.message
     huge_event = wait_event(kube, namespace, _uid(kube, namespace, "huge"), "InvalidDeviceConfig")
