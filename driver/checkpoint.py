@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from types import MappingProxyType
-from typing import Final
+from typing import Final, TypeVar
 from urllib.parse import quote, unquote
 
 from drasil.api.checkpoint import (
@@ -68,6 +68,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+_F = TypeVar("_F", ClaimFile, GpuFile)
 
 CHECKPOINT_DIR: Final = "checkpoint"
 LEGACY_CHECKPOINT_FILE: Final = "checkpoint.json"
@@ -146,26 +148,34 @@ def _files(folder: Path) -> Iterator[tuple[Path, bytes]]:
                 continue
 
 
+def _decoded(
+    folder: Path,
+    decode: Callable[[bytes], _F],
+    key: Callable[[_F], str],
+    unreadable: list[tuple[Path, CheckpointError]],
+) -> Iterator[tuple[Path, _F]]:
+    """The folder's files decoded and checked against their names; the others are
+    added to ``unreadable``."""
+    for path, data in _files(folder):
+        try:
+            item = decode(data)
+            _check_name(path, key(item))
+        except CheckpointError as err:
+            unreadable.append((path, err))
+            continue
+        yield path, item
+
+
 def _read_disk(directory: Path) -> _Disk:
     disk = _Disk()
-    for path, data in _files(directory / CLAIMS):
-        try:
-            claim = decode_claim_file(data)
-            _check_name(path, claim.uid)
-        except CheckpointError as err:
-            disk.unreadable.append((path, err))
-            continue
+    for path, claim in _decoded(
+        directory / CLAIMS, decode_claim_file, lambda c: c.uid, disk.unreadable
+    ):
         if claim.record is None:
             disk.tombstones.append(path)
         else:
             disk.claims[claim.uid] = claim
-    for path, data in _files(directory / GPUS):
-        try:
-            gpu = decode_gpu_file(data)
-            _check_name(path, gpu.uuid)
-        except CheckpointError as err:
-            disk.unreadable.append((path, err))
-            continue
+    for _, gpu in _decoded(directory / GPUS, decode_gpu_file, lambda g: g.uuid, disk.unreadable):
         disk.gpus[gpu.uuid] = gpu
     return disk
 
