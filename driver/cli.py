@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import TextIO
 import yaml
 
 from drasil.api.limits import MAX_FILE_BYTES, allow_nesting
+from drasil.driver.cdi.driverfiles import DriverRoot
 from drasil.driver.claims.configcheck import validate_config_document
 from drasil.driver.devices import CapacityPolicy, Device, Version
 from drasil.driver.discovery.backends import BACKENDS, open_backend
@@ -30,6 +32,7 @@ from drasil.driver.kubeapi import (
     checked_name,
     load_user_api_client,
 )
+from drasil.driver.nodecheck import check_device_nodes, check_driver, check_hook, report
 from drasil.driver.slices.build import build_slices, quantity
 
 DEFAULT_DRIVER = "gpu.drasil.dev"
@@ -84,7 +87,69 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--message", default="fault injected with drasil fault inject")
     f.add_argument("--plugins-dir", default="/var/lib/kubelet/plugins")
     f.add_argument("--driver-name", default=DEFAULT_DRIVER)
+    _doctor_parser(sub)
     return p
+
+
+def _doctor_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    # Defaults from the plugin container's env, so `kubectl exec <plugin pod> -- drasil
+    # doctor` checks what the plugin uses.
+    env = os.environ
+    doc = sub.add_parser(
+        "doctor",
+        help="is this node ready to give containers a real GPU? (driver files, hook, devices)",
+    )
+    doc.add_argument("--backend", choices=BACKENDS, default=env.get("BACKEND", "nvml"))
+    doc.add_argument("--nvidia-driver-root", default=env.get("NVIDIA_DRIVER_ROOT") or "/")
+    doc.add_argument(
+        "--container-driver-root",
+        default=env.get("CONTAINER_DRIVER_ROOT"),
+        help="where this process sees the driver root (default: the same path)",
+    )
+    doc.add_argument("--nvidia-cdi-hook-path", default=env.get("NVIDIA_CDI_HOOK_PATH"))
+    doc.add_argument(
+        "--cdi-hooks", choices=("enabled", "disabled"), default=env.get("CDI_HOOKS", "enabled")
+    )
+    doc.add_argument("--plugins-dir", default="/var/lib/kubelet/plugins")
+    doc.add_argument("--driver-name", default=env.get("DRIVER_NAME", DEFAULT_DRIVER))
+
+
+def _doctor(args: argparse.Namespace, out: TextIO) -> int:
+    local = Path(args.container_driver_root or args.nvidia_driver_root)
+    root = DriverRoot(host=args.nvidia_driver_root, local=local)
+    nvml_version = None
+    nodes: list[str] = []
+    if args.backend == "nvml":
+        lib = open_backend("nvml", profile="", node_name="doctor")
+        lib.init()
+        try:
+            nvml_version = lib.system_driver_version()
+            nodes = [*lib.control_device_nodes()]
+            nodes += [n for i in range(lib.device_count()) for n in _gpu_nodes(lib, i)]
+        finally:
+            lib.shutdown()
+    checks = check_driver(root, nvml_version=nvml_version)
+    installed = Path(args.plugins_dir) / args.driver_name / "nvidia-cdi-hook"
+    hook = args.nvidia_cdi_hook_path or (str(installed) if installed.is_file() else None)
+    checks.append(
+        check_hook(hook, enabled=args.cdi_hooks == "enabled", local=lambda p: _seen(p, root))
+    )
+    if args.backend == "nvml":
+        checks.append(check_device_nodes(nodes))
+    out.write(report(checks) + "\n")
+    return 0 if all(c.ok for c in checks) else 1
+
+
+def _gpu_nodes(lib: NvmlLibrary, index: int) -> tuple[str, ...]:
+    return lib.device_nodes(lib.device_minor_number(lib.device_handle_by_index(index)))
+
+
+def _seen(host_path: str, root: DriverRoot) -> Path | None:
+    """Where this process sees a host path: under the driver root's view, or as is."""
+    path = Path(host_path)
+    if path.is_relative_to(root.host) and root.local != Path(root.host):
+        return root.local / path.relative_to(root.host)
+    return path
 
 
 def _attribute_text(value: object) -> str:
@@ -261,6 +326,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             return _fault(args, out)
         if args.command == "explain":
             return _explain(args, out)
+        if args.command == "doctor":
+            return _doctor(args, out)
         return _validate_config(args, out)
     except (NvmlError, ProfileSpecError, OSError, KubeconfigError) as err:
         print(f"drasil {args.command}: {err}", file=sys.stderr)

@@ -18,6 +18,10 @@ MODES = ("dra", "device-plugin")
 MIG_STRATEGIES = ("none", "single", "mixed")
 MIG_MODES = ("static", "dynamic")
 GPU_SHARING = ("exclusive", "consumable")
+CDI_HOOKS = ("enabled", "disabled")
+# Where the image carries NVIDIA's nvidia-cdi-hook (Dockerfile), copied to the node
+# when no --nvidia-cdi-hook-path is given.
+BUNDLED_CDI_HOOK = "/opt/drasil/bin/nvidia-cdi-hook"
 
 
 # reStructuredText's inline literal, as docstrings write it: ``--mode``.
@@ -54,6 +58,23 @@ class PluginOptions:
     # DRA mode: whole GPUs for one claim each (exclusive) or shared by capacity.
     gpu_sharing: str = "exclusive"
     simulated_state: Path | None = None
+    # The NVIDIA driver's files (docs/kubelet-plugin.md#the-drivers-files). None: not
+    # given, which for the simulated backend means "no driver files in specs".
+    nvidia_driver_root: str | None = None
+    container_driver_root: Path | None = None
+    nvidia_cdi_hook_path: str | None = None
+    cdi_hooks: str = "enabled"
+    bundled_cdi_hook: Path = Path(BUNDLED_CDI_HOOK)
+
+    @property
+    def driver_root_host(self) -> str:
+        """The driver root as the host sees it (``/`` unless given)."""
+        return self.nvidia_driver_root or "/"
+
+    @property
+    def driver_root_local(self) -> Path:
+        """Where this process sees the driver root (the chart's ``/driver-root``)."""
+        return self.container_driver_root or Path(self.driver_root_host)
 
     @property
     def state_dir(self) -> Path:
@@ -150,6 +171,34 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="simulated backend: the file its GPUs keep MIG state in "
         "(default simulated-gpus.json in the plugin's state dir)",
     )
+    p.add_argument(
+        "--nvidia-driver-root",
+        default=env.get("NVIDIA_DRIVER_ROOT"),
+        help="env NVIDIA_DRIVER_ROOT; the host directory the NVIDIA driver is installed "
+        "under: / (default), /run/nvidia/driver for the GPU Operator's driver container. "
+        "Its libraries, firmware, utilities and sockets go into every GPU container. With "
+        "--backend simulated, only when given",
+    )
+    p.add_argument(
+        "--container-driver-root",
+        default=env.get("CONTAINER_DRIVER_ROOT"),
+        help="env CONTAINER_DRIVER_ROOT; where this process sees --nvidia-driver-root "
+        "(the chart mounts it at /driver-root); default: the same path",
+    )
+    p.add_argument(
+        "--nvidia-cdi-hook-path",
+        default=env.get("NVIDIA_CDI_HOOK_PATH"),
+        help="env NVIDIA_CDI_HOOK_PATH; the host path of NVIDIA's nvidia-cdi-hook; "
+        f"default: the one in the image ({BUNDLED_CDI_HOOK}), copied to the plugin's "
+        "state dir on the host",
+    )
+    p.add_argument(
+        "--cdi-hooks",
+        choices=CDI_HOOKS,
+        default=env.get("CDI_HOOKS", "enabled"),
+        help="env CDI_HOOKS; disabled leaves nvidia-cdi-hook's hooks out of CDI specs, "
+        "for runtimes that refuse hooks",
+    )
     return p
 
 
@@ -188,6 +237,14 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
     _check_choice("--mig-strategy", ns.mig_strategy, MIG_STRATEGIES)
     _check_choice("--mig-mode", ns.mig_mode, MIG_MODES)
     _check_choice("--gpu-sharing", ns.gpu_sharing, GPU_SHARING)
+    _check_choice("--cdi-hooks", ns.cdi_hooks, CDI_HOOKS)
+    for flag, value in (
+        ("--nvidia-driver-root", ns.nvidia_driver_root),
+        ("--container-driver-root", ns.container_driver_root),
+        ("--nvidia-cdi-hook-path", ns.nvidia_cdi_hook_path),
+    ):
+        if value and not value.startswith("/"):
+            raise OptionsError(f"{flag}: {value!r} is not an absolute path")
     if ns.time_slicing_replicas < 1:
         raise OptionsError(f"--time-slicing-replicas: {ns.time_slicing_replicas} is less than 1")
     return PluginOptions(
@@ -212,4 +269,9 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         mig_mode=ns.mig_mode,
         gpu_sharing=ns.gpu_sharing,
         simulated_state=Path(ns.simulated_state) if ns.simulated_state else None,
+        nvidia_driver_root=ns.nvidia_driver_root or None,
+        container_driver_root=Path(ns.container_driver_root) if ns.container_driver_root else None,
+        nvidia_cdi_hook_path=ns.nvidia_cdi_hook_path or None,
+        cdi_hooks=ns.cdi_hooks,
+        bundled_cdi_hook=Path(env.get("DRASIL_BUNDLED_CDI_HOOK", BUNDLED_CDI_HOOK)),
     )

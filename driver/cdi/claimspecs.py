@@ -38,6 +38,7 @@ from drasil.driver.cdi.spec import (
     CdiSpecError,
     ContainerEdits,
     DeviceNode,
+    common_edits_dict,
     device_env_name,
     edits_dict,
     encode_spec,
@@ -185,7 +186,7 @@ def build_claim_spec(req: ClaimSpecRequest, *, driver: str) -> CdiSpec:
             *(_device_entry(req.claim_uid, d, index=i) for i, d in enumerate(req.devices)),
             *(_metadata_entry(m) for m in req.metadata),
         ],
-        "containerEdits": edits_dict(common.env, common.device_nodes, common.mounts),
+        "containerEdits": common_edits_dict(common),
     }
     spec["cdiVersion"] = required_cdi_version(spec)
     try:

@@ -41,6 +41,16 @@ _NODE_KEYS: Final = frozenset(
     {"path", "hostPath", "type", "major", "minor", "fileMode", "permissions", "uid", "gid"}
 )
 _MOUNT_KEYS: Final = frozenset({"hostPath", "containerPath", "options", "type"})
+_HOOK_KEYS: Final = frozenset({"hookName", "path", "args", "env", "timeout"})
+# The OCI runtime spec's hook points (CDI 0.5.0 names them in its schema).
+HOOK_NAMES: Final = (
+    "prestart",
+    "createRuntime",
+    "createContainer",
+    "startContainer",
+    "poststart",
+    "poststop",
+)
 
 
 class CdiSpecError(ValueError):
@@ -67,12 +77,23 @@ class Mount:
 
 
 @dataclass(frozen=True)
+class Hook:
+    """An OCI hook the runtime runs (``nvidia-cdi-hook create-symlinks …``)."""
+
+    path: str
+    args: tuple[str, ...]
+    hook_name: str = "createContainer"
+    env: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class ContainerEdits:
     """Edits every container using any device of the claim gets (spec-level edits)."""
 
     env: Mapping[str, str] = field(default_factory=dict)
     device_nodes: tuple[DeviceNode, ...] = ()
     mounts: tuple[Mount, ...] = ()
+    hooks: tuple[Hook, ...] = ()
 
 
 def device_env_name(device_name: str) -> str:
@@ -81,7 +102,10 @@ def device_env_name(device_name: str) -> str:
 
 
 def edits_dict(
-    env: Mapping[str, str], nodes: Iterable[DeviceNode], mounts: Iterable[Mount]
+    env: Mapping[str, str],
+    nodes: Iterable[DeviceNode],
+    mounts: Iterable[Mount],
+    hooks: Iterable[Hook] = (),
 ) -> CdiSpec:
     edits: CdiSpec = {}
     if env:
@@ -91,7 +115,21 @@ def edits_dict(
         edits["deviceNodes"] = node_dicts
     if mount_dicts := [_mount_dict(m) for m in mounts]:
         edits["mounts"] = mount_dicts
+    if hook_dicts := [_hook_dict(h) for h in hooks]:
+        edits["hooks"] = hook_dicts
     return edits
+
+
+def common_edits_dict(edits: ContainerEdits) -> CdiSpec:
+    """The JSON form of a whole ``ContainerEdits``."""
+    return edits_dict(edits.env, edits.device_nodes, edits.mounts, edits.hooks)
+
+
+def _hook_dict(hook: Hook) -> CdiSpec:
+    out: CdiSpec = {"hookName": hook.hook_name, "path": hook.path, "args": list(hook.args)}
+    if hook.env:
+        out["env"] = list(hook.env)
+    return out
 
 
 def _node_dict(node: DeviceNode) -> CdiSpec:
@@ -255,6 +293,8 @@ def _validate_edits(edits: Mapping[str, Any], *, where: str) -> None:
         _validate_device_node(node, where=f"{where}.deviceNodes[{index}]")
     for index, mount in enumerate(_list_field(edits, "mounts", where=where)):
         _validate_mount(mount, where=f"{where}.mounts[{index}]")
+    for index, hook in enumerate(_list_field(edits, "hooks", where=where)):
+        _validate_hook(hook, where=f"{where}.hooks[{index}]")
 
 
 def _list_field(edits: Mapping[str, Any], key: str, *, where: str) -> list[Any]:
@@ -306,6 +346,29 @@ def _validate_mount(mount: object, *, where: str) -> None:
     for key in ("hostPath", "containerPath"):
         if not isinstance(mount.get(key), str) or not mount[key]:
             raise CdiSpecError(f"{where}.{key}: required")
+
+
+def _validate_hook(hook: object, *, where: str) -> None:
+    if not isinstance(hook, dict):
+        raise CdiSpecError(f"{where}: must be an object")
+    _check_keys(hook, _HOOK_KEYS, where=where)
+    if hook.get("hookName") not in HOOK_NAMES:
+        raise CdiSpecError(
+            f"{where}.hookName: {hook.get('hookName')!r} is not one of {', '.join(HOOK_NAMES)}"
+        )
+    path = hook.get("path")
+    if not (isinstance(path, str) and path.startswith("/")):
+        raise CdiSpecError(f"{where}.path: {path!r} is not an absolute path")
+    for key in ("args", "env"):
+        value = hook.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise CdiSpecError(f"{where}.{key}: must be a list of strings")
+    names: set[str] = set()
+    for index, entry in enumerate(hook.get("env", [])):
+        _validate_env(entry, where=f"{where}.env[{index}]", names=names)
+    timeout = hook.get("timeout")
+    if timeout is not None and not (isinstance(timeout, int) and timeout > 0):
+        raise CdiSpecError(f"{where}.timeout: {timeout!r} is not a positive integer")
 
 
 # --- encoding ------------------------------------------------------------------------

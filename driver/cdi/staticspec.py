@@ -21,6 +21,8 @@ from typing import Final
 from drasil.driver.cdi.spec import (
     SPEC_FILE_MODE,
     CdiSpec,
+    ContainerEdits,
+    common_edits_dict,
     device_env_name,
     encode_spec,
     required_cdi_version,
@@ -48,12 +50,20 @@ def device_spec_path(cdi_root: Path, *, driver: str) -> Path:
     return cdi_root / f"{vendor}-{cls}.json"
 
 
-def build_device_spec(devices: Sequence[Device], *, driver: str) -> CdiSpec:
-    """The validated spec naming every device, with the lowest ``cdiVersion`` it needs."""
+def build_device_spec(
+    devices: Sequence[Device], *, driver: str, common: ContainerEdits | None = None
+) -> CdiSpec:
+    """The validated spec naming every device, with the lowest ``cdiVersion`` it needs.
+
+    ``common``: the node's edits every GPU container needs (the driver's files and
+    hooks, its control nodes), spec-wide.
+    """
     spec: CdiSpec = {
         "kind": device_kind(driver),
         "devices": [_entry(d) for d in sorted(devices, key=lambda d: (d.minor, d.name))],
     }
+    if common is not None and (edits := common_edits_dict(common)):
+        spec["containerEdits"] = edits
     spec["cdiVersion"] = required_cdi_version(spec)
     validate_spec(spec)
     return spec
@@ -68,14 +78,20 @@ def _entry(device: Device) -> CdiSpec:
     return {"name": device.name, "containerEdits": edits}
 
 
-def write_device_spec(devices: Sequence[Device], *, cdi_root: Path, driver: str) -> Path | None:
+def write_device_spec(
+    devices: Sequence[Device],
+    *,
+    cdi_root: Path,
+    driver: str,
+    common: ContainerEdits | None = None,
+) -> Path | None:
     """Write (or, for a node without devices, remove) the static spec; returns its path."""
     path = device_spec_path(cdi_root, driver=driver)
     if not devices:
         # A spec needs at least one device; a stale one would name devices that are gone.
         remove_file(path, crash_tag="cdi", durable=False)
         return None
-    data = encode_spec(build_device_spec(devices, driver=driver))
+    data = encode_spec(build_device_spec(devices, driver=driver, common=common))
     cdi_root.mkdir(parents=True, exist_ok=True)
     # /var/run/cdi is tmpfs (see write_claim_spec): atomic rename without fsync.
     write_atomic(path, data, mode=SPEC_FILE_MODE, crash_tag="cdi", durable=False)

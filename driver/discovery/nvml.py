@@ -906,5 +906,5 @@ class PynvmlLibrary:
         return (f"{self._dev_root}/nvidia{minor}",)
 
     def control_device_nodes(self) -> tuple[str, ...]:
-        names = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
+        names = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
         return tuple(path for n in names if Path(path := f"{self._dev_root}/{n}").exists())

@@ -35,6 +35,7 @@ from drasil.driver.cdi.staticspec import write_device_spec
 from drasil.driver.discovery.nvml import NvmlLibrary
 from drasil.kubeletplugin.deviceplugin.resources import Resource, plan_resources, socket_name
 from drasil.kubeletplugin.deviceplugin.service import OPTIONS, DevicePluginService
+from drasil.kubeletplugin.driverroot import log_readiness, node_edits, readiness
 from drasil.kubeletplugin.metrics import DevicePluginMetrics
 from drasil.kubeletplugin.node import NodeRuntime
 from drasil.kubeletplugin.options import PluginOptions
@@ -207,7 +208,14 @@ class DevicePluginServer:
             mig_strategy=self.opts.mig_strategy,
             replicas=self.opts.time_slicing_replicas,
         )
-        write_device_spec(devices, cdi_root=self.opts.cdi_root, driver=self.opts.driver_name)
+        edits = node_edits(self.opts, self.node.lib)
+        log_readiness(readiness(self.opts, self.node.lib, edits))
+        write_device_spec(
+            devices,
+            cdi_root=self.opts.cdi_root,
+            driver=self.opts.driver_name,
+            common=edits.current(),
+        )
         self.health = self.node.watch_health(devices, fault_poll=self.intervals.fault_poll)
         self._start_endpoints(resources)
         self.node.thread("device-plugin-sockets", self._watch)

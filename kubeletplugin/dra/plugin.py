@@ -19,7 +19,6 @@ from drasil.api.kubelet.health.v1alpha1 import health_pb2_grpc as health_v1alpha
 from drasil.api.kubelet.pluginregistration import registration_pb2 as reg_pb
 from drasil.api.kubelet.pluginregistration import registration_pb2_grpc as reg_grpc
 from drasil.driver.cdi.claimspecs import delete_claim_spec
-from drasil.driver.cdi.spec import ENV_NVIDIA_VISIBLE_DEVICES, ContainerEdits, DeviceNode
 from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore, LoadOutcome, LoadResult
 from drasil.driver.discovery.nvml import NvmlLibrary
 from drasil.driver.files import FileLock
@@ -34,6 +33,12 @@ from drasil.kubeletplugin.dra.prepare import Preparer
 from drasil.kubeletplugin.dra.registration import Registration
 from drasil.kubeletplugin.dra.service import ClaimWork, DRAPluginV1, DRAPluginV1beta1
 from drasil.kubeletplugin.dra.shares import GpuEffects
+from drasil.kubeletplugin.driverroot import (
+    NOT_READY_REASON,
+    log_readiness,
+    node_edits,
+    readiness,
+)
 from drasil.kubeletplugin.metrics import PluginMetrics
 from drasil.kubeletplugin.node import NodeRuntime
 from drasil.kubeletplugin.options import PluginOptions
@@ -86,6 +91,8 @@ class KubeletPlugin:
 
     def start(self) -> None:
         self.devices = {d.name: d for d in self.node.discover()}
+        self.edits = node_edits(self.opts, self.lib)
+        self._check_readiness()
         self.opts.state_dir.mkdir(parents=True, exist_ok=True)
         self.opts.cdi_root.mkdir(parents=True, exist_ok=True)
         self.store = CheckpointStore(self.opts.state_dir / CHECKPOINT_DIR)
@@ -97,7 +104,7 @@ class KubeletPlugin:
             store=self.store,
             cdi_root=self.opts.cdi_root,
             state_dir=self.opts.state_dir,
-            common_edits=node_edits(self.lib),
+            node_edits=self.edits,
             migs=MigInstances(self.lib, state_dir=self.opts.state_dir),
         )
         self.preparer.effects = GpuEffects(
@@ -162,6 +169,13 @@ class KubeletPlugin:
         if report.message:
             log.warning("MIG instances reconciled: %s", report.message)
             self._node_event("MigInstancesReconciled", report.message)
+
+    def _check_readiness(self) -> None:
+        """Say at start what a real GPU container would miss here (log, one Event)."""
+        failed = log_readiness(readiness(self.opts, self.lib, self.edits))
+        if failed:
+            message = "; ".join(f"{c.name}: {c.detail}" for c in failed)
+            self._node_event(NOT_READY_REASON, f"GPU containers will fail here: {message}")
 
     def _report_load(self, loaded: LoadResult) -> None:
         if loaded.outcome == LoadOutcome.QUARANTINED:
@@ -279,14 +293,3 @@ class KubeletPlugin:
     def stop(self) -> None:
         """Stop serving; the checkpoint and the CDI specs of prepared claims stay."""
         self.node.stop(self._servers)
-
-
-def node_edits(lib: NvmlLibrary) -> ContainerEdits:
-    """The spec-wide edits of every claim spec of this node: the same in each.
-
-    The driver's control nodes, and ``NVIDIA_VISIBLE_DEVICES=void``: CUDA images set
-    ``all`` there, and the NVIDIA runtime's legacy hook would otherwise hand the
-    container every GPU of the node; which GPUs it gets is the CDI devices' business.
-    """
-    nodes = tuple(DeviceNode(path=path) for path in lib.control_device_nodes())
-    return ContainerEdits(env={ENV_NVIDIA_VISIBLE_DEVICES: "void"}, device_nodes=nodes)

@@ -44,6 +44,8 @@ from drasil.driver.cdi.claimspecs import (
     sweep_claim_spec_temps,
     write_claim_spec,
 )
+from drasil.driver.cdi.driveredits import NodeEdits
+from drasil.driver.cdi.driverfiles import DriverFilesError
 from drasil.driver.cdi.metadata import METADATA_DIR, delete_claim_metadata, write_claim_metadata
 from drasil.driver.cdi.spec import CdiSpecError, ContainerEdits
 from drasil.driver.checkpoint import CheckpointStore
@@ -92,6 +94,7 @@ _CLAIM_ERRORS = (
     PlanError,
     AllocationError,
     CdiSpecError,
+    DriverFilesError,
     LockTimeoutError,
     MigError,
     ShareError,
@@ -147,6 +150,8 @@ class Preparer:
     cdi_root: Path
     state_dir: Path
     common_edits: ContainerEdits = field(default_factory=ContainerEdits)
+    # The node's driver files and control nodes, kept current; wins over common_edits.
+    node_edits: NodeEdits | None = None
     api_readers: int = API_READERS
     migs: MigInstances | None = None  # None: no NVML to cut MIG instances with
     effects: GpuEffects | None = None  # None: sharing reaches containers as env only
@@ -167,7 +172,9 @@ class Preparer:
             driver=self.driver,
             pool=self.pool,
             devices=self.devices,
-            common_edits=self.common_edits,
+            common_edits=self.common_edits
+            if self.node_edits is None
+            else self.node_edits.current(),
             metadata_root=self.metadata_root,
         )
 

@@ -17,10 +17,10 @@ from typing import Any
 from test_claimplan import NODE, POOL, config, result
 
 from drasil.driver.cdi.claimspecs import build_claim_spec
+from drasil.driver.cdi.driveredits import control_edits
 from drasil.driver.cdi.spec import CdiSpec
 from drasil.driver.claims.plan import ClaimRef, NodePool, plan_prepare
 from drasil.driver.discovery.simulated import simulated_library
-from drasil.kubeletplugin.dra.plugin import node_edits
 
 DRIVER = "gpu.drasil.dev"
 UIDS = [f"{i:08x}-0000-4000-8000-000000000000" for i in range(8)]
@@ -35,7 +35,9 @@ def _spec(uid: str, results: list[dict[str, Any]], configs: Iterable[dict[str, A
         driver=DRIVER,
         pool=NODE,
         devices=POOL.devices,
-        common_edits=node_edits(simulated_library("h100-80gb:2", node_name=NODE)),
+        common_edits=control_edits(
+            simulated_library("h100-80gb:2", node_name=NODE).control_device_nodes()
+        ),
     )
     plan = plan_prepare(claim, ref=ClaimRef("ml", claim["metadata"]["name"], uid), node=node)
     return build_claim_spec(plan.spec, driver=DRIVER)
