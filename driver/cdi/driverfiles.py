@@ -220,9 +220,13 @@ def _locate_libraries(root: DriverRoot, pattern: str) -> tuple[str, ...]:
     for folder in LIBRARY_FOLDERS:
         found.extend(_glob_files(root, folder, pattern))
     if not found:
+        # The cache names the SONAME links (libcuda.so.1): match what they lead to too.
         for entry in read_ld_cache(root.local_path(LD_CACHE)):
-            if entry.bits == 64 and fnmatch.fnmatchcase(PurePosixPath(entry.path).name, pattern):
-                found.append(entry.path)
+            if entry.bits != 64:
+                continue
+            for candidate in (entry.path, root.resolve(entry.path)):
+                if candidate and fnmatch.fnmatchcase(PurePosixPath(candidate).name, pattern):
+                    found.append(candidate)
     return _unique(r for p in found if (r := root.resolve(p)) and _is_file(root, r))
 
 
