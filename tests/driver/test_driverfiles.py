@@ -18,6 +18,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from cdicheck import assert_valid_cdi
 
 from drasil.driver.cdi.claimspecs import ClaimDevice, ClaimSpecRequest, build_claim_spec
 from drasil.driver.cdi.driveredits import NodeEdits, control_edits, driver_edits
@@ -30,7 +31,6 @@ from drasil.driver.cdi.driverfiles import (
 from drasil.driver.cdi.ldcache import elf_soname, parse_ld_cache, read_ld_cache
 from drasil.driver.cdi.spec import CdiSpecError, validate_spec
 from drasil.driver.discovery.simulated import simulated_library
-from cdicheck import assert_valid_cdi
 
 VERSION = "580.95.05"
 NEWER = "590.44.01"
@@ -115,7 +115,7 @@ def debian(tmp_path: Path, so_cache: dict[str, bytes]) -> Iterator[Root]:
     sock.bind(str(r.path / "run/nvidia-persistenced/socket"))
     sock.close()
     r.ldconfig(DEBIAN)
-    yield r
+    return r
 
 
 # --- ld.so.cache and SONAME -------------------------------------------------------------
@@ -314,7 +314,8 @@ def test_bad_hooks_are_refused_naming_the_field(hook: dict[str, object], field: 
         "devices": [{"name": "d", "containerEdits": {"env": ["A=1"]}}],
         "containerEdits": {"hooks": [hook]},
     }
-    with pytest.raises(CdiSpecError, match=rf"containerEdits\.hooks\[0\]\.?{field.split('[')[0]}"):
+    where = field.split("[", maxsplit=1)[0]
+    with pytest.raises(CdiSpecError, match=rf"containerEdits\.hooks\[0\]\.?{where}"):
         validate_spec(spec)
 
 
@@ -324,7 +325,7 @@ def test_bad_hooks_are_refused_naming_the_field(hook: dict[str, object], field: 
 def test_files_are_found_once_and_again_after_the_driver_changed(
     debian: Root, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import drasil.driver.cdi.driveredits as driveredits
+    from drasil.driver.cdi import driveredits
 
     scans: list[str] = []
     real = driveredits.find_driver_files
@@ -339,7 +340,8 @@ def test_files_are_found_once_and_again_after_the_driver_changed(
         control=control_edits(()), root=debian.root, version=lambda: nvml[0], hook_path=HOOK
     )
     first = edits.current()
-    assert edits.current() is first and scans == [VERSION]
+    assert edits.current() is first
+    assert scans == [VERSION]
 
     # The driver is upgraded: the old files go, the new ones come, NVML says so.
     folder = debian.path / DEBIAN.lstrip("/")
@@ -351,7 +353,8 @@ def test_files_are_found_once_and_again_after_the_driver_changed(
     after = edits.current()
     assert scans == [VERSION, NEWER]
     libraries = [m.host_path for m in after.mounts if ".so." in m.host_path]
-    assert libraries and all(p.endswith(NEWER) for p in libraries)
+    assert libraries
+    assert all(p.endswith(NEWER) for p in libraries)
     assert all(os.path.exists(debian.path / m.container_path.lstrip("/")) for m in after.mounts)
 
 

@@ -32,9 +32,11 @@ def _opts(*argv: str, **env: str) -> PluginOptions:
 
 def test_defaults_name_no_root_and_enable_hooks() -> None:
     opts = _opts()
-    assert opts.nvidia_driver_root is None and opts.driver_root_host == "/"
+    assert opts.nvidia_driver_root is None
+    assert opts.driver_root_host == "/"
     assert opts.driver_root_local == Path("/")
-    assert opts.nvidia_cdi_hook_path is None and opts.cdi_hooks == "enabled"
+    assert opts.nvidia_cdi_hook_path is None
+    assert opts.cdi_hooks == "enabled"
 
 
 def test_env_names_are_nvidias() -> None:
@@ -67,7 +69,8 @@ def test_simulated_gpus_get_driver_files_only_from_a_given_root() -> None:
     assert driver_root(_opts("--backend", "simulated")) is None
     assert driver_root(_opts("--backend", "nvml")) is not None
     given = driver_root(_opts("--backend", "simulated", "--nvidia-driver-root", "/x"))
-    assert given is not None and given.host == "/x"
+    assert given is not None
+    assert given.host == "/x"
 
 
 def test_the_images_hook_is_copied_once_and_named_by_its_host_path(tmp_path: Path) -> None:
@@ -76,7 +79,8 @@ def test_the_images_hook_is_copied_once_and_named_by_its_host_path(tmp_path: Pat
     opts = _opts("--plugins-dir", str(tmp_path / "plugins"), DRASIL_BUNDLED_CDI_HOOK=str(bundled))
     path = cdi_hook_path(opts)
     assert path == str(tmp_path / "plugins/gpu.drasil.dev/nvidia-cdi-hook")
-    assert os.access(path, os.X_OK) and Path(path).read_bytes() == bundled.read_bytes()
+    assert os.access(path, os.X_OK)
+    assert Path(path).read_bytes() == bundled.read_bytes()
     before = Path(path).stat().st_ino
     install_hook(bundled, opts.state_dir)  # the same bytes: left alone
     assert Path(path).stat().st_ino == before
@@ -126,8 +130,10 @@ def test_readiness_names_the_missing_hook_and_passes_the_driver(root: Path, tmp_
     lib = simulated_library("h100-80gb:1", node_name="n")
     edits = node_edits(opts, lib)
     checks = {c.name: c for c in readiness(opts, lib, edits)}
-    assert checks["driver files"].ok and VERSION in checks["driver files"].detail
-    assert not checks["cdi hook"].ok and "no nvidia-cdi-hook" in checks["cdi hook"].detail
+    assert checks["driver files"].ok
+    assert VERSION in checks["driver files"].detail
+    assert not checks["cdi hook"].ok
+    assert "no nvidia-cdi-hook" in checks["cdi hook"].detail
     assert f"libcuda.so.{VERSION}" in str(edits.current().mounts)
 
 
@@ -142,7 +148,8 @@ def test_doctor_reports_each_check_and_exits_non_zero_on_a_failure(
     assert drasil([*args, "--nvidia-cdi-hook-path", str(hook)], out=out) == 0
     text = out.getvalue()
     assert f"ok    driver files: {root}: driver {VERSION}" in text
-    assert "ok    cdi hook: " in text and "1.20.2" in text
+    assert "ok    cdi hook: " in text
+    assert "1.20.2" in text
 
     out = io.StringIO()
     assert drasil([*args, "--nvidia-cdi-hook-path", str(tmp_path / "gone")], out=out) == 1

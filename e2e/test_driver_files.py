@@ -1,0 +1,339 @@
+"""The NVIDIA driver's files and hooks in drasil's specs, checked two ways.
+
+1. **NVIDIA's generator as the oracle.** On fake driver roots of several layouts
+   (`e2e.driverroot`: ELF libraries with the real SONAMEs, `ldconfig -r`, firmware,
+   utilities, sockets), the host files drasil mounts, the links and ld cache folders its
+   hooks make and its hooks' arguments equal what `nvidia-ctk cdi generate
+   --mode=management` (built from the toolkit's Go module, `e2e.nvidiatoolkit`) writes
+   for the same root. Device nodes aside: drasil's are per device.
+2. **On the real node** (kubelet, containerd, runc): the plugin runs with a fake driver
+   root and the real `nvidia-cdi-hook`; a glibc container (`versions.PROBE_IMAGE`) runs
+   `gpu-probe`, which `dlopen`s `libcuda.so.1` and `libnvidia-ml.so.1` by SONAME and calls
+   into them. One claim, two claims in one container, an MPS share, and a driver
+   upgraded under the running plugin.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT7
+
+from drasil.driver.cdi.driveredits import driver_edits
+from drasil.driver.cdi.driverfiles import DriverRoot, find_driver_files
+from drasil.driver.cdi.spec import common_edits_dict, validate_spec
+from e2e import versions
+from e2e.cluster.node import Node
+from e2e.driverroot import FakeRoot, build_fake_root
+from e2e.kube import Kube, NotYet, wait_for
+from e2e.nvidiatoolkit import VOID_MOUNT_HOST_PATH, cdi_hook_path, reference_spec
+from e2e.pluginproc import DRIVER
+from e2e.pods import POD_TIMEOUT, cdi_spec, delete_pod, prepared_in, template
+
+RESOURCE = "resource.k8s.io/v1"
+GPUS = 8  # the node's default profile
+LAYOUTS = ("debian", "operator", "rhel", "no-ldcache", "leftovers", "custom-dir")
+NEWER = "590.44.01"
+
+
+# -- 1. the oracle -----------------------------------------------------------------------
+
+
+def _summary(edits: Mapping[str, Any]) -> dict[str, Any]:
+    """What must agree: mounts (host path -> container path, options), the variables,
+    and the hooks with order-free arguments. Device nodes are left out."""
+    mounts = {
+        m["hostPath"]: (m["containerPath"], tuple(m.get("options") or ()))
+        for m in edits.get("mounts") or []
+        if m["hostPath"] != VOID_MOUNT_HOST_PATH
+    }
+    hooks: dict[str, Any] = {}
+    for hook in edits.get("hooks") or []:
+        command, args = hook["args"][1], hook["args"][2:]
+        paired = command in ("create-symlinks", "update-ldcache")
+        value = sorted(zip(args[::2], args[1::2], strict=True)) if paired else args
+        hooks[command] = {
+            "path": hook["path"],
+            "hookName": hook["hookName"],
+            "argv0": hook["args"][0],
+            "args": value,
+            "env": hook.get("env"),
+        }
+    env = sorted(e for e in edits.get("env") or [] if not e.startswith("NVIDIA_VISIBLE_DEVICES="))
+    return {"mounts": mounts, "hooks": hooks, "env": env}
+
+
+def _oracle(fake: FakeRoot, hook: Path) -> dict[str, Any]:
+    spec = reference_spec(fake.root, hook_path=hook, env=fake.env())
+    merged: dict[str, list[Any]] = {"mounts": [], "hooks": [], "env": []}
+    for edits in [spec.get("containerEdits") or {}] + [
+        d["containerEdits"] for d in spec["devices"]
+    ]:
+        for key in merged:
+            merged[key] += edits.get(key) or []
+    # Device-node hooks of management mode (folder permissions) are per device in drasil.
+    merged["hooks"] = [h for h in merged["hooks"] if h["args"][1] != "chmod"]
+    return _summary(merged)
+
+
+def _drasil(fake: FakeRoot, hook: Path, *, host: str | None = None) -> dict[str, Any]:
+    root = DriverRoot(host=host or str(fake.root), local=fake.root)
+    files = find_driver_files(root, fake.version)
+    return _summary(common_edits_dict(driver_edits(files, root, hook_path=str(hook))))
+
+
+@pytest.fixture(scope="module")
+def hook() -> Path:
+    return cdi_hook_path()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_drasil_mounts_and_hooks_what_nvidias_generator_does(
+    layout: str, tmp_path: Path, hook: Path
+) -> None:
+    fake = build_fake_root(tmp_path / "root", layout=layout, dev_nodes=True)
+    ours, theirs = _drasil(fake, hook), _oracle(fake, hook)
+    assert ours["mounts"] == theirs["mounts"]
+    assert ours["hooks"] == theirs["hooks"]
+    assert ours["env"] == theirs["env"]
+    # And the oracle is not vacuous: the current version's files, none of an older one.
+    assert {p for p, _ in ours["mounts"].values()} >= set(fake.libraries) | set(fake.firmware)
+    assert not {p for p, _ in ours["mounts"].values()} & set(fake.old_libraries)
+
+
+def test_a_root_seen_at_another_path_is_written_with_host_paths(tmp_path: Path, hook: Path) -> None:
+    fake = build_fake_root(tmp_path / "root", layout="operator", dev_nodes=True)
+    theirs = _oracle(fake, hook)
+    ours = _drasil(fake, hook, host="/run/nvidia/driver")
+    expected = {
+        "/run/nvidia/driver" + host.removeprefix(str(fake.root)): mount
+        for host, mount in theirs["mounts"].items()
+    }
+    assert ours["mounts"] == expected
+
+
+# -- 2. on the node ----------------------------------------------------------------------
+
+
+PROBE = "gpu-probe > /tmp/probe.json; cat /tmp/probe.json; echo; sleep 3600"
+
+
+@pytest.fixture(scope="module")
+def driver_root(node: Node, hook: Path) -> Iterator[FakeRoot]:
+    """A fake Debian driver root on the node, and the plugin restarted to use it."""
+    where = node.run_dir / "driver-root"
+    shutil.rmtree(where, ignore_errors=True)
+    fake = build_fake_root(where, layout="debian")
+    node.restart_plugin_with(
+        {"NVIDIA_DRIVER_ROOT": str(fake.root), "NVIDIA_CDI_HOOK_PATH": str(hook)}, published=GPUS
+    )
+    yield fake
+    node.restart_plugin_with(
+        {"NVIDIA_DRIVER_ROOT": None, "NVIDIA_CDI_HOOK_PATH": None}, published=GPUS
+    )
+    shutil.rmtree(where, ignore_errors=True)
+
+
+def _probe_pod(
+    kube: Kube, namespace: str, node: Node, claims: Mapping[str, str], *, extra: str = ""
+) -> str:
+    """A Pod of the probe image whose one container uses every claim (name -> template)."""
+    name = f"probe-{len(claims)}-{abs(hash(tuple(claims.values()))) % 10**6}"
+    container = {
+        "name": "c",
+        "image": versions.PROBE_IMAGE,
+        "imagePullPolicy": "Never",
+        "command": ["sh", "-c", extra + PROBE],
+        "resources": {"claims": [{"name": n} for n in claims]},
+    }
+    spec = {
+        "nodeSelector": {"kubernetes.io/hostname": node.name},
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 1,
+        "containers": [container],
+        "resourceClaims": [{"name": n, "resourceClaimTemplateName": t} for n, t in claims.items()],
+    }
+    kube.create(
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}, namespace
+    )
+    return name
+
+
+def _probe_result(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
+    def printed() -> Any:
+        pod = kube.get("v1", "Pod", name, namespace)
+        if pod["status"].get("phase") not in ("Running", "Succeeded", "Failed"):
+            return NotYet(pod["status"])
+        log = kube.core.read_namespaced_pod_log(name, namespace, container="c")
+        line = next((x for x in log.splitlines() if x.startswith("{")), None)
+        return json.loads(line) if line else NotYet(log)
+
+    result: dict[str, Any] = wait_for(printed, timeout=POD_TIMEOUT, what=f"the probe of {name}")
+    return result
+
+
+def _claim_uids(kube: Kube, namespace: str, name: str) -> list[str]:
+    statuses = kube.get("v1", "Pod", name, namespace)["status"].get("resourceClaimStatuses") or []
+    return [
+        kube.get(RESOURCE, "ResourceClaim", s["resourceClaimName"], namespace)["metadata"]["uid"]
+        for s in statuses
+    ]
+
+
+def _assert_loaded(result: Mapping[str, Any], version: str) -> None:
+    assert "error" not in result, result
+    assert result["cuInit"] == 0
+    assert result["nvmlInit"] == 0
+    assert result["driverVersion"] == version
+    assert result["libcuda"].startswith("/usr/lib/x86_64-linux-gnu/libcuda.so")
+    assert result["libnvml"].startswith("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so")
+
+
+def _assert_valid_cdi(spec: Mapping[str, Any]) -> None:
+    """The official CDI JSON Schema (tests/data/cdi-schema), then drasil's own rules."""
+    schemas = Path(__file__).parent.parent / "tests" / "data" / "cdi-schema"
+    defs = Resource.from_contents(json.loads((schemas / "defs.json").read_text()), DRAFT7)
+    schema = json.loads((schemas / "schema.json").read_text())
+    registry: Registry[Any] = Registry().with_resource("defs.json", defs)
+    jsonschema.Draft7Validator(schema, registry=registry).validate(spec)
+    validate_spec(spec)
+
+
+def test_a_cuda_program_loads_the_driver_by_soname(
+    kube: Kube, ns: str, node: Node, driver_root: FakeRoot
+) -> None:
+    name = _probe_pod(kube, ns, node, {"gpu": template(kube, ns)})
+    _assert_loaded(_probe_result(kube, ns, name), driver_root.version)
+    (uid,) = _claim_uids(kube, ns, name)
+    spec = json.loads(cdi_spec(node, uid).read_text())
+    _assert_valid_cdi(spec)
+    hosts = {m["hostPath"] for m in spec["containerEdits"]["mounts"]}
+    assert {str(driver_root.host(p)) for p in driver_root.libraries} <= hosts
+    assert [h["args"][1] for h in spec["containerEdits"]["hooks"]] == [
+        "create-symlinks",
+        "enable-cuda-compat",
+        "update-ldcache",
+        "disable-device-node-modification",
+    ]
+
+
+def test_two_claims_in_one_container_run_the_hooks_twice_harmlessly(
+    kube: Kube, ns: str, node: Node, driver_root: FakeRoot
+) -> None:
+    claims = {"a": template(kube, ns), "b": template(kube, ns)}
+    name = _probe_pod(kube, ns, node, claims)
+    _assert_loaded(_probe_result(kube, ns, name), driver_root.version)
+    assert len(_claim_uids(kube, ns, name)) == 2
+
+
+SHARED_CLASS = f"shared-driver-files.{DRIVER}"
+
+
+def test_an_mps_share_gets_the_driver_and_its_daemons_pipe(
+    kube: Kube, ns: str, node: Node, driver_root: FakeRoot
+) -> None:
+    attrs = f'device.attributes["{DRIVER}"]'
+    selector = (
+        f'device.driver == "{DRIVER}" && {attrs}.type == "gpu" && device.allowMultipleAllocations'
+    )
+    kube.delete(RESOURCE, "DeviceClass", SHARED_CLASS)
+    kube.create(
+        {
+            "apiVersion": RESOURCE,
+            "kind": "DeviceClass",
+            "metadata": {"name": SHARED_CLASS},
+            "spec": {"selectors": [{"cel": {"expression": selector}}]},
+        }
+    )
+    node.restart_plugin_with({"GPU_SHARING": "consumable"}, published=GPUS)
+    name = ""
+    try:
+        share = [
+            {
+                "name": "gpu",
+                "exactly": {
+                    "deviceClassName": SHARED_CLASS,
+                    "capacity": {"requests": {"memory": "10Gi"}},
+                },
+            }
+        ]
+        name = _probe_pod(
+            kube,
+            ns,
+            node,
+            {"gpu": template(kube, ns, requests=share)},
+            extra='test -n "$CUDA_MPS_PIPE_DIRECTORY" && ',
+        )
+        _assert_loaded(_probe_result(kube, ns, name), driver_root.version)
+        (uid,) = _claim_uids(kube, ns, name)
+        spec = json.loads(cdi_spec(node, uid).read_text())
+        _assert_valid_cdi(spec)
+        device_mounts = [
+            m["containerPath"]
+            for d in spec["devices"]
+            for m in d["containerEdits"].get("mounts", [])
+        ]
+        assert device_mounts, "the share's MPS pipe is mounted per device"
+    finally:
+        if name:  # unprepared (its daemon gone) before the plugin leaves consumable mode
+            delete_pod(kube, ns, name)
+            wait_for(
+                lambda: not prepared_in(node, ns) or NotYet(prepared_in(node, ns)),
+                timeout=POD_TIMEOUT,
+                what="the share unprepared",
+            )
+        node.restart_plugin_with({"GPU_SHARING": None}, published=GPUS)
+        kube.delete(RESOURCE, "DeviceClass", SHARED_CLASS)
+
+
+def test_drasil_doctor_on_the_node(driver_root: FakeRoot, hook: Path) -> None:
+    args = ["--backend", "simulated", "--nvidia-driver-root", str(driver_root.root)]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "drasil.driver.cli",
+            "doctor",
+            *args,
+            "--nvidia-cdi-hook-path",
+            str(hook),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ok    cdi hook" in done.stdout
+    assert "ok    driver files" in done.stdout
+
+
+def test_a_driver_upgraded_under_the_plugin_gives_new_claims_the_new_files(
+    kube: Kube, ns: str, node: Node, driver_root: FakeRoot
+) -> None:
+    before = _probe_pod(kube, ns, node, {"gpu": template(kube, ns)})
+    _assert_loaded(_probe_result(kube, ns, before), driver_root.version)
+    # The driver's files replaced by a newer version's, as a package upgrade does.
+    staging = driver_root.root.parent / "driver-root-new"
+    shutil.rmtree(staging, ignore_errors=True)
+    newer = build_fake_root(staging, layout="debian", version=NEWER)
+    for folder in ("usr", "lib", "etc"):
+        shutil.rmtree(driver_root.root / folder)
+        shutil.copytree(newer.root / folder, driver_root.root / folder, symlinks=True)
+    shutil.rmtree(staging)
+    after = _probe_pod(kube, ns, node, {"gpu": template(kube, ns)})
+    _assert_loaded(_probe_result(kube, ns, after), NEWER)
+    (uid,) = _claim_uids(kube, ns, after)
+    spec = json.loads(cdi_spec(node, uid).read_text())
+    for mount in spec["containerEdits"]["mounts"]:
+        assert Path(mount["hostPath"]).exists(), mount
+        assert driver_root.version not in mount["hostPath"], mount
