@@ -56,6 +56,8 @@ from drasil.api.checkpoint import PreparedDevice
 from drasil.api.kubelet.dra.v1 import dra_pb2 as v1
 from drasil.api.kubelet.dra.v1 import dra_pb2_grpc as v1_grpc
 from drasil.driver.cdi.claimspecs import spec_path
+from drasil.driver.cdi.driveredits import NodeEdits, control_edits
+from drasil.driver.cdi.driverfiles import DriverRoot
 from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore
 from drasil.driver.claims.plan import ClaimRef
 from drasil.driver.discovery.nodedevices import discover
@@ -65,6 +67,7 @@ from drasil.kubeletplugin.dra.prepare import Preparer
 from drasil.kubeletplugin.sockets import UnixSocketServer
 from e2e import binaries
 from e2e.cluster import Cluster
+from e2e.driverroot import build_fake_root
 from e2e.kube import Kube
 from e2e.pluginproc import DRIVER, ClaimId, KubeletClient
 
@@ -356,6 +359,65 @@ def _pairs(preparer: Preparer, ref: ClaimRef) -> dict[str, float]:
     return {**summary(prep=prep, unprep=unprep, pair=pair), "bytes_written_per_pair": per_pair}
 
 
+# ---- what the driver's files add to a pair ----------------------------------------------
+
+DRIVER_FILES_ROUNDS = 3
+HOOK = "/var/lib/kubelet/plugins/gpu.drasil.dev/nvidia-cdi-hook"
+
+
+def driver_files_cost() -> dict[str, Any]:
+    """The in-process pair without and with the driver's files in the spec (a fake
+    Debian driver root: its libraries, firmware, utilities, socket and four hooks),
+    interleaved, so the difference is what the larger spec and the folder check cost."""
+    node = "driver-files-node"
+    found = discover(simulated_library("h100-80gb:1", node_name=node), node_name=node)
+    uid = "22222222-2222-4222-8222-222222222222"
+    ref = ClaimRef(namespace="bench", name="measured", uid=uid)
+    result = {"request": "gpu", "driver": DRIVER, "pool": node, "device": "gpu-0"}
+    claim = {
+        "metadata": {"namespace": "bench", "name": "measured", "uid": uid},
+        "status": {"allocation": {"devices": {"results": [result]}}},
+    }
+    root = Path(tempfile.mkdtemp(prefix="drasil-bench-files-"))
+    try:
+        fake = build_fake_root(root / "driver", layout="debian")
+        driver = DriverRoot(host="/run/nvidia/driver", local=fake.root)
+        variants = {
+            "without": None,
+            "with": NodeEdits(control=control_edits(()), root=driver, hook_path=HOOK),
+        }
+        preparers = {}
+        for label, edits in variants.items():
+            (root / label / "state").mkdir(parents=True)
+            (root / label / "cdi").mkdir()
+            store = CheckpointStore(root / label / "state" / CHECKPOINT_DIR)
+            store.load()
+            preparers[label] = Preparer(
+                driver=DRIVER,
+                pool=node,
+                devices={d.name: d for d in found.devices},
+                claims=_OneClaim(claim),
+                store=store,
+                cdi_root=root / label / "cdi",
+                state_dir=root / label / "state",
+                node_edits=edits,
+            )
+        rounds: dict[str, list[dict[str, float]]] = {label: [] for label in variants}
+        for _ in range(DRIVER_FILES_ROUNDS):
+            for label, preparer in preparers.items():
+                rounds[label].append(_pairs(preparer, ref))
+        out: dict[str, Any] = {label: median_of(r) for label, r in rounds.items()}
+        for label, preparer in preparers.items():
+            assert preparer.prepare(ref).error == ""
+            out[label]["spec_bytes"] = (
+                spec_path(root / label / "cdi", driver=DRIVER, claim_uid=uid).stat().st_size
+            )
+        out["mounts"] = len(variants["with"].current().mounts) if variants["with"] else 0
+        return out
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 # ---- what a pair costs before drasil does anything, and where drasil's time goes ------
 
 
@@ -500,6 +562,7 @@ def run() -> dict[str, Any]:
         result["drivers"]["drasil"], result["drivers"]["reference"]
     )
     result["prepared_scaling"] = prepared_scaling()
+    result["driver_files"] = driver_files_cost()
     result["machine"] = {
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
@@ -560,6 +623,15 @@ def table(result: Mapping[str, Any]) -> str:
             f"  N={level:>5}: prepare p50 {figures['prepare_p50_ms']:.3f} ms, "
             f"pair p50 {figures['pair_p50_ms']:.3f} ms, p99 {figures['pair_p99_ms']:.3f} ms, "
             f"{figures['bytes_written_per_pair']:.0f} bytes written a pair"
+        )
+    files = result.get("driver_files")
+    if files:
+        without, with_ = files["without"], files["with"]
+        lines.append(
+            f"the driver's files in the spec ({files['mounts']} mounts, 4 hooks; in-process): "
+            f"pair p50 {without['pair_p50_ms']:.3f} -> {with_['pair_p50_ms']:.3f} ms, "
+            f"p99 {without['pair_p99_ms']:.3f} -> {with_['pair_p99_ms']:.3f} ms, "
+            f"spec {without['spec_bytes']} -> {with_['spec_bytes']} bytes"
         )
     load = result["machine"]
     lines.append(f"load average before {load['loadavg_before']}, after {load['loadavg_after']}")

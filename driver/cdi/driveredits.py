@@ -134,6 +134,7 @@ class NodeEdits:
         self._files: DriverFiles | None = None
         self._edits: ContainerEdits = self.control
         self._stamp: Stamp = ()
+        self._watched: tuple[str, ...] = ()
 
     @property
     def files(self) -> DriverFiles | None:
@@ -146,7 +147,7 @@ class NodeEdits:
         if self.root is None:
             return self.control
         with self._lock:
-            if self._files is None or _stamp(self.root, self._files) != self._stamp:
+            if self._files is None or _stamp(self._watched) != self._stamp:
                 self._rescan(self.root)
             return self._edits
 
@@ -154,7 +155,8 @@ class NodeEdits:
         previous = self._files
         version = self.version() or _root_version(root)
         files = find_driver_files(root, version)
-        self._files, self._stamp = files, _stamp(root, files)
+        self._watched = _watched_folders(root, files)
+        self._files, self._stamp = files, _stamp(self._watched)
         self._edits = merged(self.control, driver_edits(files, root, hook_path=self.hook_path))
         if previous is None or previous.version != files.version:
             log.info(
@@ -180,16 +182,22 @@ def _root_version(root: DriverRoot) -> str:
     return version
 
 
-def _stamp(root: DriverRoot, files: DriverFiles) -> Stamp:
-    """Identity and change time of every folder a mounted file was found in, and of
-    the folders binaries and sockets are looked for in: any file added, removed or
-    renamed there (how packages and the installer replace a driver) changes it."""
+def _watched_folders(root: DriverRoot, files: DriverFiles) -> tuple[str, ...]:
+    """Where this process sees every folder a mounted file was found in, and the
+    folders binaries and sockets are looked for in: any file added, removed or renamed
+    there (how packages and the installer replace a driver) changes its stamp."""
     folders = {str(PurePosixPath(p).parent) for p in files.files}
     folders |= set(files.library_folders) | set(BINARY_FOLDERS) | set(SOCKET_FOLDERS)
+    return tuple(str(root.local_path(f)) for f in sorted(folders))
+
+
+def _stamp(folders: tuple[str, ...]) -> Stamp:
+    """Identity and change time of each folder (paths precomputed: a prepare pays
+    only the ``stat`` calls)."""
     stamp = []
-    for folder in sorted(folders):
+    for folder in folders:
         try:
-            st = os.stat(root.local_path(folder))
+            st = os.stat(folder)
         except OSError:
             stamp.append((folder, 0, 0))
             continue

@@ -375,5 +375,11 @@ def _validate_hook(hook: object, *, where: str) -> None:
 
 
 def encode_spec(spec: Mapping[str, Any]) -> bytes:
-    """Deterministic bytes: sorted keys, fixed indent, ASCII, trailing newline."""
-    return (json.dumps(spec, sort_keys=True, indent=2, ensure_ascii=True) + "\n").encode("ascii")
+    """Deterministic bytes: sorted keys, compact, ASCII, trailing newline.
+
+    Compact because only then does ``json`` use its C encoder: a spec with the
+    driver's files is ~10 KB, and the indented form took 0.6 ms of each prepare.
+    ``jq . <file>`` shows it indented.
+    """
+    text = json.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return (text + "\n").encode("ascii")
