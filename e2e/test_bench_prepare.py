@@ -49,3 +49,13 @@ def test_the_prepare_benchmark_runs(
     table = prepare.table(result)
     assert "pair p50 (ms)" in table
     assert "gRPC floor" in table
+
+
+@pytest.mark.pure  # no cluster: the in-process Preparer on a fake driver root
+def test_the_driver_files_benchmark_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(prepare, "SCALING_ROUNDS", 5)
+    monkeypatch.setattr(prepare, "DRIVER_FILES_ROUNDS", 1)
+    result = prepare.driver_files_cost()
+    assert result["mounts"] > 10
+    assert result["with"]["spec_bytes"] > result["without"]["spec_bytes"]
+    assert result["with"]["pair_p50_ms"] > 0
