@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Final
 
 from drasil.driver.cdi.driveredits import NodeEdits, control_edits
-from drasil.driver.cdi.driverfiles import DriverRoot
+from drasil.driver.cdi.driverfiles import DriverRoot, root_driver_version
 from drasil.driver.discovery.nvml import NvmlError, NvmlLibrary
 from drasil.driver.files import write_atomic
 from drasil.driver.nodecheck import Check, check_device_nodes, check_driver, check_hook
@@ -35,7 +35,16 @@ def driver_root(opts: PluginOptions) -> DriverRoot | None:
     (a machine without a GPU has no driver to give)."""
     if opts.backend == "simulated" and opts.nvidia_driver_root is None:
         return None
-    return DriverRoot(host=opts.driver_root_host, local=opts.driver_root_local)
+    root = DriverRoot(host=opts.driver_root_host, local=opts.driver_root_local)
+    if opts.backend == "simulated" and root_driver_version(root) is None:
+        # The chart passes its default root whatever the backend: simulated GPUs on a
+        # machine without a driver get none, as before (the driver-free demo).
+        log.warning(
+            "no NVIDIA driver under the driver root; simulated GPUs get no driver files",
+            extra={"root": root.host},
+        )
+        return None
+    return root
 
 
 def nvml_driver_version(lib: NvmlLibrary) -> str | None:

@@ -68,9 +68,8 @@ def test_a_bad_hooks_value_names_the_allowed_ones() -> None:
 def test_simulated_gpus_get_driver_files_only_from_a_given_root() -> None:
     assert driver_root(_opts("--backend", "simulated")) is None
     assert driver_root(_opts("--backend", "nvml")) is not None
-    given = driver_root(_opts("--backend", "simulated", "--nvidia-driver-root", "/x"))
-    assert given is not None
-    assert given.host == "/x"
+    # Given, but holding no driver (the chart's default on a machine without one): none.
+    assert driver_root(_opts("--backend", "simulated", "--nvidia-driver-root", "/x")) is None
 
 
 def test_the_images_hook_is_copied_once_and_named_by_its_host_path(tmp_path: Path) -> None:
@@ -115,6 +114,12 @@ def root(tmp_path: Path) -> Path:
         )
         (folder / f"{name}.so.1").symlink_to(out.name)
     return tmp_path / "root"
+
+
+def test_a_given_root_with_a_driver_counts_for_simulated_gpus(root: Path) -> None:
+    given = driver_root(_opts("--backend", "simulated", "--nvidia-driver-root", str(root)))
+    assert given is not None
+    assert given.host == str(root)
 
 
 def test_readiness_names_the_missing_hook_and_passes_the_driver(root: Path, tmp_path: Path) -> None:
