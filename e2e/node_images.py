@@ -9,24 +9,42 @@ archives, which `ctr -n k8s.io images import` loads into containerd:
   `e2e.build` from e2e/go/pause/main.go), the sandbox image containerd runs for every Pod;
 - the test image (`versions.TEST_IMAGE`): busybox from Debian's `busybox-static`
   package (fetched with `apt-get download`, no install), with its applet links,
-  `/etc/passwd`, `/etc/group` and `/tmp`. Default command `sh`.
+  `/etc/passwd`, `/etc/group` and `/tmp`. Default command `sh`;
+- the probe image (`versions.PROBE_IMAGE`, `ensure_probe_image()`): the test image's
+  busybox plus what a dynamically linked program needs, copied from this host: the
+  dynamic loader (`/lib64/ld-linux-x86-64.so.2`, a link to the real file as on the
+  host), glibc's libraries in `/lib/x86_64-linux-gnu/` (libc, libm, libdl, libpthread,
+  librt: what the probe and a real libcuda/libnvidia-ml link against), the static
+  `/sbin/ldconfig` (so `ldconfig -p` shows the cache inside a container),
+  `/etc/ld.so.conf` (`include /etc/ld.so.conf.d/*.conf`), an empty
+  `/etc/ld.so.conf.d/`, `/etc/ld.so.cache` written by the host's `ldconfig -r` for the
+  image's own directories, the host's `/etc/debian_version` (the glibc is Debian's:
+  nvidia-cdi-hook's update-ldcache reads the file to pick Debian's search paths), and
+  `/usr/local/bin/gpu-probe` compiled here from e2e/probe/gpu_probe.c (it dlopens
+  libcuda.so.1 and libnvidia-ml.so.1 by SONAME and prints one JSON object). Default
+  command `gpu-probe`. Nothing of NVIDIA's is in it: the driver comes from CDI.
 
 Archives are cached in `<cache>/e2e/<version>/images/` with a stamp of what they were
-built from; a warm call touches neither apt, Go nor buildah.
+built from; a warm call touches neither apt, Go nor buildah. The probe image has its own
+stamp (`.probe-stamp.json`) and lock (`.probe.lock`), so it is built without waiting for
+a cold Go build that holds the build lock, and it needs no Go at all.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import io
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -242,20 +260,26 @@ def _built(
     key: str,
     image: Image,
     out: binaries.Writer,
+    *,
+    stamp_name: str = STAMP_NAME,
     **entry: object,
 ) -> None:
-    """Record `image` as the cached image `key`, and say so."""
+    """Record `image` as the cached image `key` (in the stamp file `stamp_name`), and
+    say so."""
     size = image.archive.stat().st_size
     stamp[key] = {"archive": image.archive.name, "size": size, **entry}
-    paths.write_atomic(images_dir() / STAMP_NAME, json.dumps(stamp, indent=2))
+    paths.write_atomic(images_dir() / stamp_name, json.dumps(stamp, indent=2))
     print(f"e2e.node_images: {image.name} -> {image.archive}", file=out, flush=True)
 
 
 def ensure_images(*, out: binaries.Writer | None = None) -> dict[str, Image]:
-    """The pause and test image archives ("pause", "test"), built if missing or stale.
+    """The pause, test and probe image archives ("pause", "test", "probe"), built if
+    missing or stale; the node imports every one of them into containerd.
 
-    Raises ImageError (or binaries.BuildError for the pause binary) naming the step."""
+    Raises ImageError (or binaries.BuildError for the pause binary or a host tool)
+    naming the step."""
     progress = out if out is not None else sys.stderr
+    probe = ensure_probe_image(out=progress)
     pause_bin = binaries.ensure_binaries(["drasil-pause"], out=progress)["drasil-pause"]
     pause_digest = hashlib.sha256(pause_bin.read_bytes()).hexdigest()
     pause_recipe = _recipe(versions.PAUSE_IMAGE, pause_digest)
@@ -269,6 +293,7 @@ def ensure_images(*, out: binaries.Writer | None = None) -> dict[str, Image]:
         return {
             "pause": Image(versions.PAUSE_IMAGE, pause),
             "test": Image(versions.TEST_IMAGE, test),
+            "probe": probe,
         }
     with binaries.build_lock(paths.version_dir(), progress):
         images_dir().mkdir(parents=True, exist_ok=True)
@@ -292,4 +317,227 @@ def ensure_images(*, out: binaries.Writer | None = None) -> dict[str, Image]:
     return {
         "pause": Image(versions.PAUSE_IMAGE, images_dir() / str(stamp["pause"]["archive"])),
         "test": Image(versions.TEST_IMAGE, images_dir() / str(stamp["test"]["archive"])),
+        "probe": probe,
     }
+
+
+# -- the probe image ----------------------------------------------------------------
+
+PROBE_SOURCE = Path(__file__).parent / "probe" / "gpu_probe.c"
+PROBE_IN_IMAGE = "/usr/local/bin/gpu-probe"
+PROBE_STAMP_NAME = ".probe-stamp.json"
+PROBE_LOCK_NAME = ".probe.lock"
+# The host's dynamic loader (the probe's PT_INTERP) and glibc's directory, by machine;
+# the image has both at the same paths.
+LOADERS = {"x86_64": "/lib64/ld-linux-x86-64.so.2", "aarch64": "/lib/ld-linux-aarch64.so.1"}
+LIB_DIRS = {"x86_64": "/lib/x86_64-linux-gnu", "aarch64": "/lib/aarch64-linux-gnu"}
+# libc is the probe's only NEEDED; a real libcuda.so / libnvidia-ml.so also names libm,
+# libdl, libpthread and librt (stubs since glibc 2.34, still looked up by name).
+GLIBC_LIBRARIES = ("libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1")
+# Ubuntu's /sbin/ldconfig is a shell script around ldconfig.real; Debian's is the
+# program itself. Both are static, so they run inside any root filesystem.
+HOST_LDCONFIGS = ("/sbin/ldconfig.real", "/sbin/ldconfig")
+LDCONFIG_IN_IMAGE = "sbin/ldconfig"
+LD_SO_CONF = b"include /etc/ld.so.conf.d/*.conf\n"
+DEBIAN_VERSION = "/etc/debian_version"
+
+
+@dataclass(frozen=True)
+class HostGlibc:
+    """The host files the probe image copies (host paths, as programs name them)."""
+
+    loader: str
+    libraries: tuple[str, ...]
+    ldconfig: str
+    debian_version: str | None
+
+    def files(self) -> list[str]:
+        extra = [self.debian_version] if self.debian_version else []
+        return [self.loader, *self.libraries, self.ldconfig, *extra]
+
+
+def host_glibc() -> HostGlibc:
+    """This host's dynamic loader, glibc libraries and ldconfig; ImageError when one is
+    missing (the harness expects a glibc-based Linux on x86_64 or aarch64)."""
+    machine = platform.machine()
+    if machine not in LOADERS:
+        raise ImageError(f"the probe image needs an x86_64 or aarch64 host, not {machine}")
+    loader = LOADERS[machine]
+    libraries = tuple(f"{LIB_DIRS[machine]}/{name}" for name in GLIBC_LIBRARIES)
+    ldconfig = next((p for p in HOST_LDCONFIGS if os.path.isfile(p)), None)
+    missing = [p for p in (loader, *libraries) if not os.path.isfile(p)]
+    if ldconfig is None:
+        missing.append(" or ".join(HOST_LDCONFIGS))
+    if missing or ldconfig is None:
+        raise ImageError(f"the probe image copies glibc from this host; missing: {missing}")
+    debian = DEBIAN_VERSION if os.path.isfile(DEBIAN_VERSION) else None
+    return HostGlibc(loader, libraries, ldconfig, debian)
+
+
+def _files_digest(files: list[str]) -> str:
+    """The content and link targets of `files` (following links): a glibc update on
+    the host rebuilds the image."""
+    digest = hashlib.sha256()
+    for name in files:
+        digest.update(f"{name}\0{os.path.realpath(name)}\0".encode())
+        with open(name, "rb") as f:
+            digest.update(hashlib.file_digest(f, "sha256").digest())
+    return digest.hexdigest()
+
+
+def compile_probe(output: Path, *, compiler: str = "gcc") -> Path:
+    """Compile e2e/probe/gpu_probe.c with the host's compiler (dynamically linked, as
+    every program that dlopens the driver is); returns `output`."""
+    cmd = [compiler, "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(output)]
+    _run("compile gpu-probe", [*cmd, str(PROBE_SOURCE), "-ldl"])
+    return output
+
+
+def _needed(binary: Path) -> list[str]:
+    """The file names of the libraries `binary` loads at start (ldd)."""
+    listed = _run(f"ldd {binary.name}", ["ldd", str(binary)]).decode()
+    names = []
+    for line in listed.splitlines():
+        if "=>" in line:
+            names.append(line.split("=>", 1)[0].strip())
+    return [n for n in names if not n.startswith("linux-vdso")]
+
+
+def _copy_from_host(root: Path, path: str) -> None:
+    """`path` of the host at the same path under `root`: a chain of symbolic links
+    (the last component only) as the same links, the file at the end as a copy."""
+    seen = {path}
+    while True:
+        target = root / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if os.path.lexists(target):
+            target.unlink()
+        if not os.path.islink(path):
+            shutil.copyfile(path, target)
+            target.chmod(0o755)
+            return
+        link = os.readlink(path)
+        target.symlink_to(link)
+        path = os.path.normpath(os.path.join(os.path.dirname(path), link))
+        if path in seen:
+            raise ImageError(f"{path}: a loop of symbolic links")
+        seen.add(path)
+
+
+def probe_root(busybox: bytes, probe: Path, glibc: HostGlibc) -> Callable[[Path], None]:
+    def write(root: Path) -> None:
+        busybox_root(busybox)(root)
+        (root / "etc" / "hostname").write_bytes(b"probe\n")
+        for path in (glibc.loader, *glibc.libraries):
+            _copy_from_host(root, path)
+        ldconfig = root / LDCONFIG_IN_IMAGE
+        ldconfig.parent.mkdir(parents=True, exist_ok=True)
+        if os.path.lexists(ldconfig):
+            ldconfig.unlink()
+        shutil.copyfile(glibc.ldconfig, ldconfig)
+        ldconfig.chmod(0o755)
+        target = root / PROBE_IN_IMAGE.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(probe, target)
+        target.chmod(0o755)
+        (root / "etc" / "ld.so.conf").write_bytes(LD_SO_CONF)
+        (root / "etc" / "ld.so.conf").chmod(0o644)
+        (root / "etc" / "ld.so.conf.d").mkdir(mode=0o755, exist_ok=True)
+        if glibc.debian_version:
+            shutil.copyfile(glibc.debian_version, root / DEBIAN_VERSION.lstrip("/"))
+            (root / DEBIAN_VERSION.lstrip("/")).chmod(0o644)
+        # The cache of the image's own directories, as ldconfig inside it would write
+        # it (-r: chroot into the root, so the entries are the image's paths; root).
+        _run("ldconfig -r (the image's /etc/ld.so.cache)", [glibc.ldconfig, "-r", str(root)])
+        if not (root / "etc" / "ld.so.cache").is_file():
+            raise ImageError(f"{glibc.ldconfig} -r {root} wrote no etc/ld.so.cache")
+
+    return write
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path, out: binaries.Writer, what: str) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"e2e.node_images: waiting for another build of {what}", file=out, flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _probe_recipe(glibc: HostGlibc) -> str:
+    source = hashlib.sha256(PROBE_SOURCE.read_bytes()).hexdigest()
+    return _recipe(
+        versions.PROBE_IMAGE,
+        versions.BUSYBOX_DEBIAN_PACKAGE,
+        source,
+        glibc.files(),
+        _files_digest(glibc.files()),
+    )
+
+
+def ensure_probe_image(*, out: binaries.Writer | None = None) -> Image:
+    """The probe image's archive (`versions.PROBE_IMAGE`), built if missing or stale:
+    when e2e/probe/gpu_probe.c or the host's glibc changed.
+
+    Needs no Go and does not wait for the build lock (it has its own); a cold build
+    installs buildah (and gcc, dpkg) if missing, compiles the probe, downloads
+    busybox-static and runs buildah; root is needed (`ldconfig -r` chroots).
+    Raises ImageError (or binaries.BuildError for a host tool) naming the step."""
+    progress = out if out is not None else sys.stderr
+    glibc = host_glibc()
+    recipe = _probe_recipe(glibc)
+    stamp_path = images_dir() / PROBE_STAMP_NAME
+    cached = _cached("probe", recipe, paths.read_stamp(stamp_path))
+    if cached is not None:
+        return Image(versions.PROBE_IMAGE, cached)
+    with _file_lock(images_dir() / PROBE_LOCK_NAME, progress, versions.PROBE_IMAGE):
+        stamp = paths.read_stamp(stamp_path)
+        cached = _cached("probe", recipe, stamp)
+        if cached is not None:
+            return Image(versions.PROBE_IMAGE, cached)
+        binaries.ensure_host_tools(["gcc", "dpkg-deb", "buildah"], out=progress)
+        with tempfile.TemporaryDirectory(dir=images_dir()) as tmp:
+            work = Path(tmp)
+            probe = compile_probe(work / "gpu-probe")
+            lacking = sorted(set(_needed(probe)) - set(GLIBC_LIBRARIES))
+            if lacking:
+                raise ImageError(f"gpu-probe links against {lacking}, which the image lacks")
+            (work / "debs").mkdir()
+            deb = _download_deb(versions.BUSYBOX_DEBIAN_PACKAGE, work / "debs", progress)
+            package = f"{versions.BUSYBOX_DEBIAN_PACKAGE}={_deb_version(deb)}"
+            root = probe_root(_busybox_from_deb(deb), probe, glibc)
+            image = _write_image(versions.PROBE_IMAGE, root, cmd=[PROBE_IN_IMAGE])
+        _built(
+            stamp,
+            "probe",
+            image,
+            progress,
+            stamp_name=PROBE_STAMP_NAME,
+            recipe=recipe,
+            debian_package=package,
+        )
+        return image
+
+
+def unpack_image(image: Image, into: Path) -> Path:
+    """The root filesystem of the OCI archive `image`, its layers unpacked in order
+    into `into` (tar, as root: owners, modes and links as in the image); returns
+    `into`. For tests that run the image's files with chroot or runc."""
+    with tempfile.TemporaryDirectory() as tmp:
+        layout = Path(tmp)
+        _run("unpack the OCI archive", ["tar", "-xf", str(image.archive), "-C", str(layout)])
+        blobs = layout / "blobs"
+
+        def blob(digest: str) -> Path:
+            algorithm, hexdigest = digest.split(":", 1)
+            return blobs / algorithm / hexdigest
+
+        index = json.loads((layout / "index.json").read_text())
+        manifest = json.loads(blob(index["manifests"][0]["digest"]).read_text())
+        into.mkdir(parents=True, exist_ok=True)
+        for layer in manifest["layers"]:
+            _run("unpack a layer", ["tar", "-xf", str(blob(layer["digest"])), "-C", str(into)])
+    return into

@@ -4,7 +4,9 @@ A binary's recipe hash covers everything that decides its content, so that
 `e2e.binaries` rebuilds exactly the binaries whose recipe changed. The Go sources of our
 own small programs (etcd's main, the pause process) are the `main.go` files in e2e/go/;
 bench/kubeletclient is the benchmarks' kubelet client; dra-test-driver (Kubernetes' own e2e
-DRA driver) is the reference the prepare benchmark measures drasil beside.
+DRA driver) is the reference the prepare benchmark measures drasil beside; nvidia-ctk and
+nvidia-cdi-hook (the NVIDIA Container Toolkit) are the oracle of the driver files drasil
+puts in its CDI specs (e2e.nvidiatoolkit).
 """
 
 from __future__ import annotations
@@ -196,6 +198,28 @@ def kwok_binary() -> Binary:
     )
 
 
+NVIDIA_TOOLKIT_NAMES = ("nvidia-ctk", "nvidia-cdi-hook")
+
+
+def nvidia_toolkit_binaries() -> tuple[Binary, ...]:
+    """nvidia-ctk (`cdi generate`) and nvidia-cdi-hook, built as NVIDIA's Makefile does:
+    cgo (go-nvml dlopens libnvidia-ml.so.1 and calls into it), with the NVML symbols
+    left unresolved at link time and bound lazily at the first call."""
+    pkg = "github.com/NVIDIA/nvidia-container-toolkit"
+    module = _module("nvidia-container-toolkit", f"{pkg} {versions.NVIDIA_CONTAINER_TOOLKIT}")
+    flags = (
+        "-s",
+        "-w",
+        "'-extldflags=-Wl,--export-dynamic -Wl,--unresolved-symbols=ignore-in-object-files"
+        " -Wl,-z,lazy'",
+        f"-X {pkg}/internal/info.version={versions.NVIDIA_CONTAINER_TOOLKIT.lstrip('v')}",
+    )
+    return tuple(
+        Binary(name, module, f"{pkg}/cmd/{name}", flags, cgo=True, needs=("gcc",))
+        for name in NVIDIA_TOOLKIT_NAMES
+    )
+
+
 def binaries() -> tuple[Binary, ...]:
     """Every binary the harness provides, in build order."""
     kube = _kubernetes_module()
@@ -238,6 +262,7 @@ def binaries() -> tuple[Binary, ...]:
             kube_flags,
             cgo=False,
         ),
+        *nvidia_toolkit_binaries(),
     )
 
 

@@ -82,6 +82,13 @@ def _oracle(fake: FakeRoot, hook: Path) -> dict[str, Any]:
             merged[key] += edits.get(key) or []
     # Device-node hooks of management mode (folder permissions) are per device in drasil.
     merged["hooks"] = [h for h in merged["hooks"] if h["args"][1] != "chmod"]
+    # Management mode alone leaves out disable-device-node-modification (its containers
+    # manage every GPU); per-device specs (the generator's nvml mode, NVIDIA's DRA
+    # driver, drasil) carry it after update-ldcache, with the same path and env.
+    ldcache = next(h for h in merged["hooks"] if h["args"][1] == "update-ldcache")
+    merged["hooks"].append(
+        {**ldcache, "args": [ldcache["args"][0], "disable-device-node-modification"]}
+    )
     return _summary(merged)
 
 

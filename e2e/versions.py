@@ -105,9 +105,19 @@ PAUSE_IMAGE = "drasil.local/e2e/pause:1.0"
 # the archive name records it), plus a sleep-forever entrypoint for test Pods.
 BUSYBOX_DEBIAN_PACKAGE = "busybox-static"
 TEST_IMAGE = "drasil.local/e2e/busybox:1.0"
+# The same busybox plus the host's glibc (dynamic loader, libc, ld.so.cache, ldconfig)
+# and e2e/probe/gpu_probe.c as /usr/local/bin/gpu-probe: a container that dlopens the
+# driver's libcuda.so.1 and libnvidia-ml.so.1 by SONAME (e2e.node_images).
+PROBE_IMAGE = "drasil.local/e2e/probe:1.0"
 
 # -- the simulated fleet (`up --fake-nodes N`, docs/scale.md) ---------------------------
 # KWOK (Kubernetes WithOut Kubelet, sigs.k8s.io/kwok): keeps fake Nodes Ready and plays
 # their Pods' lifecycle (Running, deletion) without any kubelet. Its go.mod has no
 # replace directives, so our wrapper module builds it as it is.
 KWOK = "v0.8.0"
+
+# -- NVIDIA's own CDI generator, the oracle of drasil's driver-file discovery -----------
+# nvidia-ctk (`cdi generate`) and nvidia-cdi-hook from the NVIDIA Container Toolkit's Go
+# module (e2e.nvidiatoolkit). v1.20.2 is the newest release the proxy serves (v1.20.3 and
+# v1.21.0 are 403); its go.mod has no replace directives and says go 1.26.0.
+NVIDIA_CONTAINER_TOOLKIT = "v1.20.2"

@@ -12,7 +12,8 @@ the tests run as the oracle on the same driver roots:
   them (and their ``vdpau/``) every ``*.so.<version>``, plus ``libnvidia-nvvm70.so.*``;
   files of an older driver left in the same folder carry another suffix and are not
   taken;
-- firmware: ``nvidia/<version>/gsp*.bin`` under the kernel's firmware folders;
+- firmware: ``nvidia/<version>/gsp*.bin`` and ``ucodes*.bin`` under the kernel's
+  firmware folders;
 - binaries: ``nvidia-smi`` & co., the first executable of each name on the default
   ``PATH`` folders under the root;
 - sockets: ``nvidia-persistenced`` and ``nvidia-fabricmanager`` under ``/run`` or
@@ -74,6 +75,8 @@ BINARIES: Final = (
 SOCKETS: Final = ("nvidia-persistenced/socket", "nvidia-fabricmanager/socket")
 SOCKET_FOLDERS: Final = ("/run", "/var/run")
 LD_CACHE: Final = "/etc/ld.so.cache"
+# GSP firmware and the microcode images drivers of the 580 series added beside it.
+FIRMWARE: Final = ("gsp*.bin", "ucodes*.bin")
 # Libraries named without the driver's version that the driver still ships.
 LEGACY_LIBRARIES: Final = ("libnvidia-nvvm70.so.*",)
 # Symlink hops followed inside a root before a path counts as a loop.
@@ -283,7 +286,8 @@ def firmware_folders() -> tuple[str, ...]:
 def _firmware(root: DriverRoot, version: str) -> tuple[str, ...]:
     found: list[str] = []
     for folder in firmware_folders():
-        found.extend(_glob_files(root, f"{folder}/nvidia/{version}", "gsp*.bin"))
+        for pattern in FIRMWARE:
+            found.extend(_glob_files(root, f"{folder}/nvidia/{version}", pattern))
     return _unique(r for p in found if (r := root.resolve(p)) and _is_file(root, r))
 
 
