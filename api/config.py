@@ -243,7 +243,13 @@ class TimeSlicingConfig(_Strict):
 
 
 class MpsConfig(_Strict):
-    """Settings of strategy ``MPS``; a field left out keeps the MPS daemon's default."""
+    """Settings of strategy ``MPS``, for a share of a consumable GPU (docs/sharing.md).
+
+    ``defaultActiveThreadPercentage`` is the share's thread percentage when its claim
+    asks no ``computePercent``; ``defaultPinnedDeviceMemoryLimit`` its memory limit
+    when the allocation names no memory. ``defaultPerDevicePinnedMemoryLimit`` is
+    checked but not applied yet.
+    """
 
     default_active_thread_percentage: Percentage | None = Field(
         None, alias="defaultActiveThreadPercentage"
@@ -316,17 +322,24 @@ class _Sharing(_Strict):
 
 
 class GpuSharing(_Sharing):
-    """Sharing of a full GPU: ``Exclusive``, ``TimeSlicing`` (with an interval) or ``MPS``."""
+    """Sharing of a full GPU: ``Exclusive``, ``TimeSlicing`` (with an interval) or ``MPS``.
+
+    ``MPS`` is applied to a share of a consumable GPU only (``--gpu-sharing
+    consumable``); on a GPU allocated whole, prepare and the controller refuse it.
+    """
 
     time_slicing: TimeSlicingConfig | None = Field(None, alias="timeSlicing")
 
 
 class MigDeviceSharing(_Sharing):
-    """Sharing of a MIG device: ``Exclusive``, ``TimeSlicing`` or ``MPS``.
+    """Sharing of a MIG device: ``Exclusive`` or ``TimeSlicing``.
 
-    As in NVIDIA's driver, MIG devices may be time-sliced and shared through MPS, but
-    there is no ``timeSlicing`` block: the time-slice interval is a setting of the
-    parent GPU, which other claims may be using, so one claim must not change it.
+    The kind has NVIDIA's shape, ``MPS`` included, but drasil runs no MPS daemon for
+    a MIG device yet, so ``MPS`` is refused (at prepare, by the controller and by
+    ``drasil validate-config``). There is no ``timeSlicing`` block: the time-slice
+    interval is a setting of the parent GPU, which other claims may be using, so one
+    claim must not change it, and ``TimeSlicing`` changes nothing on the GPU (the
+    processes of the containers sharing the MIG device take turns, as they would).
     """
 
 

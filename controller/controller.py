@@ -9,9 +9,11 @@ DevicePool a lock also keeps the event path and the periodic resync apart.
 - DevicePools: published on every change of ``metadata.generation``, retried with
   backoff after an error, re-published every ``--resync-period`` (repairs slices
   someone edited) and right after one of their slices is deleted.
-- ResourceClaims and ResourceClaimTemplates: opaque configs checked on every event;
-  each distinct problem is one ``InvalidDeviceConfig`` Event on the object and on the
-  Pods using it. Allocated claims get our ``status.devices`` entries for DevicePool
+- ResourceClaims and ResourceClaimTemplates: opaque configs checked on every event
+  (decoded, and a strategy drasil would not apply refused: ``MPS`` for a MIG device,
+  or for a GPU while the cluster publishes no consumable GPU); each distinct problem
+  is one ``InvalidDeviceConfig`` Event on the object and on the Pods using it.
+  Allocated claims get our ``status.devices`` entries for DevicePool
   devices; a device with binding conditions is attached first (``attach``, simulated):
   the claim is looked at again when its attach is due, a failed device is tainted
   before the failure is reported, so the scheduler picks another one.
@@ -241,7 +243,10 @@ class Controller:
         """Check the object's opaque configs; Event each new problem on it and its Pods."""
         kind = str(obj.get("kind", ""))
         key = key_of(obj)
-        problems = config_problems(obj, driver=self.driver)
+        # MPS in a GpuConfig is applied to shares of consumable GPUs only: with none in
+        # the cluster, such a config is refused now rather than at prepare.
+        shared = self.view.may_share_gpus()
+        problems = config_problems(obj, driver=self.driver, shared_gpus=shared)
         with self._lock:
             if problems:
                 self._invalid[(kind, *key)] = problems

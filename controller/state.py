@@ -107,6 +107,7 @@ class ClusterView:
         self._by_claim: dict[Key, set[str]] = defaultdict(set)
         self._by_template: dict[Key, set[str]] = defaultdict(set)
         self._slices: dict[str, JsonObject] = {}
+        self._sharing_slices: set[str] = set()  # slices with a device of several claims
         self._classes: dict[str, JsonObject] = {}
         self._pools: dict[str, JsonObject] = {}
         self._taint_rules: dict[str, JsonObject] = {}
@@ -184,14 +185,33 @@ class ClusterView:
     # ---- slices, classes, pools ---------------------------------------------------
 
     def put_slice(self, obj: JsonObject) -> None:
-        if (obj.get("spec") or {}).get("driver") != self.driver:
+        spec = obj.get("spec") or {}
+        if spec.get("driver") != self.driver:
             return
+        name = str(_meta(obj).get("name", ""))
+        devices = spec.get("devices")
+        sharing = isinstance(devices, list) and any(
+            isinstance(d, Mapping) and d.get("allowMultipleAllocations") is True for d in devices
+        )
         with self._lock:
-            self._slices[str(_meta(obj).get("name", ""))] = obj
+            self._slices[name] = obj
+            if sharing:
+                self._sharing_slices.add(name)
+            else:
+                self._sharing_slices.discard(name)
 
     def drop_slice(self, obj: JsonObject) -> None:
+        name = str(_meta(obj).get("name", ""))
         with self._lock:
-            self._slices.pop(str(_meta(obj).get("name", "")), None)
+            self._slices.pop(name, None)
+            self._sharing_slices.discard(name)
+
+    def may_share_gpus(self) -> bool:
+        """Whether a device of the driver may be allocated as a share (a GPU published
+        with ``allowMultipleAllocations``, ``--gpu-sharing consumable``): False only
+        when slices of the driver are known and none has such a device."""
+        with self._lock:
+            return bool(self._sharing_slices) or not self._slices
 
     def put_class(self, obj: JsonObject) -> None:
         with self._lock:

@@ -14,7 +14,7 @@ from typing import TextIO
 import yaml
 
 from drasil.api.limits import MAX_FILE_BYTES, allow_nesting
-from drasil.driver.cdi.driverfiles import DriverRoot
+from drasil.driver.cdi.driverfiles import DriverRoot, load_nvml
 from drasil.driver.claims.configcheck import validate_config_document
 from drasil.driver.devices import CapacityPolicy, Device, Version
 from drasil.driver.discovery.backends import BACKENDS, open_backend
@@ -120,6 +120,7 @@ def _doctor(args: argparse.Namespace, out: TextIO) -> int:
     nvml_version = None
     nodes: list[str] = []
     if args.backend == "nvml":
+        load_nvml(root)  # the root's NVML, not whatever the loader's path finds first
         lib = open_backend("nvml", profile="", node_name="doctor")
         lib.init()
         try:

@@ -3,9 +3,10 @@ everything it renders against the real API server.
 
 Rendered with the default values and with each values file in charts/drasil/ci/
 (non-default-values.yaml changes every value the chart lets change; device-plugin-values.yaml
-is the no-DRA mode with the nvml backend). The DaemonSet's command line is parsed by the
-kubelet plugin's own option parser, so a flag the plugin does not know fails here, not on
-a node.
+is the no-DRA mode with the nvml backend and the deprecated nvml.driverRoot;
+nvml-values.yaml is DRA mode on GPU Operator nodes). The DaemonSet's command line and
+environment are parsed by the kubelet plugin's own option parser, so a flag the plugin
+does not know fails here, not on a node.
 """
 
 from __future__ import annotations
@@ -140,6 +141,14 @@ def _api_server_env(values: dict[str, Any]) -> dict[str, str]:
     return {"KUBERNETES_SERVICE_HOST": api["host"], "KUBERNETES_SERVICE_PORT": str(api["port"])}
 
 
+def driver_root(values: dict[str, Any]) -> str:
+    """The host's driver root the values say: nvidiaDriverRoot, or the deprecated
+    nvml.driverRoot where that is set and nvidiaDriverRoot is left at "/"."""
+    old = values["nvml"].get("driverRoot")
+    root = str(values["nvidiaDriverRoot"])
+    return str(old) if old and root == "/" else root
+
+
 def _plugin_container(objs: list[dict[str, Any]]) -> dict[str, Any]:
     ds = one(objs, "DaemonSet")
     (container,) = ds["spec"]["template"]["spec"]["containers"]
@@ -195,6 +204,30 @@ def test_daemonset_rolls_one_node_at_a_time_with_host_dirs_and_probes(
         expected["device-plugins-dir"] = plugin["devicePluginsDir"]
     assert host == {name: (path, path) for name, path in expected.items()}
 
+    # The NVIDIA driver's files (backend nvml): the host's driver root read-only at
+    # /driver-root, with HostToContainer propagation so that a driver container started
+    # after the plugin is seen; the plugin is told both paths.
+    driver_env = {"NVIDIA_DRIVER_ROOT", "CONTAINER_DRIVER_ROOT"}
+    if values["backend"] == "nvml":
+        root = driver_root(values)
+        assert volumes["driver-root"]["hostPath"] == {"path": root, "type": "DirectoryOrCreate"}
+        assert mounts["driver-root"] == {
+            "name": "driver-root",
+            "mountPath": "/driver-root",
+            "readOnly": True,
+            "mountPropagation": "HostToContainer",
+        }
+        assert plain["NVIDIA_DRIVER_ROOT"] == root
+        assert plain["CONTAINER_DRIVER_ROOT"] == "/driver-root"
+        # NVML is loaded from the root by path: the host's libc must not reach Python.
+        assert "LD_LIBRARY_PATH" not in plain
+    else:
+        assert "driver-root" not in volumes
+        assert "driver-root" not in mounts
+        assert not driver_env & plain.keys()
+    assert plain["CDI_HOOKS"] == values["cdiHooks"]
+    assert plain.get("NVIDIA_CDI_HOOK_PATH") == (values["nvidiaCDIHookPath"] or None)
+
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"metrics": plugin["metricsPort"], "health": plugin["healthPort"]}
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
@@ -215,8 +248,8 @@ def test_daemonset_rolls_one_node_at_a_time_with_host_dirs_and_probes(
 
 @pytest.mark.parametrize("values_file", VALUES_PARAMS)
 def test_daemonset_command_line_is_accepted_by_the_plugin(values_file: Path | None) -> None:
-    """The flags the chart passes are the plugin's own (kubeletplugin/options.py), and
-    they say what the values say."""
+    """The flags and variables the chart passes are the plugin's own
+    (kubeletplugin/options.py), and they say what the values say."""
     values = load_values(values_file)
     plugin = values["kubeletPlugin"]
     container = _plugin_container(render(namespace="ns", values_file=values_file))
@@ -226,6 +259,7 @@ def test_daemonset_command_line_is_accepted_by_the_plugin(values_file: Path | No
         for e in container["env"]
         if "valueFrom" in e
     }
+    env |= _plain_env(container)
     opts = parse_options(container["args"], env=env)
     assert opts.node_name == "node-1"
     assert opts.pod_uid == ("uid-1" if plugin["podUidInSocketNames"] else None)
@@ -240,6 +274,13 @@ def test_daemonset_command_line_is_accepted_by_the_plugin(values_file: Path | No
     assert opts.verbosity == values["verbosity"]
     assert opts.metrics_addr == f":{plugin['metricsPort']}"
     assert opts.health_addr == f":{plugin['healthPort']}"
+    if values["backend"] == "nvml":
+        assert opts.driver_root_host == driver_root(values)
+        assert opts.driver_root_local == Path("/driver-root")
+    else:  # simulated GPUs get no driver files
+        assert opts.nvidia_driver_root is None
+    assert opts.nvidia_cdi_hook_path == (values["nvidiaCDIHookPath"] or None)
+    assert opts.cdi_hooks == values["cdiHooks"]
     if values["mode"] == "dra":
         assert str(opts.registrar_dir) == plugin["registrarDir"]
         assert opts.gpu_sharing == values["gpuSharing"]
@@ -373,6 +414,25 @@ def test_device_classes_select_our_driver_and_type() -> None:
         ),
         pytest.param(
             ["kubeletPlugin.metricsPort=70000"], ["/kubeletPlugin/metricsPort"], id="bad-port"
+        ),
+        pytest.param(["cdiHooks=off"], ["/cdiHooks", "'enabled', 'disabled'"], id="bad-cdi-hooks"),
+        pytest.param(
+            ["cdiHooks=true"], ["/cdiHooks", "'enabled', 'disabled'"], id="bool-cdi-hooks"
+        ),
+        pytest.param(
+            ["nvidiaDriverRoot=run/nvidia/driver"],
+            ["/nvidiaDriverRoot", "does not match pattern"],
+            id="relative-driver-root",
+        ),
+        pytest.param(
+            ["nvidiaCDIHookPath=nvidia-cdi-hook"],
+            ["/nvidiaCDIHookPath", "does not match pattern"],
+            id="relative-hook-path",
+        ),
+        pytest.param(
+            ["nvml.driverRoot=run/nvidia/driver"],
+            ["/nvml/driverRoot", "does not match pattern"],
+            id="relative-deprecated-driver-root",
         ),
         pytest.param(
             ["controller.replicas=2", "controller.leaderElect=false"],
@@ -578,8 +638,68 @@ def test_notes_tell_how_to_see_the_driver_work() -> None:
     assert "deviceClassName: gpu.drasil.dev" in notes
     assert "{drasil.dev/gpu: 1}" in notes
     assert "privileged" not in notes
-    assert "runs the plugin privileged" in _notes("backend=nvml")
+    assert "drasil doctor" not in notes
+    nvml = _notes("backend=nvml")
+    assert "runs the plugin privileged" in nvml
+    assert "The NVIDIA driver is expected under / on the nodes" in nvml
+    assert "kubectl -n drasil exec <plugin pod> -- drasil doctor" in nvml
+    assert "DEPRECATED" not in nvml
+    assert "cdiHooks is disabled" in _notes("cdiHooks=disabled")
     assert "WARNING" in _notes("validatingAdmissionPolicy.enabled=false")
+
+
+# ---- the driver root, and the deprecated nvml.driverRoot ---------------------------------
+
+
+def _driver_root_rendered(*sets: str) -> tuple[str, str]:
+    """The driver-root volume's host path and the plugin's NVIDIA_DRIVER_ROOT."""
+    objs = render(namespace="ns", sets=["backend=nvml", *sets])
+    spec = one(objs, "DaemonSet")["spec"]["template"]["spec"]
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "driver-root"]
+    return volume["hostPath"]["path"], _plain_env(spec["containers"][0])["NVIDIA_DRIVER_ROOT"]
+
+
+def test_values_yaml_no_longer_sets_the_deprecated_driver_root() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert "driverRoot" not in values["nvml"]
+    assert values["nvidiaDriverRoot"] == "/"
+    assert _driver_root_rendered() == ("/", "/")
+
+
+@pytest.mark.parametrize(
+    ("sets", "root", "note"),
+    [
+        pytest.param(
+            ["nvidiaDriverRoot=/run/nvidia/driver"], "/run/nvidia/driver", None, id="new-key"
+        ),
+        pytest.param(
+            ["nvml.driverRoot=/run/nvidia/driver"],
+            "/run/nvidia/driver",
+            "It is used for now: the driver root is /run/nvidia/driver. "
+            "Set nvidiaDriverRoot=/run/nvidia/driver instead.",
+            id="old-key-still-works",
+        ),
+        pytest.param(
+            ["nvml.driverRoot=/run/nvidia/driver", "nvidiaDriverRoot=/home/kubernetes/bin/nvidia"],
+            "/home/kubernetes/bin/nvidia",
+            "It is ignored: nvidiaDriverRoot=/home/kubernetes/bin/nvidia is set.",
+            id="new-key-wins",
+        ),
+        pytest.param(["nvml.driverRoot=/"], "/", "It is used for now", id="old-key-at-root"),
+    ],
+)
+def test_deprecated_nvml_driver_root_is_used_when_the_new_key_is_left_at_root(
+    sets: list[str], root: str, note: str | None
+) -> None:
+    """nvml.driverRoot keeps working for one release: used when set while
+    nvidiaDriverRoot is left at "/", ignored otherwise; the NOTES say which."""
+    assert _driver_root_rendered(*sets) == (root, root)
+    notes = _notes("backend=nvml", *sets)
+    if note is None:
+        assert "DEPRECATED" not in notes
+    else:
+        assert "DEPRECATED: nvml.driverRoot is replaced by nvidiaDriverRoot" in notes
+        assert note in notes
 
 
 # ---- the image ------------------------------------------------------------------------

@@ -9,6 +9,7 @@ containers print and compare it with the claims' allocations.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from typing import Any
 
@@ -19,10 +20,13 @@ from e2e.kube import Kube, NotYet, wait_for
 from e2e.pluginproc import DRIVER
 from e2e.pods import (
     COMMAND,
+    POD_TIMEOUT,
     RESOURCE,
+    cdi_spec,
     container_env,
     device_uuid,
     device_variable,
+    events,
     pod,
     template,
     visible_uuids,
@@ -63,9 +67,11 @@ def _pod(
     *,
     claims: dict[str, dict[str, str]],
     containers: dict[str, list[dict[str, str]]],
+    running: bool = True,
 ) -> str:
     """A Pod with ``claims`` (Pod claim name -> source) and ``containers`` (name -> its
-    ``resources.claims`` entries); every container prints its env."""
+    ``resources.claims`` entries); every container prints its env. Waits until it runs,
+    unless ``running`` is False."""
     name = f"pod-{secrets.token_hex(3)}"
     spec = {
         "nodeSelector": {"kubernetes.io/hostname": node.name},
@@ -84,7 +90,8 @@ def _pod(
         ],
     }
     kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}, ns)
-    wait_running(kube, ns, name)
+    if running:
+        wait_running(kube, ns, name)
     return name
 
 
@@ -139,8 +146,8 @@ def test_a_container_naming_one_request_sees_only_its_devices(
 
 def test_mixed_sharing_settings_stay_with_their_devices(kube: Kube, ns: str, node: Node) -> None:
     sliced = _config("sliced", {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}})
-    mps = _config("mps", {"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 30}})
-    claim = _claim(kube, ns, ["sliced", "mps"], [sliced, mps])
+    whole = _config("whole", {"strategy": "Exclusive"})
+    claim = _claim(kube, ns, ["sliced", "whole"], [sliced, whole])
     name = _pod(
         kube,
         ns,
@@ -151,18 +158,47 @@ def test_mixed_sharing_settings_stay_with_their_devices(kube: Kube, ns: str, nod
 
     allocated = _allocated(kube, ns, claim)
     env = container_env(kube, ns, name)
-    sliced_var, mps_var = device_variable(allocated["sliced"]), device_variable(allocated["mps"])
+    sliced_var = device_variable(allocated["sliced"])
+    whole_var = device_variable(allocated["whole"])
 
     assert env[f"{sliced_var}_SHARING_STRATEGY"] == "TimeSlicing"
     assert env[f"{sliced_var}_TIMESLICE_INTERVAL"] == "Long"
-    assert f"{sliced_var}_MPS_ACTIVE_THREAD_PERCENTAGE" not in env
-    assert env[f"{mps_var}_SHARING_STRATEGY"] == "MPS"
-    assert env[f"{mps_var}_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
-    assert f"{mps_var}_TIMESLICE_INTERVAL" not in env
-    # Nothing claim-wide could contradict a device's settings.
+    assert env[f"{whole_var}_SHARING_STRATEGY"] == "Exclusive"
+    assert f"{whole_var}_TIMESLICE_INTERVAL" not in env
+    # Nothing claim-wide could contradict a device's settings, and no MPS variable
+    # claims what no MPS daemon enforces.
     assert [
-        n for n in env if n.startswith(("DRASIL_SHARING", "DRASIL_TIMESLICE", "CUDA_MPS"))
+        n
+        for n in env
+        if n.startswith(("DRASIL_SHARING", "DRASIL_TIMESLICE", "CUDA_MPS")) or "_MPS_" in n
     ] == []
+
+
+def test_an_mps_config_on_a_whole_gpu_is_refused(kube: Kube, ns: str, node: Node) -> None:
+    """The node publishes whole GPUs (--gpu-sharing exclusive): no MPS daemon would run
+    for them, so the plugin refuses the config instead of passing it on as env."""
+    mps = _config("gpu", {"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 30}})
+    claim = _claim(kube, ns, ["gpu"], [mps])
+    name = _pod(
+        kube,
+        ns,
+        node,
+        claims={"gpus": {"resourceClaimName": claim}},
+        containers={"c": [{"name": "gpus"}]},
+        running=False,
+    )
+
+    def refused() -> Any:
+        found = [e for e in events(kube, ns, name) if 'unsupported value "MPS"' in e]
+        return found or NotYet(events(kube, ns, name))
+
+    (event, *_) = wait_for(refused, timeout=POD_TIMEOUT, what=f"the MPS refusal in {name}'s events")
+    assert "for a whole GPU: drasil runs no MPS daemon for one yet" in event
+    assert 'allowed values are "Exclusive", "TimeSlicing"' in event
+    assert re.search(r'config\[0\] \(FromClaim, [^)]*\) for device "gpu-\d+"', event), event
+    assert kube.get("v1", "Pod", name, ns)["status"]["phase"] == "Pending"
+    uid = kube.get(RESOURCE, "ResourceClaim", claim, ns)["metadata"]["uid"]
+    assert not cdi_spec(node, uid).exists()
 
 
 def test_three_containers_naming_three_requests_see_three_disjoint_sets(

@@ -4,12 +4,17 @@ Each command runs in a container of the built image (`buildah from` + `buildah r
 chroot isolation: the image's user, environment and root filesystem, no OCI runtime),
 as a user would `docker run` it: the three commands answer, the user is not root, no
 pip is left, the labels and manifest annotations say what the image is, and every
-distribution in it is the version constraints.txt pins.
+distribution in it is the version constraints.txt pins. NVIDIA's nvidia-cdi-hook is
+where the plugin looks for it, at the Dockerfile's pinned version, and static: copied
+out of the image it runs on this host with nothing of the image.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import struct
 import subprocess
 import tarfile
 from collections.abc import Iterator
@@ -18,13 +23,25 @@ from pathlib import Path
 import pytest
 from packaging.utils import canonicalize_name
 
+from drasil.kubeletplugin.options import BUNDLED_CDI_HOOK
+from e2e import versions
 from e2e.image import ImageBuildError, LocalImage, build_image
 from e2e.image.__main__ import main as image_main
 from e2e.image.constraints import pinned
-from e2e.image.local import SOURCE, project_version, revision
+from e2e.image.golang import MIN_GO
+from e2e.image.local import DOCKERFILE, SOURCE, project_version, revision
 from e2e.image.run import resolve_in
 
 USER = "65532:65532"
+HOOK = "/opt/drasil/bin/nvidia-cdi-hook"
+# The hooks drasil's CDI specs use (driver/cdi/driveredits.py), as NVIDIA's generator.
+HOOK_COMMANDS = (
+    "create-symlinks",
+    "update-ldcache",
+    "enable-cuda-compat",
+    "disable-device-node-modification",
+)
+PT_DYNAMIC, PT_INTERP = 2, 3
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +145,83 @@ def test_make_image_writes_the_archive_to_dist_and_tags_the_version(
     assert manifest["annotations"]["org.opencontainers.image.ref.name"] == image.name
     tagged = f"{image.repository}:{project_version()}"
     assert image_id(tagged) == image_id(image.name)
+
+
+def dockerfile_arg(name: str) -> str:
+    """The default of `ARG name=...` in the Dockerfile."""
+    match = re.search(rf"^ARG {name}=(\S+)$", DOCKERFILE.read_text(), re.MULTILINE)
+    assert match is not None, f"the Dockerfile has no ARG {name}=..."
+    return match[1]
+
+
+def test_the_image_carries_nvidia_cdi_hook_at_the_pinned_version(container: str) -> None:
+    """Where the plugin copies it from by default (kubeletplugin/options.py), root's and
+    executable by all, the toolkit version the Dockerfile pins (the same the e2e
+    harness builds nvidia-ctk at, the oracle of the specs' driver files), with the
+    hooks our specs name."""
+    assert HOOK == BUNDLED_CDI_HOOK
+    pinned_version = dockerfile_arg("NVIDIA_CTK_VERSION")
+    assert pinned_version == versions.NVIDIA_CONTAINER_TOOLKIT
+    version = run_in(container, HOOK, "--version")
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.strip() == f"NVIDIA CDI Hook version {pinned_version.removeprefix('v')}"
+    helped = run_in(container, HOOK, "--help")
+    assert helped.returncode == 0, helped.stderr
+    for command in HOOK_COMMANDS:
+        assert command in helped.stdout, helped.stdout
+    mode = run_in(container, "stat", "--format=%a %u:%g", HOOK)
+    assert mode.stdout.strip() == "755 0:0", mode.stderr
+
+
+def _program_header_types(elf: bytes) -> list[int]:
+    """p_type of every program header of a 64-bit little-endian ELF file."""
+    assert elf[:4] == b"\x7fELF", "not an ELF file"
+    assert elf[4] == 2, "not a 64-bit ELF file"
+    assert elf[5] == 1, "not little-endian"
+    (phoff,) = struct.unpack_from("<Q", elf, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", elf, 0x36)
+    return [struct.unpack_from("<I", elf, phoff + i * phentsize)[0] for i in range(phnum)]
+
+
+def test_the_hook_is_static_and_runs_on_the_host_outside_the_image(
+    container: str, tmp_path: Path
+) -> None:
+    """The container runtime runs hooks on the host, whatever its C library: the binary
+    has no ELF interpreter and no dynamic section, and a copy of it runs here with an
+    empty environment."""
+    copied = subprocess.run(
+        ["buildah", "run", "--isolation=chroot", container, "--", "cat", HOOK],
+        capture_output=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    types = _program_header_types(copied)
+    assert PT_INTERP not in types
+    assert PT_DYNAMIC not in types
+    host_copy = tmp_path / "nvidia-cdi-hook"
+    host_copy.write_bytes(copied)
+    os.chmod(host_copy, 0o755)
+    ran = subprocess.run(
+        [str(host_copy), "--version"],
+        capture_output=True,
+        text=True,
+        env={},
+        check=False,
+        timeout=30,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.startswith("NVIDIA CDI Hook version ")
+
+
+@pytest.mark.pure
+def test_the_go_stage_defaults_to_a_go_the_toolkit_builds_with() -> None:
+    """The public Go image of the hook stage is a Debian 12 one, as the Python base, of
+    a Go the toolkit's go.mod accepts; the local stand-in checks the host's Go alike."""
+    image = dockerfile_arg("GO_IMAGE")
+    match = re.fullmatch(r"docker\.io/library/golang:(\d+)\.(\d+)-bookworm", image)
+    assert match is not None, image
+    assert (int(match[1]), int(match[2])) >= MIN_GO
+    assert dockerfile_arg("PYTHON_IMAGE").endswith("-bookworm")
 
 
 def image_id(name: str) -> str:

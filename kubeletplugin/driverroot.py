@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Final
 
 from drasil.driver.cdi.driveredits import NodeEdits, control_edits
-from drasil.driver.cdi.driverfiles import DriverRoot, root_driver_version
+from drasil.driver.cdi.driverfiles import DriverRoot, load_nvml, root_driver_version
 from drasil.driver.discovery.nvml import NvmlError, NvmlLibrary
 from drasil.driver.files import write_atomic
 from drasil.driver.nodecheck import Check, check_device_nodes, check_driver, check_hook
@@ -37,14 +37,29 @@ def driver_root(opts: PluginOptions) -> DriverRoot | None:
         return None
     root = DriverRoot(host=opts.driver_root_host, local=opts.driver_root_local)
     if opts.backend == "simulated" and root_driver_version(root) is None:
-        # The chart passes its default root whatever the backend: simulated GPUs on a
-        # machine without a driver get none, as before (the driver-free demo).
+        # A root without a driver (`/` on a machine with none): simulated GPUs get no
+        # driver files, as before (the driver-free demo).
         log.warning(
             "no NVIDIA driver under the driver root; simulated GPUs get no driver files",
             extra={"root": root.host},
         )
         return None
     return root
+
+
+def preload_nvml(opts: PluginOptions) -> Path | None:
+    """With ``--backend nvml``, NVML from the driver root (``load_nvml``)."""
+    if opts.backend != "nvml":
+        return None
+    root = DriverRoot(host=opts.driver_root_host, local=opts.driver_root_local)
+    path = load_nvml(root)
+    if path is None:
+        log.warning(
+            "no loadable libnvidia-ml.so.1 under the driver root", extra={"root": root.host}
+        )
+    else:
+        log.info("NVML loaded from the driver root", extra={"path": str(path)})
+    return path
 
 
 def nvml_driver_version(lib: NvmlLibrary) -> str | None:

@@ -18,6 +18,7 @@ from drasil.driver.logs import setup_logging
 from drasil.kubeletplugin.deviceplugin.plugin import DevicePluginServer
 from drasil.kubeletplugin.deviceplugin.resources import DevicePluginConfigError
 from drasil.kubeletplugin.dra.plugin import KubeletPlugin
+from drasil.kubeletplugin.driverroot import preload_nvml
 from drasil.kubeletplugin.node import NodeDaemon, signals_for_the_main_thread, stop_on_signals
 from drasil.kubeletplugin.options import MIG_MODES, OptionsError, PluginOptions, parse_options
 
@@ -105,6 +106,7 @@ def with_node_mig_mode(opts: PluginOptions, api: KubeApi) -> PluginOptions:
 
 
 def _start(opts: PluginOptions) -> NodeDaemon:
+    preload_nvml(opts)
     lib = open_backend(
         opts.backend,
         profile=opts.simulated_profile,

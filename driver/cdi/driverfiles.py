@@ -32,6 +32,7 @@ specs, since the runtime that reads the spec runs on the host.
 
 from __future__ import annotations
 
+import ctypes
 import fnmatch
 import os
 import stat
@@ -231,6 +232,32 @@ def _locate_libraries(root: DriverRoot, pattern: str) -> tuple[str, ...]:
                 if candidate and fnmatch.fnmatchcase(PurePosixPath(candidate).name, pattern):
                     found.append(candidate)
     return _unique(r for p in found if (r := root.resolve(p)) and _is_file(root, r))
+
+
+def find_library(root: DriverRoot, name: str) -> str | None:
+    """The file a library name (``libnvidia-ml.so.1``) leads to under the root, found
+    as the driver's libraries are; ``None`` if the root has none."""
+    found = _locate_libraries(root, name)
+    return found[0] if found else None
+
+
+def load_nvml(root: DriverRoot) -> Path | None:
+    """Load the root's ``libnvidia-ml.so.1`` by its path, so that NVML's own ``dlopen``
+    by SONAME (pynvml's) gets it; returns the path, or ``None`` when the root has none
+    or it does not load (NVML then searches the loader's path).
+
+    Never through ``LD_LIBRARY_PATH``: that would make an image's Python load the
+    host's ``libc.so.6`` too, which breaks wherever the two glibc versions differ.
+    """
+    found = find_library(root, "libnvidia-ml.so.1")
+    if found is None:
+        return None
+    path = root.local_path(found)
+    try:
+        ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        return None
+    return path
 
 
 def _glob_files(root: DriverRoot, folder: str, pattern: str) -> list[str]:

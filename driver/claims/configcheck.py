@@ -11,6 +11,12 @@ strict API the plugin uses, earlier:
   config itself, or the ResourceClaims, ResourceClaimTemplates and DeviceClasses of a
   file, before they reach the cluster.
 
+Beyond decoding, both refuse a strategy drasil would not apply, with the words
+prepare uses (``sharing.not_applied``): ``MPS`` in a MigDeviceConfig always, and in a
+GpuConfig where no GPU can be a share of a consumable GPU (the controller knows
+whether the cluster publishes any; a file alone does not say, so
+``validate-config`` lets it pass and prepare decides).
+
 Every problem names its path, the value and what is allowed.
 """
 
@@ -19,7 +25,16 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
-from drasil.api.config import API_VERSION, KINDS, ConfigError, decode_config, load_documents
+from drasil.api.config import (
+    API_VERSION,
+    KINDS,
+    ConfigError,
+    ConfigIssue,
+    OpaqueConfig,
+    decode_config,
+    load_documents,
+)
+from drasil.driver.claims.sharing import not_applied
 
 # Where each kind keeps its list of config entries.
 CONFIG_PATHS: Final[Mapping[str, tuple[str, ...]]] = {
@@ -52,30 +67,53 @@ def _issue_path(prefix: str, path: str) -> str:
     return f"{prefix}{path}" if path.startswith("[") else f"{prefix}.{path}"
 
 
-def entry_problems(parameters: object, *, where: str) -> list[str]:
-    """What is wrong with one ``opaque.parameters`` value, each naming its path."""
+NO_SHARED_GPU: Final = "no GPU in this cluster is consumable"
+"""Said after the controller's MPS problem when the cluster publishes no GPU share."""
+
+
+def _not_applied(config: OpaqueConfig, *, shared_gpus: bool) -> list[ConfigIssue]:
+    """The strategy drasil would not apply, as prepare says it, where it is sure to."""
+    issue = not_applied(config, share=shared_gpus)
+    if issue is None:
+        return []
+    if not shared_gpus and config.kind == "GpuConfig":
+        message = f"{issue.message}; {NO_SHARED_GPU}"
+        issue = ConfigIssue(issue.path, issue.value, message, issue.allowed)
+    return [issue]
+
+
+def entry_problems(parameters: object, *, where: str, shared_gpus: bool = True) -> list[str]:
+    """What is wrong with one ``opaque.parameters`` value, each naming its path.
+
+    ``shared_gpus``: whether a GPU of the driver may be allocated as a share of a
+    consumable GPU, where a GpuConfig's MPS is applied; False makes it a problem.
+    """
     if not isinstance(parameters, Mapping):
         return [f"{where}: must be an object (a GpuConfig or MigDeviceConfig)"]
     try:
-        decode_config(parameters)
+        config = decode_config(parameters)
     except ConfigError as err:
-        return [f"{_issue_path(where, issue.path)}: {issue.message}" for issue in err.issues]
-    return []
+        issues = list(err.issues)
+    else:
+        issues = _not_applied(config, shared_gpus=shared_gpus)
+    return [f"{_issue_path(where, issue.path)}: {issue.message}" for issue in issues]
 
 
-def config_problems(obj: Mapping[str, Any], *, driver: str) -> list[str]:
+def config_problems(obj: Mapping[str, Any], *, driver: str, shared_gpus: bool = True) -> list[str]:
     """Problems of every opaque config entry for ``driver`` in a claim or template.
 
     Each reads like ``spec.devices.config[0].opaque.parameters.sharing.strategy:
     unsupported value "Foo": allowed values are "Exclusive", "TimeSlicing", "MPS"``.
-    Other kinds and entries for other drivers have none.
+    Other kinds and entries for other drivers have none. ``shared_gpus`` as for
+    ``entry_problems``: the controller passes whether the cluster publishes a GPU
+    of the driver that can be shared.
     """
     path = CONFIG_PATHS.get(str(obj.get("kind", "")))
     if path is None:
         return []
     problems: list[str] = []
     for where, parameters in driver_parameters(obj, path, driver=driver):
-        problems.extend(entry_problems(parameters, where=where))
+        problems.extend(entry_problems(parameters, where=where, shared_gpus=shared_gpus))
     return problems
 
 
@@ -95,10 +133,11 @@ def _decode_problems(parameters: object, *, where: str) -> list[str]:
         kinds = " or ".join(KINDS)
         return [f"{where}: must be an object holding a {kinds}, got {type(parameters).__name__}"]
     try:
-        decode_config(parameters)
+        config = decode_config(parameters)
     except ConfigError as err:
         return [f"{where}: {issue}" for issue in err.issues]
-    return []
+    # A file does not say where its claims will run: a GpuConfig's MPS may be applied.
+    return [f"{where}: {issue}" for issue in _not_applied(config, shared_gpus=True)]
 
 
 def _check_document(document: object, *, number: int, driver: str) -> list[str] | None:

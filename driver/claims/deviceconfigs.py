@@ -14,12 +14,16 @@ Kinds: a ``GpuConfig`` fits devices of type ``gpu``, a ``MigDeviceConfig`` type
 entry for all requests (empty ``requests``) applies only to the devices it fits, as
 in NVIDIA's driver, so one claim-wide ``GpuConfig`` does not break the claim's MIG
 devices.
+
+A config that fits must also be one drasil applies to the device
+(``sharing.not_applied``): strategy ``MPS`` is applied to shares of a consumable GPU
+only, and is an error on a whole GPU or a MIG device.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from types import MappingProxyType
@@ -27,6 +31,7 @@ from typing import Any, Final, Literal, cast, get_args
 
 from drasil.api.config import ConfigError, GpuConfig, MigDeviceConfig, OpaqueConfig, decode_config
 from drasil.api.quantity import QuantityError, parse_quantity
+from drasil.driver.claims.sharing import not_applied
 from drasil.driver.devices import Device, DeviceType
 
 ConfigSource = Literal["FromClass", "FromClaim"]
@@ -302,7 +307,8 @@ def resolve_configs(
 
     ``devices`` are the driver's devices on this node by name. Raises
     ``ConfigResolutionError`` with every problem: undecodable entries, kinds that do
-    not fit, devices this node does not have.
+    not fit, strategies not applied to the device (``_not_applied``), devices this
+    node does not have.
     """
     problems: list[str] = []
     decoded = _decoded(allocation, problems)
@@ -320,6 +326,30 @@ def resolve_configs(
         one = _resolve_one(result, device, decoded=decoded, problems=problems)
         if one is not None:
             _add(resolved, one, problems=problems)
+    problems.extend(_not_applied(resolved.values(), devices=devices))
     if problems:
         raise ConfigResolutionError(problems)
     return resolved
+
+
+def _not_applied(resolved: Iterable[ResolvedConfig], *, devices: Mapping[str, Device]) -> list[str]:
+    """One problem per entry whose strategy drasil would not apply to its devices.
+
+    An admin-access device takes no sharing config (it sits beside the claim that
+    holds the device), so none is checked for it.
+    """
+    found: dict[int, tuple[OpaqueConfigEntry, str, list[str]]] = {}
+    for one in resolved:
+        if one.entry is None or one.result.admin_access:
+            continue
+        device = devices[one.result.device]
+        share = one.result.share_id is not None and device.allow_multiple_allocations
+        issue = not_applied(one.config, share=share)
+        if issue is not None:
+            found.setdefault(one.entry.index, (one.entry, str(issue), []))[2].append(device.name)
+    problems = []
+    for entry, text, names in found.values():
+        quoted = ", ".join(f'"{name}"' for name in names)
+        what = f"device {quoted}" if len(names) == 1 else f"devices {quoted}"
+        problems.append(f"{entry.describe()} for {what}: {text}")
+    return problems

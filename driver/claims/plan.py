@@ -248,7 +248,10 @@ def _device_plan(
         admin_access=result.admin_access,
         sharing=_sharing(result, config, device),
     )
-    settings = admin_settings() if result.admin_access else sharing_settings(config.config)
+    if result.admin_access:
+        settings = admin_settings()
+    else:
+        settings = sharing_settings(config.config, mode=prepared.sharing)
     cdi = ClaimDevice(device=device, settings=settings, share_id=result.share_id)
     return DevicePlan(result=result, config=config, cdi=cdi, prepared=prepared)
 

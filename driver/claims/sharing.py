@@ -2,9 +2,11 @@
 
 Each setting is one ``<SETTING>: value`` pair that the device's own CDI edits carry as
 ``DRASIL_DEVICE_<NAME>_<SETTING>`` (``drasil.driver.cdi.claimspecs``), so that a
-container holding devices with different settings reads each device's own. On the
-simulated backend these variables are all there is of sharing; on real GPUs they tell
-the workload what was set up for that device.
+container holding devices with different settings reads each device's own. They say
+what was applied: the strategy, and a time-sliced device's interval. What a strategy
+does on the GPU (an MPS daemon per shared GPU, a time slice) is
+``drasil.kubeletplugin.dra.shares``. A strategy drasil would not apply to a device is
+refused (``not_applied``), never passed on as a variable that nothing enforces.
 """
 
 from __future__ import annotations
@@ -14,32 +16,67 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from drasil.api.config import OpaqueConfig, SharingStrategy, TimeSlicingInterval
-from drasil.api.quantity import format_bytes
+from drasil.api.config import (
+    ConfigIssue,
+    GpuConfig,
+    OpaqueConfig,
+    SharingStrategy,
+    TimeSlicingInterval,
+)
 from drasil.driver.devices import Device
 
 ADMIN_ACCESS = "ADMIN_ACCESS"
 SHARING_STRATEGY = "SHARING_STRATEGY"
 TIMESLICE_INTERVAL = "TIMESLICE_INTERVAL"
-MPS_ACTIVE_THREAD_PERCENTAGE = "MPS_ACTIVE_THREAD_PERCENTAGE"
-MPS_PINNED_DEVICE_MEMORY_LIMIT = "MPS_PINNED_DEVICE_MEMORY_LIMIT"
+MPS = "MPS"
+
+APPLIED_OUTSIDE_SHARES: Final = (
+    SharingStrategy.EXCLUSIVE.value,
+    SharingStrategy.TIME_SLICING.value,
+)
+"""The strategies drasil applies to a whole GPU (not a share) and to a MIG device."""
 
 
-def sharing_settings(config: OpaqueConfig) -> dict[str, str]:
-    """The settings describing the sharing a device was prepared with."""
+def not_applied(config: OpaqueConfig, *, share: bool) -> ConfigIssue | None:
+    """Why drasil would not apply the config's strategy to a device; None when it would.
+
+    ``share``: whether the device is a share of a consumable GPU (a result with a
+    shareID, ``--gpu-sharing consumable``). MPS is applied to such shares only: their
+    GPU gets an MPS control daemon and each share its limits. A whole GPU otherwise,
+    or a MIG device, gets no daemon, so its containers would share it without MPS
+    while the config says MPS: such a config is refused, with the allowed values.
+    Used at prepare (``deviceconfigs.resolve_configs``) and by the controller
+    (``configcheck``), which say the same thing.
+    """
+    if config.sharing.strategy != SharingStrategy.MPS:
+        return None
+    if isinstance(config, GpuConfig) and share:
+        return None
+    device = "a whole GPU" if isinstance(config, GpuConfig) else "a MIG device"
+    allowed = ", ".join(f'"{value}"' for value in APPLIED_OUTSIDE_SHARES)
+    message = (
+        f'unsupported value "{MPS}" for {device}: drasil runs no MPS daemon for one yet, '
+        f"so its containers would share it without MPS; allowed values are {allowed}; "
+        "MPS applies to shares of a consumable GPU (--gpu-sharing consumable, docs/sharing.md)"
+    )
+    return ConfigIssue(
+        path="sharing.strategy", value=MPS, message=message, allowed=APPLIED_OUTSIDE_SHARES
+    )
+
+
+def sharing_settings(config: OpaqueConfig, *, mode: str | None = None) -> dict[str, str]:
+    """The settings describing the sharing a device was prepared with.
+
+    ``mode`` is the device's ``sharing_mode``: a share of a consumable GPU is MPS
+    whatever its config says, unless that says TimeSlicing (a share without a config
+    has the default config, Exclusive, and still runs as an MPS client).
+    """
     sharing = config.sharing
-    settings = {SHARING_STRATEGY: str(sharing.strategy)}
+    strategy = MPS if mode == MPS else str(sharing.strategy)
+    settings = {SHARING_STRATEGY: strategy}
     time_slicing = getattr(sharing, "time_slicing", None)
     if sharing.strategy == SharingStrategy.TIME_SLICING and time_slicing is not None:
         settings[TIMESLICE_INTERVAL] = str(time_slicing.interval)
-    mps = sharing.mps
-    if sharing.strategy == SharingStrategy.MPS and mps is not None:
-        if mps.default_active_thread_percentage is not None:
-            settings[MPS_ACTIVE_THREAD_PERCENTAGE] = str(mps.default_active_thread_percentage)
-        if mps.default_pinned_device_memory_limit is not None:
-            settings[MPS_PINNED_DEVICE_MEMORY_LIMIT] = format_bytes(
-                mps.default_pinned_device_memory_limit
-            )
     return settings
 
 
@@ -53,7 +90,6 @@ def admin_settings() -> dict[str, str]:
 
 MEMORY = "memory"
 COMPUTE_PERCENT = "computePercent"
-MPS = "MPS"
 TIME_SLICES: Final = {
     TimeSlicingInterval.DEFAULT: 0,
     TimeSlicingInterval.SHORT: 1,

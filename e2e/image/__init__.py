@@ -2,14 +2,17 @@
 
 `make image` and the tests build the repository's `Dockerfile` with buildah (installed
 with apt-get when missing; RUN steps in a chroot, no OCI runtime or registry needed).
-No registry is reachable where the tests run, so the Dockerfile's base
-(`PYTHON_IMAGE`, by default the public `python:3.11-slim-bookworm`) is built locally
-from Debian 12's packages by mmdebstrap (`e2e.image.base`) and passed as a build
-argument; dependencies are pinned by constraints.txt (`e2e.image.constraints`).
+No registry is reachable where the tests run, so the Dockerfile's bases are built
+locally and passed as build arguments: `PYTHON_IMAGE` (by default the public
+`python:3.11-slim-bookworm`) from Debian 12's packages by mmdebstrap (`e2e.image.base`),
+and `GO_IMAGE` (by default `golang:1.26-bookworm`, the stage that builds NVIDIA's
+`nvidia-cdi-hook` from the Go module proxy) from Debian 12's gcc and libc6-dev with the
+host's Go toolchain (`e2e.image.golang`); dependencies are pinned by constraints.txt
+(`e2e.image.constraints`) and the Dockerfile's `NVIDIA_CTK_VERSION`.
 
 The result is an image in buildah's local storage, `localhost/drasil:<version>-<key>`,
 and its OCI archive `<cache>/images/drasil/drasil-<key>.oci.tar`; the key is made of
-every input (Dockerfile, build context, base, version, revision), so a warm build only
+every input (Dockerfile, build context, bases, version, revision), so a warm build only
 hashes the context. Labels and manifest annotations: `org.opencontainers.image.version`,
 `.revision` (git commit), `.source`.
 
@@ -21,6 +24,7 @@ hashes the context. Labels and manifest annotations: `org.opencontainers.image.v
 `ctr images import`, where kubelet finds it (`image.pullPolicy: Never`).
 
 - `base`: the local base image (mmdebstrap, imported into buildah);
+- `golang`: the local Go image of the hook stage (mmdebstrap and the host's GOROOT);
 - `constraints`: constraints.txt from the running environment;
 - `local`: `build_image()`, `LocalImage`, the cache of archives;
 - `run`: using the image (unpack, `sandbox_command`, `import_image`);

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from e2e import paths
@@ -50,14 +51,15 @@ ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LAN
 APT_LISTS = Path("/var/lib/apt/lists")
 
 
-def _mmdebstrap_args(target: Path) -> list[str]:
+def mmdebstrap_args(target: Path, packages: Sequence[str] = PACKAGES) -> list[str]:
+    """Debian 12 minbase with `packages`, slimmed like Debian's slim images, as a tar."""
     return [
         "mmdebstrap",
         "--variant=minbase",
         "--mode=root",
         "--format=tar",
         f"--hook-dir={MERGED_USR_HOOK}",
-        f"--include={','.join(PACKAGES)}",
+        f"--include={','.join(packages)}",
         *(f"--dpkgopt={o}" for o in DPKG_OPTIONS),
         "--aptopt=Acquire::Languages none",
         SUITE,
@@ -71,13 +73,18 @@ def _release_files() -> list[Path]:
     return sorted(APT_LISTS.glob("*Release"))
 
 
-def base_key() -> str:
-    """The recipe and the state of apt's package indexes (mmdebstrap uses the host's
-    sources)."""
-    sha = hashlib.sha256(json.dumps(_mmdebstrap_args(Path("-"))).encode())
+def debian_key(packages: Sequence[str] = PACKAGES) -> str:
+    """The recipe of a root with `packages` and the state of apt's package indexes
+    (mmdebstrap uses the host's sources)."""
+    sha = hashlib.sha256(json.dumps(mmdebstrap_args(Path("-"), packages)).encode())
     for release in _release_files():
         sha.update(release.name.encode() + hashlib.sha256(release.read_bytes()).digest())
     return sha.hexdigest()[:16]
+
+
+def base_key() -> str:
+    """The key of the Python base: its recipe and apt's package indexes."""
+    return debian_key(PACKAGES)
 
 
 def base_image(out: Writer) -> str:
@@ -89,17 +96,18 @@ def base_image(out: Writer) -> str:
     tar = images_dir() / f"base-{key}.tar"
     if not tar.exists():
         print(f"e2e.image: base {name} from Debian's packages (mmdebstrap)", file=out, flush=True)
-        _debootstrap(tar)
+        debootstrap(tar, PACKAGES)
     print(f"e2e.image: importing {tar.name} as {name}", file=out, flush=True)
     _import(tar, name)
-    _prune(keep=tar)
+    prune_tars("base-*.tar", keep=tar)
     return name
 
 
-def _debootstrap(tar: Path) -> None:
+def debootstrap(tar: Path, packages: Sequence[str]) -> None:
+    """`tar`: a Debian 12 root with `packages` (mmdebstrap), written atomically."""
     tmp = tar.with_name(f".{tar.name}.tmp-{os.getpid()}")
     try:
-        run("mmdebstrap", _mmdebstrap_args(tmp))
+        run("mmdebstrap", mmdebstrap_args(tmp, packages))
         os.replace(tmp, tar)
     finally:
         tmp.unlink(missing_ok=True)
@@ -110,7 +118,7 @@ def _import(tar: Path, name: str) -> None:
     try:
         root = buildah("buildah mount", "mount", container).strip()
         run("unpack the base", ["tar", "--numeric-owner", "-xpf", str(tar), "-C", root])
-        packages = _packages(Path(root))
+        packages = installed_packages(Path(root))
         paths.write_atomic(tar.with_suffix(".json"), json.dumps(packages, indent=1))
         buildah("buildah umount", "umount", container)
         config = ["--os=linux", "--arch=amd64", "--cmd=python3"]
@@ -127,7 +135,7 @@ def _import(tar: Path, name: str) -> None:
         raise
 
 
-def _packages(root: Path) -> dict[str, str]:
+def installed_packages(root: Path) -> dict[str, str]:
     """name -> version of every package dpkg installed in `root`."""
     status = (root / "var/lib/dpkg/status").read_text()
     found: dict[str, str] = {}
@@ -138,9 +146,9 @@ def _packages(root: Path) -> dict[str, str]:
     return dict(sorted(found.items()))
 
 
-def _prune(*, keep: Path) -> None:
-    """Only the newest base tar stays (each is ~130 MB)."""
-    for old in images_dir().glob("base-*.tar"):
+def prune_tars(pattern: str, *, keep: Path) -> None:
+    """Only the newest root tar of a kind stays (the Python base's is ~130 MB)."""
+    for old in images_dir().glob(pattern):
         if old != keep:
             old.with_suffix(".json").unlink(missing_ok=True)
             old.unlink(missing_ok=True)

@@ -3,17 +3,21 @@ storage and an OCI archive in the cache.
 
 The key of a build is everything it is made of: the Dockerfile and .dockerignore, the
 files of the build context (what .dockerignore lets through: constraints.txt,
-pyproject.toml, README.md and the four packages), the base image's key, the version
-(pyproject.toml) and the git revision the labels name. A warm call hashes those (well
-under a second) and finds `drasil-<key>.oci.tar` and its `.json` in the cache; a cold
-one builds the base if needed (`e2e.image.base`), runs `buildah bud` with the local base
-as `PYTHON_IMAGE`, and pushes the image to the archive. The newest three archives stay.
+pyproject.toml, README.md and the four packages), the two base images' keys, the Go
+module proxy settings, the version (pyproject.toml) and the git revision the labels
+name. A warm call hashes those (well under a second) and finds `drasil-<key>.oci.tar`
+and its `.json` in the cache; a cold one builds the bases if needed (`e2e.image.base`,
+`e2e.image.golang`), runs `buildah bud` with the local bases as `PYTHON_IMAGE` and
+`GO_IMAGE`, and pushes the image to the archive. The newest three archives stay. The
+hook stage's Go module and build caches are buildah cache mounts: after the first
+build, a rebuild (changed code) links `nvidia-cdi-hook` again in seconds.
 
-The build's pip trusts what the host's pip trusts: when the host configures a CA bundle
-for pip (`PIP_CERT`, `REQUESTS_CA_BUNDLE`, `SSL_CERT_FILE` or `cert` in /etc/pip.conf,
-as behind a proxy that intercepts TLS), the bundle and a pip.conf naming it are
-mounted read-only at /mnt of the RUN steps and `PIP_CONFIG_FILE` points there (a build
-argument of the build stage only: nothing of it reaches the image).
+The build's pip and Go trust what the host's pip trusts: when the host configures a CA
+bundle for pip (`PIP_CERT`, `REQUESTS_CA_BUNDLE`, `SSL_CERT_FILE` or `cert` in
+/etc/pip.conf, as behind a proxy that intercepts TLS), the bundle and a pip.conf naming
+it are mounted read-only at /mnt of the RUN steps, `PIP_CONFIG_FILE` points there and
+`SSL_CERT_FILE` names the bundle (build arguments of the build and hook stages only:
+nothing of it reaches the image).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import Any
 
 from e2e import paths
 from e2e.binaries import Writer
-from e2e.image import base, tools
+from e2e.image import base, golang, tools
 from e2e.image.tools import ImageBuildError, buildah, images_dir
 
 REPOSITORY = "localhost/drasil"
@@ -127,13 +131,14 @@ def image_annotations(version: str, rev: str) -> dict[str, str]:
     }
 
 
-def _key(base_key: str, notes: dict[str, str]) -> str:
+def _key(base_key: str, go: golang.HostGo, notes: dict[str, str]) -> str:
     recipe = {
         "format": tools.FORMAT,
         "builder": hashlib.sha256(HERE.read_bytes()).hexdigest(),
         "dockerfile": tools.hash_files([DOCKERFILE, IGNORE_FILE], root=paths.CHECKOUT),
         "context": tools.hash_files(context_files(), root=paths.CHECKOUT),
         "base": base_key,
+        "go": [golang.go_key(go), go.build_args()],
         "annotations": notes,
     }
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
@@ -146,7 +151,8 @@ def build_image(*, out: Writer | None = None) -> LocalImage:
         base.require_tools(progress)
         version = project_version()
         notes = image_annotations(version, revision())
-        key = _key(base.base_key(), notes)
+        go = golang.host_go()
+        key = _key(base.base_key(), go, notes)
         name = f"{REPOSITORY}:{version}-{key}"
         archive = images_dir() / f"drasil-{key}.oci.tar"
         meta = archive.with_suffix(".json")
@@ -156,14 +162,15 @@ def build_image(*, out: Writer | None = None) -> LocalImage:
                 buildah("buildah pull", "pull", "--quiet", f"oci-archive:{archive}")
             return image
         base_name = base.base_image(progress)
+        go_name = golang.go_image(go, progress)
         print(f"e2e.image: buildah bud -> {name}", file=progress, flush=True)
-        _bud(name, base_name, notes)
+        _bud(name, base_name, go_name, go, notes)
         _push(name, archive, progress)
         _prune()
         return _load(archive, meta)
 
 
-def _bud(name: str, base_name: str, notes: dict[str, str]) -> None:
+def _bud(name: str, base_name: str, go_name: str, go: golang.HostGo, notes: dict[str, str]) -> None:
     args = [
         "bud",
         "--quiet",
@@ -171,6 +178,8 @@ def _bud(name: str, base_name: str, notes: dict[str, str]) -> None:
         f"--file={DOCKERFILE}",
         f"--tag={name}",
         f"--build-arg=PYTHON_IMAGE={base_name}",
+        f"--build-arg=GO_IMAGE={go_name}",
+        *go.build_args(),
         f"--build-arg=VERSION={notes['org.opencontainers.image.version']}",
         f"--build-arg=REVISION={notes['org.opencontainers.image.revision']}",
         f"--build-arg=SOURCE={notes['org.opencontainers.image.source']}",
@@ -193,14 +202,18 @@ def _host_ca_bundle() -> Path | None:
 
 
 def _host_pip_trust(tmp: Path) -> list[str]:
-    """bud arguments that make the build's pip trust the host pip's CA bundle."""
+    """bud arguments that make the build's pip and Go trust the host pip's CA bundle."""
     bundle = _host_ca_bundle()
     if bundle is None:
         return []
     shutil.copyfile(bundle, tmp / "ca.crt")
     (tmp / "pip.conf").write_text(f"[global]\ncert = {MNT}/ca.crt\n")
     tmp.chmod(0o755)
-    return [f"--volume={tmp}:{MNT}:ro", f"--build-arg=PIP_CONFIG_FILE={MNT}/pip.conf"]
+    return [
+        f"--volume={tmp}:{MNT}:ro",
+        f"--build-arg=PIP_CONFIG_FILE={MNT}/pip.conf",
+        f"--build-arg=SSL_CERT_FILE={MNT}/ca.crt",
+    ]
 
 
 def _push(name: str, archive: Path, out: Writer) -> None:

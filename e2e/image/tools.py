@@ -16,7 +16,7 @@ from e2e import paths
 from e2e.binaries import BuildError, Writer, ensure_host_tools
 
 # Bump when what the image build writes changes in a way its inputs do not show.
-FORMAT = 2
+FORMAT = 3  # 3: the image carries nvidia-cdi-hook (a Go stage)
 # buildah runs RUN steps in a chroot: no OCI runtime, no cgroups, no user namespace.
 # (crun fails on hosts whose cgroups are in hybrid mode; the steps need none of it.)
 ISOLATION = "chroot"

@@ -127,3 +127,50 @@ def test_hostile_parameters_are_problems_of_the_claim(parameters: Any, expected:
     assert len(problems) >= 1
     assert all(p.startswith("spec.devices.config[0].opaque.parameters") for p in problems)
     assert any(expected in problem for problem in problems), problems
+
+
+# --- strategies drasil would not apply (MPS outside shares of consumable GPUs) ----------
+
+NOT_APPLIED = (
+    'sharing.strategy: unsupported value "MPS" for a {device}: drasil runs no MPS daemon '
+    "for one yet, so its containers would share it without MPS; allowed values are "
+    '"Exclusive", "TimeSlicing"; MPS applies to shares of a consumable GPU '
+    "(--gpu-sharing consumable, docs/sharing.md)"
+)
+WHERE = "spec.devices.config[0].opaque.parameters."
+
+
+def mig_config(**sharing: Any) -> dict[str, Any]:
+    return {"apiVersion": API, "kind": "MigDeviceConfig", "sharing": sharing}
+
+
+def test_mps_for_a_gpu_is_refused_where_no_gpu_of_the_cluster_is_consumable() -> None:
+    mps = claim(entry(gpu_config(strategy="MPS", mps={"defaultActiveThreadPercentage": 30})))
+
+    assert config_problems(mps, driver=DRIVER, shared_gpus=False) == [
+        WHERE + NOT_APPLIED.format(device="whole GPU") + "; no GPU in this cluster is consumable"
+    ]
+    # Where a GPU may be allocated as a share, prepare decides (docs/sharing.md).
+    assert config_problems(mps, driver=DRIVER, shared_gpus=True) == []
+    assert config_problems(mps, driver=DRIVER) == []
+
+
+def test_mps_for_a_mig_device_is_always_refused() -> None:
+    expected = WHERE.replace("spec.devices", "spec.spec.devices") + NOT_APPLIED.format(
+        device="MIG device"
+    )
+    for shared in (True, False):
+        problems = config_problems(
+            template(entry(mig_config(strategy="MPS"))), driver=DRIVER, shared_gpus=shared
+        )
+        assert problems == [expected]
+
+
+def test_other_strategies_and_broken_mps_configs_say_only_what_is_wrong() -> None:
+    for strategy in ("Exclusive", "TimeSlicing"):
+        for config in (gpu_config(strategy=strategy), mig_config(strategy=strategy)):
+            assert config_problems(claim(entry(config)), driver=DRIVER, shared_gpus=False) == []
+    # A config that does not decode is reported as such, not as MPS on top of it.
+    broken = gpu_config(strategy="MPS", mps={"defaultActiveThreadPercentage": 101})
+    (problem,) = config_problems(claim(entry(broken)), driver=DRIVER, shared_gpus=False)
+    assert "defaultActiveThreadPercentage" in problem

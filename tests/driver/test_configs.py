@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 from typing import Any
 
@@ -178,11 +179,11 @@ def test_devices_without_config_get_their_types_default() -> None:
 def test_claim_config_wins_over_class_config() -> None:
     configs = [
         entry("FromClass", ["gpu"], gpu_config("TimeSlicing")),
-        entry("FromClaim", ["gpu"], gpu_config("MPS")),
+        entry("FromClaim", ["gpu"], gpu_config("Exclusive")),
     ]
-    assert strategies(resolve([result("gpu", "gpu-0")], configs)) == {"gpu-0": "MPS"}
+    assert strategies(resolve([result("gpu", "gpu-0")], configs)) == {"gpu-0": "Exclusive"}
     # Class configs come first even in a list that says otherwise.
-    assert strategies(resolve([result("gpu", "gpu-0")], configs[::-1])) == {"gpu-0": "MPS"}
+    assert strategies(resolve([result("gpu", "gpu-0")], configs[::-1])) == {"gpu-0": "Exclusive"}
 
 
 def test_later_entry_wins_and_replaces_the_whole_object() -> None:
@@ -203,28 +204,28 @@ def test_later_entry_wins_and_replaces_the_whole_object() -> None:
 
 def test_entry_without_requests_applies_to_all_requests() -> None:
     configs = [
-        entry("FromClaim", ["train"], gpu_config("TimeSlicing")),
-        entry("FromClaim", [], gpu_config("MPS")),
+        entry("FromClaim", ["train"], gpu_config("Exclusive")),
+        entry("FromClaim", [], gpu_config("TimeSlicing")),
     ]
     resolved = resolve([result("train", "gpu-0"), result("infer", "gpu-1")], configs)
     # Later wins, even over an entry that names the request.
-    assert strategies(resolved) == {"gpu-0": "MPS", "gpu-1": "MPS"}
+    assert strategies(resolved) == {"gpu-0": "TimeSlicing", "gpu-1": "TimeSlicing"}
 
 
 def test_entry_naming_a_request_applies_to_it_only() -> None:
     configs = [
-        entry("FromClaim", [], gpu_config("MPS")),
-        entry("FromClaim", ["train"], gpu_config("TimeSlicing")),
+        entry("FromClaim", [], gpu_config("TimeSlicing")),
+        entry("FromClaim", ["train"], gpu_config("Exclusive")),
     ]
     resolved = resolve([result("train", "gpu-0"), result("infer", "gpu-1")], configs)
-    assert strategies(resolved) == {"gpu-0": "TimeSlicing", "gpu-1": "MPS"}
+    assert strategies(resolved) == {"gpu-0": "Exclusive", "gpu-1": "TimeSlicing"}
 
 
 @pytest.mark.parametrize(
     ("requests", "expected"),
     [
-        (["gpu"], "MPS"),
-        (["gpu/full"], "MPS"),
+        (["gpu"], "TimeSlicing"),
+        (["gpu/full"], "TimeSlicing"),
         (["gpu/small"], "Exclusive"),
         (["other"], "Exclusive"),
     ],
@@ -233,7 +234,7 @@ def test_first_available_results_match_base_and_full_request_names(
     requests: list[str], expected: str
 ) -> None:
     resolved = resolve(
-        [result("gpu/full", "gpu-0")], [entry("FromClaim", requests, gpu_config("MPS"))]
+        [result("gpu/full", "gpu-0")], [entry("FromClaim", requests, gpu_config("TimeSlicing"))]
     )
     assert strategies(resolved) == {"gpu-0": expected}
 
@@ -241,10 +242,10 @@ def test_first_available_results_match_base_and_full_request_names(
 def test_entries_of_other_drivers_are_skipped() -> None:
     broken = {"apiVersion": "example.com/v1", "kind": "NicConfig"}
     configs = [
-        entry("FromClaim", ["gpu"], gpu_config("MPS")),
+        entry("FromClaim", ["gpu"], gpu_config("TimeSlicing")),
         entry("FromClaim", ["gpu"], broken, driver="net.example.com"),
     ]
-    assert strategies(resolve([result("gpu", "gpu-0")], configs)) == {"gpu-0": "MPS"}
+    assert strategies(resolve([result("gpu", "gpu-0")], configs)) == {"gpu-0": "TimeSlicing"}
     # Also when an Allocation is built by hand with foreign entries and results in it.
     allocation = Allocation(
         driver=DRIVER,
@@ -266,22 +267,27 @@ def test_entries_of_other_drivers_are_skipped() -> None:
 
 def test_mig_device_gets_mig_config_and_gpu_gets_gpu_config() -> None:
     configs = [
-        entry("FromClaim", ["big"], gpu_config("MPS")),
+        entry("FromClaim", ["big"], gpu_config("TimeSlicing", timeSlicing={"interval": "Long"})),
         entry("FromClaim", ["small"], mig_config("TimeSlicing")),
     ]
     resolved = resolve([result("big", "gpu-0"), result("small", "mig-0")], configs)
     assert isinstance(resolved["mig-0"], MigDeviceConfig)
     assert resolved["mig-0"].sharing.strategy is SharingStrategy.TIME_SLICING
-    assert strategies(resolved) == {"gpu-0": "MPS", "mig-0": "TimeSlicing"}
+    assert isinstance(resolved["gpu-0"], GpuConfig)
+    assert resolved["gpu-0"].sharing.time_slicing is not None
+    assert resolved["gpu-0"].sharing.time_slicing.interval is TimeSlicingInterval.LONG
 
 
 def test_config_for_all_requests_applies_only_to_devices_of_its_kind() -> None:
     configs = [
-        entry("FromClaim", [], mig_config("MPS")),
+        entry("FromClaim", [], mig_config("TimeSlicing")),
         entry("FromClaim", [], gpu_config("TimeSlicing")),
     ]
     resolved = resolve([result("big", "gpu-0"), result("small", "mig-0")], configs)
-    assert strategies(resolved) == {"gpu-0": "TimeSlicing", "mig-0": "MPS"}
+    assert resolved == {
+        "gpu-0": GpuConfig.model_validate(gpu_config("TimeSlicing")),
+        "mig-0": MigDeviceConfig.model_validate(mig_config("TimeSlicing")),
+    }
 
 
 @pytest.mark.parametrize(
@@ -320,7 +326,7 @@ def test_decode_error_names_the_entry() -> None:
 def test_broken_entry_is_reported_even_when_a_later_one_overrides_it() -> None:
     configs = [
         entry("FromClaim", [], gpu_config("MPS", mps={"defaultActiveThreadPercentage": 200})),
-        entry("FromClaim", ["gpu"], gpu_config("MPS")),
+        entry("FromClaim", ["gpu"], gpu_config("TimeSlicing")),
     ]
     (problem,) = problems_of([result("gpu", "gpu-0")], configs)
     assert problem.startswith("config[0] (FromClaim, all requests): ")
@@ -352,11 +358,69 @@ def test_several_problems_are_reported_together() -> None:
 
 def test_shared_device_needs_one_config() -> None:
     results = [result("a", "gpu-0"), result("b", "gpu-0")]
-    same = [entry("FromClaim", [], gpu_config("MPS"))]
-    assert strategies(resolve(results, same)) == {"gpu-0": "MPS"}
-    different = [*same, entry("FromClaim", ["b"], gpu_config("TimeSlicing"))]
+    same = [entry("FromClaim", [], gpu_config("TimeSlicing"))]
+    assert strategies(resolve(results, same)) == {"gpu-0": "TimeSlicing"}
+    different = [*same, entry("FromClaim", ["b"], gpu_config("Exclusive"))]
     (problem,) = problems_of(results, different)
     assert 'device "gpu-0" is allocated to requests a and b with different configs' in problem
+
+
+# --- strategies drasil applies --------------------------------------------------------
+
+MPS_ON_A_WHOLE_GPU = (
+    'sharing.strategy: unsupported value "MPS" for a whole GPU: drasil runs no MPS daemon '
+    "for one yet, so its containers would share it without MPS; allowed values are "
+    '"Exclusive", "TimeSlicing"; MPS applies to shares of a consumable GPU '
+    "(--gpu-sharing consumable, docs/sharing.md)"
+)
+MPS_ON_A_MIG_DEVICE = MPS_ON_A_WHOLE_GPU.replace("a whole GPU", "a MIG device")
+
+
+def shareable(name: str) -> dict[str, Device]:
+    """DEVICES with ``name`` published as --gpu-sharing consumable publishes a GPU."""
+    return {**DEVICES, name: dataclasses.replace(DEVICES[name], allow_multiple_allocations=True)}
+
+
+def test_mps_on_a_whole_gpu_is_refused_once_per_entry_naming_its_devices() -> None:
+    mps = gpu_config("MPS", mps={"defaultActiveThreadPercentage": 30})
+    configs = [entry("FromClass", [], gpu_config("TimeSlicing")), entry("FromClaim", [], mps)]
+    results = [result("a", "gpu-0"), result("b", "gpu-1"), result("c", "mig-0")]
+    assert problems_of(results, configs) == [
+        f'config[1] (FromClaim, all requests) for devices "gpu-0", "gpu-1": {MPS_ON_A_WHOLE_GPU}'
+    ]
+
+
+def test_mps_on_a_mig_device_is_refused() -> None:
+    configs = [entry("FromClaim", ["small"], mig_config("MPS"))]
+    assert problems_of([result("small", "mig-0")], configs) == [
+        f'config[0] (FromClaim, requests [small]) for device "mig-0": {MPS_ON_A_MIG_DEVICE}'
+    ]
+
+
+def test_mps_on_a_share_of_a_consumable_gpu_is_applied() -> None:
+    mps = gpu_config("MPS", mps={"defaultActiveThreadPercentage": 30})
+    share = {**result("gpu", "gpu-0"), "shareID": "a1b2"}
+    allocation = parse_allocation(claim([share], [entry("FromClaim", [], mps)]), driver=DRIVER)
+    resolved = resolve_configs(allocation, devices=shareable("gpu-0"))
+    assert resolved["gpu-0"].config == GpuConfig.model_validate(mps)
+    # The same GPU allocated whole (no shareID), or a shareID on a GPU this node does
+    # not share: no MPS daemon would run for it.
+    for results, devices in (([result("gpu", "gpu-0")], shareable("gpu-0")), ([share], DEVICES)):
+        allocation = parse_allocation(claim(results, [entry("FromClaim", [], mps)]), driver=DRIVER)
+        with pytest.raises(ConfigResolutionError, match="for a whole GPU"):
+            resolve_configs(allocation, devices=devices)
+
+
+def test_mps_that_does_not_apply_is_not_refused() -> None:
+    configs = [
+        entry("FromClass", ["gpu"], gpu_config("MPS")),  # overridden by the claim
+        entry("FromClaim", ["gpu"], gpu_config("TimeSlicing")),
+        entry("FromClaim", [], mig_config("MPS")),  # no MIG device in the claim
+        entry("FromClaim", ["admin"], gpu_config("MPS")),  # admin access: no sharing
+    ]
+    admin = {**result("admin", "gpu-1"), "adminAccess": True}
+    resolved = resolve([result("gpu", "gpu-0"), admin], configs)
+    assert strategies(resolved) == {"gpu-0": "TimeSlicing", "gpu-1": "MPS"}
 
 
 # --- validate_config_document --------------------------------------------------------
@@ -467,6 +531,19 @@ def test_opaque_config_file_problems_name_the_document() -> None:
     text = f"apiVersion: {API_VERSION}\nkind: GpuConfig\nsharing: {{strategy: Foo}}\n"
     assert validate_config_document(text) == [
         f'GpuConfig (document 1): sharing.strategy: unsupported value "Foo": {ALLOWED}'
+    ]
+
+
+def test_mps_for_a_mig_device_is_a_problem_of_the_file() -> None:
+    # A GpuConfig's MPS may be applied (to a share of a consumable GPU, which a file
+    # cannot rule out: "yaml-config" above); a MigDeviceConfig's never is.
+    text = f"apiVersion: {API_VERSION}\nkind: MigDeviceConfig\nsharing: {{strategy: MPS}}\n"
+    assert validate_config_document(text) == [
+        f"MigDeviceConfig (document 1): {MPS_ON_A_MIG_DEVICE}"
+    ]
+    mig_class = DEVICE_CLASS.replace("MigDeviceConfig", "MigDeviceConfig, sharing: {strategy: MPS}")
+    assert validate_config_document(mig_class) == [
+        f"DeviceClass/mig.drasil.dev: spec.config[0].opaque.parameters: {MPS_ON_A_MIG_DEVICE}"
     ]
 
 

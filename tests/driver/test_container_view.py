@@ -44,14 +44,20 @@ def _spec(uid: str, results: list[dict[str, Any]], configs: Iterable[dict[str, A
 
 
 def _specs() -> list[CdiSpec]:
-    """Claims as users write them: one device each with every sharing setting, two
-    requests with different settings, and admin access beside a holder."""
+    """Claims as users write them: one device each with every sharing setting a whole
+    GPU or MIG device takes, two requests with different settings, and admin access
+    beside a holder. (MPS is for shares of a consumable GPU only: tests/kubeletplugin/
+    test_shares.py.)"""
     sliced = config("TimeSlicing", requests=("a",), timeSlicing={"interval": "Long"})
-    mps = config("MPS", requests=("b",), mps={"defaultActiveThreadPercentage": 40})
+    exclusive = config("Exclusive", requests=("b",))
     return [
-        _spec(UIDS[0], [result("gpu-0", request="a"), result("gpu-1", request="b")], [sliced, mps]),
         _spec(
-            UIDS[1], [result("mig-0")], [config("MPS", mps={"defaultActiveThreadPercentage": 10})]
+            UIDS[0],
+            [result("gpu-0", request="a"), result("gpu-1", request="b")],
+            [sliced, exclusive],
+        ),
+        _spec(
+            UIDS[1], [result("mig-0")], [config("TimeSlicing", timeSlicing={"interval": "Short"})]
         ),
         _spec(UIDS[2], [result("gpu-0", adminAccess=True)], [config("TimeSlicing")]),
         _spec(UIDS[3], [result("gpu-1", adminAccess=True)], []),
@@ -92,9 +98,9 @@ def test_each_device_of_a_container_is_named_with_its_own_settings() -> None:
     }
     assert env["DRASIL_DEVICE_GPU_0_SHARING_STRATEGY"] == "TimeSlicing"
     assert env["DRASIL_DEVICE_GPU_0_TIMESLICE_INTERVAL"] == "Long"
-    assert env["DRASIL_DEVICE_GPU_1_SHARING_STRATEGY"] == "MPS"
-    assert env["DRASIL_DEVICE_GPU_1_MPS_ACTIVE_THREAD_PERCENTAGE"] == "40"
+    assert env["DRASIL_DEVICE_GPU_1_SHARING_STRATEGY"] == "Exclusive"
     assert "DRASIL_DEVICE_GPU_1_TIMESLICE_INTERVAL" not in env
+    assert [n for n in env if "_MPS_" in n or n.startswith("CUDA_MPS")] == []
     assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
 
 

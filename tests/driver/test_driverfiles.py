@@ -13,6 +13,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -367,3 +368,28 @@ def test_a_root_behind_nvml_is_an_error_naming_both_versions(debian: Root) -> No
 def test_without_a_root_only_the_control_nodes(tmp_path: Path) -> None:
     control = control_edits(("/dev/nvidiactl",))
     assert NodeEdits(control=control).current() is control
+
+
+def test_nvml_is_loaded_from_the_root_and_found_by_its_soname(debian: Root) -> None:
+    # In a child: a library loaded into this process would answer pynvml's dlopen later.
+    code = (
+        "import ctypes, sys\n"
+        "from pathlib import Path\n"
+        "from drasil.driver.cdi.driverfiles import DriverRoot, load_nvml\n"
+        "path = load_nvml(DriverRoot(host='/', local=Path(sys.argv[1])))\n"
+        "lib = ctypes.CDLL('libnvidia-ml.so.1')\n"
+        "print(path, lib.drasil_stub())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(debian.path)], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split() == [
+        str(debian.path / DEBIAN.lstrip("/") / f"libnvidia-ml.so.{VERSION}"),
+        "0",
+    ]
+
+
+def test_a_root_without_nvml_loads_nothing(tmp_path: Path) -> None:
+    from drasil.driver.cdi.driverfiles import load_nvml
+
+    assert load_nvml(DriverRoot(host="/", local=tmp_path)) is None

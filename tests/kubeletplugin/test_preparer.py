@@ -399,6 +399,48 @@ def test_invalid_opaque_config_names_the_field(tmp_path: Path) -> None:
     assert preparer.store.get(UID_A) is None
 
 
+MPS_NOT_APPLIED = (
+    'sharing.strategy: unsupported value "MPS" for a {device}: drasil runs no MPS daemon '
+    "for one yet, so its containers would share it without MPS; allowed values are "
+    '"Exclusive", "TimeSlicing"; MPS applies to shares of a consumable GPU '
+    "(--gpu-sharing consumable, docs/sharing.md)"
+)
+
+
+def test_mps_on_a_whole_gpu_is_refused_not_passed_on(tmp_path: Path) -> None:
+    claim = claim_json(
+        UID_A,
+        result("gpu-0", request="a"),
+        result("gpu-1", request="b"),
+        config=[gpu_config("MPS")],
+    )
+    preparer, _ = setup(tmp_path, claim)
+    outcome = preparer.prepare(ref_of(claim))
+    assert outcome.devices == ()
+    assert outcome.error == (
+        'invalid device config: config[0] (FromClaim, all requests) for devices "gpu-0", '
+        f'"gpu-1": {MPS_NOT_APPLIED.format(device="whole GPU")}'
+    )
+    assert not spec_file(tmp_path, UID_A).exists()
+    assert preparer.store.get(UID_A) is None
+
+
+def test_mps_on_a_mig_device_is_refused(tmp_path: Path) -> None:
+    devices = node_devices("a100-40gb-mig:1")
+    name = "gpu-0-mig-1g5gb-9-0"
+    mps = gpu_config("MPS", requests=["mig"])
+    mps["opaque"]["parameters"]["kind"] = "MigDeviceConfig"
+    claim = claim_json(UID_A, result(name, request="mig"), config=[mps])
+    preparer = make_preparer(tmp_path, MemoryClaims(claim), devices=devices)
+    outcome = preparer.prepare(ref_of(claim))
+    assert outcome.error == (
+        f'invalid device config: config[0] (FromClaim, requests [mig]) for device "{name}": '
+        f"{MPS_NOT_APPLIED.format(device='MIG device')}"
+    )
+    assert not spec_file(tmp_path, UID_A).exists()
+    assert preparer.store.get(UID_A) is None
+
+
 def test_a_failed_claim_does_not_block_a_good_one(tmp_path: Path) -> None:
     good = claim_json(UID_B, result("gpu-0"))
     preparer, _ = setup(tmp_path, good)

@@ -156,6 +156,50 @@ def test_shares_run_one_daemon_with_their_own_limits_until_the_last_goes(root: P
     assert gpu_records(root) == {}
 
 
+def mps(percentage: int) -> dict[str, Any]:
+    parameters = {
+        "apiVersion": CONFIG_API,
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": percentage}},
+    }
+    return {
+        "source": "FromClaim",
+        "requests": [],
+        "opaque": {"driver": DRIVER, "parameters": parameters},
+    }
+
+
+def test_an_mps_config_is_applied_to_a_share_and_refused_on_a_whole_gpu(root: Path) -> None:
+    p = preparer(root)
+    a = share_claim(root, UID_A, "20Gi", configs=(mps(40),))
+    assert p.prepare(a).error == ""
+    env = spec_env(root, UID_A)
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "40"  # the config's, applied
+    assert env["DRASIL_DEVICE_GPU_0_SHARING_STRATEGY"] == "MPS"
+    assert [n for n in env if n.startswith("DRASIL_") and "_MPS_" in n] == []
+    assert len(daemon_pids(root)) == 1
+
+    # gpu-1 is published whole: no daemon would run for it, so the config is refused.
+    whole = claim_json(UID_B, result("gpu-1"), name="c-bbbb", namespace="ml", config=[mps(40)])
+    FileClaims(root / "claims").put(whole)
+    error = p.prepare(ref_of(whole)).error
+    assert error.startswith(
+        'invalid device config: config[0] (FromClaim, all requests) for device "gpu-1": '
+        'sharing.strategy: unsupported value "MPS" for a whole GPU'
+    )
+    assert not spec_file(root, UID_B).exists()
+    assert len(daemon_pids(root)) == 1
+    assert p.unprepare(a) == ""
+    assert daemon_pids(root) == []
+
+
+def test_a_share_without_a_config_says_it_is_mps(root: Path) -> None:
+    p = preparer(root)
+    assert p.prepare(share_claim(root, UID_A, "20Gi")).error == ""
+    assert spec_env(root, UID_A)["DRASIL_DEVICE_GPU_0_SHARING_STRATEGY"] == "MPS"
+    assert p.unprepare(share_claim(root, UID_A, "20Gi")) == ""
+
+
 def test_a_time_slice_is_applied_and_put_back_after_the_claim(root: Path) -> None:
     p = preparer(root)
     claim = claim_json(

@@ -5,7 +5,9 @@
     python charts/drasil/hack/values_readme.py --check   # exit 1 if README.md is stale
 
 It also refuses a schema property without a description and a value without a schema
-property (or the other way round), so the README can never leave a value out.
+property (or the other way round), so the README can never leave a value out. The one
+exception: a property the schema marks `"deprecated": true` is still accepted but no
+longer set in values.yaml; its row says "unset" and comes last.
 e2e/test_chart.py runs the check.
 """
 
@@ -51,10 +53,18 @@ helm install drasil charts/drasil -n drasil --create-namespace --set backend=sim
 Requires Kubernetes 1.34 or newer (`resource.k8s.io/v1`). Privileges, RBAC rules and
 upgrades are explained in [docs/helm.md](../../docs/helm.md).
 
+Real GPUs need the NVIDIA driver on the node and a CDI-enabled container runtime;
+set `nvidiaDriverRoot` where the driver is not installed under `/` (the GPU Operator's
+driver container: `/run/nvidia/driver`), and check a node with
+`kubectl exec -n <namespace> <plugin pod> -- drasil doctor`
+([docs/helm.md](../../docs/helm.md#real-gpus)).
+
 ## The image
 
 Both daemons run from one image, `image.repository:image.tag`: by default
-`ghcr.io/drasil-dev/drasil` with the chart's appVersion as the tag. To run your own
+`ghcr.io/drasil-dev/drasil` with the chart's appVersion as the tag. It also carries
+NVIDIA's `nvidia-cdi-hook` (`/opt/drasil/bin/nvidia-cdi-hook`, static), which the plugin
+copies to the node unless `nvidiaCDIHookPath` names one there. To run your own
 build, make it from the repository's `Dockerfile` and push it to a registry your nodes
 pull from:
 
@@ -119,7 +129,13 @@ def rows(schema: dict[str, Any], values: Any, prefix: str = "") -> list[str]:
     if not isinstance(values, dict):
         raise SchemaMismatch(f"{prefix or 'values'}: expected a mapping in values.yaml")
     props: dict[str, Any] = schema.get("properties", {})
-    missing = sorted(set(props) - set(values))
+    deprecated = {k for k, p in props.items() if p.get("deprecated") is True}
+    set_anyway = sorted(deprecated & set(values))
+    if set_anyway:
+        raise SchemaMismatch(
+            f"{prefix or '(top level)'}: deprecated, yet in values.yaml: {set_anyway}"
+        )
+    missing = sorted(set(props) - set(values) - deprecated)
     unknown = sorted(set(values) - set(props))
     if missing or unknown:
         raise SchemaMismatch(
@@ -127,7 +143,7 @@ def rows(schema: dict[str, Any], values: Any, prefix: str = "") -> list[str]:
             f"in values.yaml but not in the schema: {unknown}"
         )
     out: list[str] = []
-    for key, prop in props.items():
+    for key, prop in sorted(props.items(), key=lambda kv: kv[0] in deprecated):
         path = f"{prefix}.{key}" if prefix else key
         if _is_group(prop):
             out += rows(prop, values[key], path)
@@ -135,7 +151,8 @@ def rows(schema: dict[str, Any], values: Any, prefix: str = "") -> list[str]:
         description = prop.get("description")
         if not description:
             raise SchemaMismatch(f"{path}: the schema has no description")
-        out.append(f"| `{path}` | {_type(prop)} | {_default(values[key])} | {description} |")
+        default = "unset" if key in deprecated else _default(values[key])
+        out.append(f"| `{path}` | {_type(prop)} | {default} | {description} |")
     return out
 
 

@@ -71,3 +71,15 @@ app.kubernetes.io/component: {{ .component }}
   value: {{ .Values.apiServer.port | quote }}
 {{- end }}
 {{- end -}}
+
+{{/* The host directory of the NVIDIA driver: nvidiaDriverRoot, or the deprecated
+nvml.driverRoot where that is set and nvidiaDriverRoot is left at its default "/". */}}
+{{- define "drasil.nvidiaDriverRoot" -}}
+{{- $root := .Values.nvidiaDriverRoot | default "/" -}}
+{{- $old := (.Values.nvml | default dict).driverRoot -}}
+{{- if and $old (eq $root "/") -}}
+{{- $old -}}
+{{- else -}}
+{{- $root -}}
+{{- end -}}
+{{- end -}}
