@@ -324,6 +324,29 @@ def test_drasil_doctor_on_the_node(driver_root: FakeRoot, hook: Path) -> None:
     assert "ok    driver files" in done.stdout
 
 
+def test_a_node_without_the_hook_says_so_in_a_node_event(
+    kube: Kube, node: Node, driver_root: FakeRoot, hook: Path
+) -> None:
+    def not_ready() -> Any:
+        found = kube.core.list_namespaced_event(
+            "default", field_selector=f"involvedObject.name={node.name},reason=GPUDriverNotReady"
+        ).items
+        return [e.message for e in found] or NotYet("no GPUDriverNotReady event")
+
+    # No hook given and none in the "image": specs could carry no hooks.
+    missing = str(node.run_dir / "no-such-hook")
+    node.restart_plugin_with(
+        {"NVIDIA_CDI_HOOK_PATH": None, "DRASIL_BUNDLED_CDI_HOOK": missing}, published=GPUS
+    )
+    try:
+        messages = wait_for(not_ready, timeout=60, what="the plugin's GPUDriverNotReady event")
+        assert any("no nvidia-cdi-hook" in m for m in messages), messages
+    finally:
+        node.restart_plugin_with(
+            {"NVIDIA_CDI_HOOK_PATH": str(hook), "DRASIL_BUNDLED_CDI_HOOK": None}, published=GPUS
+        )
+
+
 def test_a_driver_upgraded_under_the_plugin_gives_new_claims_the_new_files(
     kube: Kube, ns: str, node: Node, driver_root: FakeRoot
 ) -> None:
