@@ -60,7 +60,7 @@ from drasil.driver.cdi.driveredits import NodeEdits, control_edits
 from drasil.driver.cdi.driverfiles import DriverRoot
 from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore
 from drasil.driver.claims.plan import ClaimRef
-from drasil.driver.discovery.nodedevices import discover
+from drasil.driver.discovery.nodedevices import DiscoveryResult, discover
 from drasil.driver.discovery.simulated import simulated_library
 from drasil.driver.kubeapi import KubeApi, load_api_client
 from drasil.kubeletplugin.dra.prepare import Preparer
@@ -295,17 +295,23 @@ def _filler(store: CheckpointStore, cdi_root: Path, count: int) -> None:
         spec_path(cdi_root, driver=DRIVER, claim_uid=uid).write_text("{}")
 
 
-def prepared_scaling() -> dict[str, dict[str, float]]:
-    """Prepare and pair of one claim with 1, 100 and 1,000 claims already prepared."""
-    node = "scaling-node"
+def _measured_claim(node: str, *, uid: str) -> tuple[DiscoveryResult, ClaimRef, dict[str, Any]]:
+    """One simulated H100 on ``node`` and a claim allocated its gpu-0, as the in-process
+    measurements prepare it."""
     found = discover(simulated_library("h100-80gb:1", node_name=node), node_name=node)
-    uid = "11111111-1111-4111-8111-111111111111"
     ref = ClaimRef(namespace="bench", name="measured", uid=uid)
     result = {"request": "gpu", "driver": DRIVER, "pool": node, "device": "gpu-0"}
     claim = {
         "metadata": {"namespace": "bench", "name": "measured", "uid": uid},
         "status": {"allocation": {"devices": {"results": [result]}}},
     }
+    return found, ref, claim
+
+
+def prepared_scaling() -> dict[str, dict[str, float]]:
+    """Prepare and pair of one claim with 1, 100 and 1,000 claims already prepared."""
+    node = "scaling-node"
+    found, ref, claim = _measured_claim(node, uid="11111111-1111-4111-8111-111111111111")
     out = {}
     for level in PREPARED_LEVELS:
         root = Path(tempfile.mkdtemp(prefix="drasil-bench-scaling-"))
@@ -370,14 +376,8 @@ def driver_files_cost() -> dict[str, Any]:
     Debian driver root: its libraries, firmware, utilities, socket and four hooks),
     interleaved, so the difference is what the larger spec and the folder check cost."""
     node = "driver-files-node"
-    found = discover(simulated_library("h100-80gb:1", node_name=node), node_name=node)
     uid = "22222222-2222-4222-8222-222222222222"
-    ref = ClaimRef(namespace="bench", name="measured", uid=uid)
-    result = {"request": "gpu", "driver": DRIVER, "pool": node, "device": "gpu-0"}
-    claim = {
-        "metadata": {"namespace": "bench", "name": "measured", "uid": uid},
-        "status": {"allocation": {"devices": {"results": [result]}}},
-    }
+    found, ref, claim = _measured_claim(node, uid=uid)
     root = Path(tempfile.mkdtemp(prefix="drasil-bench-files-"))
     try:
         fake = build_fake_root(root / "driver", layout="debian")
