@@ -109,6 +109,14 @@ def merged(first: ContainerEdits, second: ContainerEdits) -> ContainerEdits:
     )
 
 
+def without_env(edits: ContainerEdits, name: str) -> ContainerEdits:
+    """``edits`` without the variable ``name``."""
+    env = {k: v for k, v in edits.env.items() if k != name}
+    return ContainerEdits(
+        env=env, device_nodes=edits.device_nodes, mounts=edits.mounts, hooks=edits.hooks
+    )
+
+
 # --- the node's edits, kept current -----------------------------------------------------
 
 Stamp = tuple[tuple[str, int, int], ...]

@@ -31,6 +31,8 @@ import grpc
 from drasil.api.kubelet import names
 from drasil.api.kubelet.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from drasil.api.kubelet.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
+from drasil.driver.cdi.driveredits import without_env
+from drasil.driver.cdi.spec import ENV_NVIDIA_VISIBLE_DEVICES
 from drasil.driver.cdi.staticspec import write_device_spec
 from drasil.driver.discovery.nvml import NvmlLibrary
 from drasil.kubeletplugin.deviceplugin.resources import Resource, plan_resources, socket_name
@@ -214,7 +216,9 @@ class DevicePluginServer:
             devices,
             cdi_root=self.opts.cdi_root,
             driver=self.opts.driver_name,
-            common=edits.current(),
+            # Allocate sets NVIDIA_VISIBLE_DEVICES to the container's GPUs; a spec-wide
+            # "void" would override it (CDI edits win over Allocate's env).
+            common=without_env(edits.current(), ENV_NVIDIA_VISIBLE_DEVICES),
         )
         self.health = self.node.watch_health(devices, fault_poll=self.intervals.fault_poll)
         self._start_endpoints(resources)
