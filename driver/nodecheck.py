@@ -108,7 +108,8 @@ def check_device_nodes(paths: Sequence[str]) -> Check:
         return Check("device nodes", False, "no NVIDIA device nodes found (is the driver loaded?)")
     if missing:
         return Check("device nodes", False, f"missing: {', '.join(missing)}")
-    return Check("device nodes", True, f"{len(paths)} present ({', '.join(paths[:4])}…)")
+    more = "…" if len(paths) > 4 else ""
+    return Check("device nodes", True, f"{len(paths)} present ({', '.join(paths[:4])}{more})")
 
 
 def _is_char_device(path: str) -> bool:

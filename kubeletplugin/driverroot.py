@@ -10,10 +10,9 @@ and says at start what a real GPU container would miss on this node.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -118,7 +117,7 @@ def install_hook(bundled: Path, state_dir: Path) -> Path:
     dest = state_dir / HOOK_NAME
     data = bundled.read_bytes()
     try:
-        same = hashlib.sha256(dest.read_bytes()).digest() == hashlib.sha256(data).digest()
+        same = dest.read_bytes() == data
     except OSError:
         same = False
     if not same or not os.access(dest, os.X_OK):
@@ -137,7 +136,7 @@ def readiness(opts: PluginOptions, lib: NvmlLibrary, edits: NodeEdits) -> list[C
         root, nvml_version=nvml_driver_version(lib) if opts.backend == "nvml" else None
     )
     checks.append(
-        check_hook(edits.hook_path, enabled=opts.cdi_hooks == "enabled", local=_HostToLocal(opts))
+        check_hook(edits.hook_path, enabled=opts.cdi_hooks == "enabled", local=_host_to_local(opts))
     )
     if opts.backend == "nvml":
         nodes = [n.path for n in edits.control.device_nodes]
@@ -145,21 +144,19 @@ def readiness(opts: PluginOptions, lib: NvmlLibrary, edits: NodeEdits) -> list[C
     return checks
 
 
-class _HostToLocal:
+def _host_to_local(opts: PluginOptions) -> Callable[[str], Path | None]:
     """Where this process sees a host path: the state dir and the driver root are
-    mounted here; other host paths are not visible."""
+    mounted here; in a container (``--container-driver-root``) nothing else is."""
 
-    def __init__(self, opts: PluginOptions) -> None:
-        self.opts = opts
-
-    def __call__(self, host_path: str) -> Path | None:
-        path = Path(host_path)
-        if path.is_relative_to(self.opts.state_dir):
+    def local(host_path: str) -> Path | None:
+        path, host_root = Path(host_path), Path(opts.driver_root_host)
+        if path.is_relative_to(opts.state_dir):
             return path
-        host_root = Path(self.opts.driver_root_host)
         if path.is_relative_to(host_root):
-            return self.opts.driver_root_local / path.relative_to(host_root)
-        return path if self.opts.container_driver_root is None else None
+            return opts.driver_root_local / path.relative_to(host_root)
+        return path if opts.container_driver_root is None else None
+
+    return local
 
 
 def log_readiness(checks: Sequence[Check]) -> list[Check]:

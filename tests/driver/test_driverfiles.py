@@ -8,7 +8,6 @@ generator makes of the same kind of roots is checked in e2e/test_driver_files.py
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -294,7 +293,6 @@ def test_a_claim_spec_with_the_driver_is_valid_cdi(
     )
     assert_valid_cdi(schema_validator, spec)
     assert len(spec["containerEdits"]["hooks"]) == 4
-    json.dumps(spec)
 
 
 @pytest.mark.parametrize(
