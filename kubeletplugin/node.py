@@ -30,7 +30,7 @@ from drasil.api.kubelet import names
 from drasil.driver.devices import CounterSet, Device
 from drasil.driver.discovery.health import FAULT_FILE, FaultFileWatcher, HealthTracker, XidWatcher
 from drasil.driver.discovery.nodedevices import discover
-from drasil.driver.discovery.nvml import NvmlLibrary
+from drasil.driver.discovery.nvml import NvmlError, NvmlLibrary
 from drasil.driver.endpoints import HealthCheck, serve_http
 from drasil.kubeletplugin.options import PluginOptions
 
@@ -66,6 +66,19 @@ class NodeRuntime:
         self.counter_sets: tuple[CounterSet, ...] = ()
         self._threads: list[threading.Thread] = []
         self._http: list[ThreadingHTTPServer] = []
+        self._nvml_held = False
+
+    def hold_nvml(self) -> None:
+        """Take the daemon's own NVML reference, kept until ``stop``.
+
+        NVML counts inits; discovery, MIG changes and the XID thread each take theirs
+        around their calls, and with this one underneath the count never drops to zero
+        between them: re-initialising NVML from zero is slow (it opens every GPU) and
+        handles from before need not survive it. Raises ``NvmlUnavailable``.
+        """
+        if not self._nvml_held:
+            self.lib.init()
+            self._nvml_held = True
 
     def discover(self) -> list[Device]:
         """The node's devices; a device discovery could not read is logged and left out.
@@ -73,6 +86,7 @@ class NodeRuntime:
         With ``--mig-mode dynamic`` the shared counters they consume are kept in
         ``counter_sets``, to be published with them.
         """
+        self.hold_nvml()
         # Only DRA mode can cut MIG devices on demand (prepare creates them); the
         # device-plugin API has no counters, so it always sees the static layout.
         mig_mode = self.opts.mig_mode if self.opts.mode == "dra" else "static"
@@ -135,6 +149,12 @@ class NodeRuntime:
         self._http = []
         for thread in self._threads:
             thread.join(timeout=5)
+        if self._nvml_held:
+            self._nvml_held = False
+            try:
+                self.lib.shutdown()
+            except NvmlError as err:
+                log.warning("nvmlShutdown failed", extra={"error": str(err)})
 
 
 # ---- signals -----------------------------------------------------------------------------

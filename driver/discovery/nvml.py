@@ -20,7 +20,8 @@ import importlib
 import logging
 import re
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeAlias, TypeVar
@@ -35,6 +36,7 @@ EventSet: TypeAlias = object
 
 # NVML return codes (nvml.h). They are ABI, so matching on them works for every
 # nvidia-ml-py version and for test doubles that only carry ``.value``.
+NVML_ERROR_UNINITIALIZED = 1
 NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NO_PERMISSION = 4
@@ -370,6 +372,24 @@ class NvmlLibrary(Protocol):
     def control_device_nodes(self) -> tuple[str, ...]:
         """Not NVML: the driver's own device nodes every GPU container needs
         (``/dev/nvidiactl``, ``/dev/nvidia-uvm``, ``/dev/nvidia-uvm-tools``), those present."""
+
+
+@contextmanager
+def nvml_session(lib: NvmlLibrary) -> Iterator[None]:
+    """A reference on NVML for the calls inside.
+
+    NVML counts ``nvmlInit``/``nvmlShutdown`` pairs and answers every call with
+    UNINITIALIZED after the last shutdown, so each user of the library holds its own
+    reference while it works instead of relying on another one's (discovery shuts its
+    reference down when it is done). While the daemon holds one for its lifetime, an
+    init here is only a counter increment. Raises ``NvmlUnavailable`` like ``init``.
+    """
+    lib.init()
+    try:
+        yield
+    finally:
+        with suppress(NvmlError):
+            lib.shutdown()
 
 
 _PCI_ROOT = re.compile(r"pci[0-9a-f]{4,}:[0-9a-f]{2}")

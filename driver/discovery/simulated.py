@@ -85,6 +85,7 @@ from drasil.driver.discovery.nvml import (
     NVML_ERROR_INVALID_ARGUMENT,
     NVML_ERROR_NOT_FOUND,
     NVML_ERROR_NOT_SUPPORTED,
+    NVML_ERROR_UNINITIALIZED,
     TIME_SLICE_DEFAULT,
     TIME_SLICE_NAMES,
     ComputeInstance,
@@ -299,7 +300,8 @@ def simulated_library(
 ) -> FakeNvml:
     """A fake NVML library for the GPUs of ``profile_spec`` (an ``NvmlLibrary``);
     with ``state_file`` its MIG state persists there (see the module docstring)."""
-    return FakeNvml(simulated_gpus(profile_spec, node_name=node_name), state_file=state_file)
+    gpus = simulated_gpus(profile_spec, node_name=node_name)
+    return FakeNvml(gpus, state_file=state_file, strict_init=True)
 
 
 # -- MIG rules: what NVML allows, from the profile tables alone --------------------------
@@ -446,8 +448,10 @@ class FakeNvml:
         cuda_driver_version: int = CUDA_DRIVER_VERSION,
         state_file: Path | None = None,
         boot_id: Callable[[], str] = read_boot_id,
+        strict_init: bool = False,
     ) -> None:
         self.gpus = tuple(gpus)
+        self.strict_init = strict_init
         self.driver_version = driver_version
         self.cuda_driver_version = cuda_driver_version
         self.state_file = state_file
@@ -536,7 +540,14 @@ class FakeNvml:
         if message is not None:
             raise NvmlQueryError(f"{call}: {message}", code=NVML_ERROR_GPU_IS_LOST)
 
+    def _live(self, call: str) -> None:
+        """NVML answers UNINITIALIZED after the last ``nvmlShutdown``; so does a
+        strict fake, which is what the plugin and the CLI run on."""
+        if self.strict_init and self.initialized <= 0:
+            raise NvmlQueryError(f"{call}: Uninitialized", code=NVML_ERROR_UNINITIALIZED)
+
     def _handle(self, handle: DeviceHandle, call: str) -> _Handle:
+        self._live(call)
         if not isinstance(handle, _Handle) or not 0 <= handle.gpu < len(self.gpus):
             raise NvmlQueryError(f"{call}: not a handle of this library")
         self._check(handle, call)
@@ -696,12 +707,15 @@ class FakeNvml:
         self.initialized = max(0, self.initialized - 1)
 
     def system_driver_version(self) -> str:
+        self._live("system_driver_version")
         return self.driver_version
 
     def system_cuda_driver_version(self) -> int:
+        self._live("system_cuda_driver_version")
         return self.cuda_driver_version
 
     def device_count(self) -> int:
+        self._live("device_count")
         return len(self.gpus)
 
     def device_handle_by_index(self, index: int) -> DeviceHandle:
@@ -929,6 +943,7 @@ class FakeNvml:
         return self._query("mig_device_nodes", tuple)
 
     def event_set_create(self) -> EventSet:
+        self._live("event_set_create")
         event_set = _EventSet()
         with self._lock:
             self._event_sets.append(event_set)

@@ -34,11 +34,13 @@ from drasil.driver.devices import Device, MigPlacement
 from drasil.driver.discovery.nvml import (
     DeviceHandle,
     GpuInstance,
+    MigMode,
     NvmlError,
     NvmlInsufficientResources,
     NvmlLibrary,
     NvmlNotFound,
     Placement,
+    nvml_session,
 )
 from drasil.driver.files import FileLock, crash_point
 
@@ -138,7 +140,11 @@ class MigInstances:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        with self._thread_lock, FileLock(self._file_lock, timeout=MIG_LOCK_TIMEOUT):
+        with (
+            self._thread_lock,
+            FileLock(self._file_lock, timeout=MIG_LOCK_TIMEOUT),
+            nvml_session(self.lib),
+        ):
             yield
 
     def _handle(self, gpu_uuid: str) -> DeviceHandle:
@@ -183,13 +189,21 @@ class MigInstances:
     def _mig_mode_on(self, handle: DeviceHandle, placement: MigPlacement) -> None:
         if self.lib.device_mig_mode(handle).current:
             return
-        mode = self.lib.device_set_mig_mode(handle, True)
+        mode = self._set_mig_mode(handle, True)
         if not mode.current:
             raise MigError(
                 f"{_where(placement)}: MIG mode is enabled but pending until the GPU is "
                 "reset (nvidia-smi -r, or a reboot); the claim is prepared after that"
             )
         log.info("MIG mode enabled", extra={"gpu": placement.parent_uuid})
+
+    def _set_mig_mode(self, handle: DeviceHandle, enabled: bool) -> MigMode:
+        """Switch MIG mode; handles taken before may not survive the switch (the driver
+        may reset the GPU), so they are looked up again next time."""
+        try:
+            return self.lib.device_set_mig_mode(handle, enabled)
+        finally:
+            self._handles.clear()
 
     def _gpu_instance(self, handle: DeviceHandle, placement: MigPlacement) -> GpuInstance:
         wanted = Placement(start=placement.start, size=placement.size)
@@ -242,7 +256,12 @@ class MigInstances:
                         f"{self._profile_name(handle, g)} at {g.placement.start}" for g in instances
                     )
                     raise MigError(f"GPU {gpu_uuid} still has MIG instances ({held})")
-                self.lib.device_set_mig_mode(handle, False)
+                mode = self._set_mig_mode(handle, False)
+                if mode.current:
+                    raise MigError(
+                        f"GPU {gpu_uuid}: MIG mode is disabled but pending until the GPU "
+                        "is reset (nvidia-smi -r, or a reboot)"
+                    )
                 log.info("MIG mode disabled", extra={"gpu": gpu_uuid})
         except NvmlError as err:
             raise MigError(f"GPU {gpu_uuid}: NVML: {err}") from err

@@ -30,7 +30,7 @@ from drasil.driver.checkpoint import CheckpointStore
 from drasil.driver.claims.plan import DevicePlan, PreparePlan
 from drasil.driver.claims.sharing import MPS, time_slice_of
 from drasil.driver.devices import Device
-from drasil.driver.discovery.nvml import DeviceHandle, NvmlError, NvmlLibrary
+from drasil.driver.discovery.nvml import DeviceHandle, NvmlError, NvmlLibrary, nvml_session
 from drasil.driver.files import crash_point
 from drasil.kubeletplugin.dra.mps import MpsDaemon, MpsDaemons, MpsError, share_edits
 
@@ -177,13 +177,15 @@ class GpuEffects:
 
     def _read_time_slice(self, gpu: str) -> int:
         try:
-            return self.lib.device_time_slice(self._handle(gpu))
+            with nvml_session(self.lib):
+                return self.lib.device_time_slice(self._handle(gpu))
         except NvmlError as err:
             raise ShareError(f"GPU {gpu}: reading its time slice: {err}") from err
 
     def _write_time_slice(self, gpu: str, interval: int) -> None:
         try:
-            self.lib.device_set_time_slice(self._handle(gpu), interval)
+            with nvml_session(self.lib):
+                self.lib.device_set_time_slice(self._handle(gpu), interval)
         except NvmlError as err:
             raise ShareError(f"GPU {gpu}: setting time slice {interval}: {err}") from err
 

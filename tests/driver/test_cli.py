@@ -83,6 +83,7 @@ def test_discover_dynamic_mig_publishes_placements_and_counters() -> None:
 def test_discover_lists_the_mig_instances_of_a_state_file(tmp_path: Path) -> None:
     state = tmp_path / "simulated-gpus.json"
     lib = simulated_library("h100-80gb:1", node_name="n", state_file=state)
+    lib.init()
     gpu = lib.device_handle_by_index(0)
     lib.device_set_mig_mode(gpu, True)
     lib.create_gpu_instance(gpu, 9, Placement(4, 4))

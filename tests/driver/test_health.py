@@ -52,6 +52,7 @@ class Clock:
 
 def node(profile: str = "h100-80gb:4") -> tuple[FakeNvml, list[Device]]:
     lib = simulated_library(profile, node_name=NODE)
+    lib.init()
     return lib, list(discover(lib, node_name=NODE).devices)
 
 
@@ -373,6 +374,7 @@ def test_xid_watcher_holds_nvml_initialized_while_it_watches() -> None:
 
 def test_a_dynamic_mig_xid_hits_the_placement_its_instance_sits_at() -> None:
     lib = simulated_library("h100-80gb:1", node_name="n1")
+    lib.init()
     devices = list(discover(lib, node_name="n1", mig_mode="dynamic").devices)
     handle = lib.device_handle_by_index(0)
     lib.device_set_mig_mode(handle, True)

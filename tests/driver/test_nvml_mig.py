@@ -193,7 +193,9 @@ class FakeMigPynvml(types.ModuleType):
 
 @pytest.fixture
 def fake() -> FakeNvml:
-    return simulated_library("h100-80gb:1", node_name="n")
+    lib = simulated_library("h100-80gb:1", node_name="n")
+    lib.init()
+    return lib
 
 
 @pytest.fixture

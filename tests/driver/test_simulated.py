@@ -124,11 +124,13 @@ def test_fake_and_adapter_implement_the_protocol() -> None:
         missing = {m for m in members if not callable(getattr(cls, m, None))}
         assert not missing, (cls.__name__, missing)
     lib: NvmlLibrary = simulated_library("l4:1", node_name="n")
+    lib.init()
     assert lib.device_count() == 1
 
 
 def test_fake_answers_like_nvml() -> None:
     lib = simulated_library("l4:1,a100-40gb-mig:1", node_name="n")
+    lib.init()
     l4, a100 = lib.device_handle_by_index(0), lib.device_handle_by_index(1)
     with pytest.raises(NvmlNotSupported):
         lib.device_mig_mode(l4)
@@ -147,6 +149,7 @@ def test_fake_answers_like_nvml() -> None:
 
 def test_fault_injection() -> None:
     lib = simulated_library("h100-80gb:2", node_name="n")
+    lib.init()
     lib.fail_device(1, call="device_name", message="boom")
     assert lib.device_name(lib.device_handle_by_index(0)) == "NVIDIA H100 80GB HBM3"
     with pytest.raises(NvmlQueryError, match="boom"):
@@ -163,6 +166,7 @@ def test_fault_injection() -> None:
 
 def test_xid_events_reach_registered_event_sets() -> None:
     lib = simulated_library("a100-40gb-mig:2", node_name="n")
+    lib.init()
     gpu0 = lib.device_handle_by_index(0)
     events = lib.event_set_create()
     lib.device_register_events(gpu0, EVENT_TYPE_XID_CRITICAL_ERROR, events)

@@ -62,6 +62,7 @@ def test_profiles_and_placements_answer_with_mig_off() -> None:
 
 def test_gpus_without_mig_answer_not_supported() -> None:
     lib = simulated_library("l4:1", node_name="n")
+    lib.init()
     gpu = lib.device_handle_by_index(0)
     for call in (
         lambda: lib.gpu_instance_profiles(gpu),
@@ -184,6 +185,7 @@ def test_a_placement_the_profile_does_not_have_is_invalid() -> None:
 
 def test_static_layouts_are_instances_that_can_be_destroyed() -> None:
     lib = simulated_library("a100-40gb-mig:1", node_name="n")
+    lib.init()
     gpu = lib.device_handle_by_index(0)
     assert [gi.gpu_instance_id for gi in lib.gpu_instances(gpu)] == [2, 3, 9, 10]
     lib.destroy_compute_instance(gpu, 9, 0)

@@ -87,6 +87,7 @@ def put_claim(root: Path, uid: str, *device_names: str, name: str = "") -> Any:
 def gpu_instances(root: Path) -> list[tuple[int, int, int]]:
     """(profile id, start, compute instances) of every GPU instance on the GPU."""
     lib = library(root)
+    lib.init()
     handle = lib.device_handle_by_index(0)
     if not lib.device_mig_mode(handle).current:
         return []
@@ -159,11 +160,13 @@ def test_the_whole_gpu_waits_for_its_parts_and_turns_mig_mode_off(tmp_path: Path
     assert p.unprepare(half) == ""
     assert p.prepare(whole).error == ""
     lib = library(tmp_path)
+    lib.init()
     assert not lib.device_mig_mode(lib.device_handle_by_index(0)).current
 
 
 def test_an_instance_left_at_the_placement_is_adopted(tmp_path: Path) -> None:
     lib = library(tmp_path)
+    lib.init()
     handle = lib.device_handle_by_index(0)
     lib.device_set_mig_mode(handle, True)
     lib.create_gpu_instance(handle, 9, Placement(start=4, size=4))  # a crash left it
@@ -176,6 +179,7 @@ def test_reconcile_destroys_orphans_and_names_claims_that_lost_theirs(tmp_path: 
     p = preparer(tmp_path)
     assert p.prepare(put_claim(tmp_path, UID_A, HALF_0)).error == ""
     lib = library(tmp_path)
+    lib.init()
     handle = lib.device_handle_by_index(0)
     orphan = lib.create_gpu_instance(handle, 9, Placement(start=4, size=4))
     lib.create_compute_instance(handle, orphan.gpu_instance_id)

@@ -207,12 +207,13 @@ def test_a_time_slice_is_applied_and_put_back_after_the_claim(root: Path) -> Non
     )
     FileClaims(root / "claims").put(claim)
     lib = library(root)
+    lib.init()
     handle = lib.device_handle_by_index(1)
     lib.device_set_time_slice(handle, 1)  # what the operator had set
     assert p.prepare(ref_of(claim)).error == ""
-    assert library(root).device_time_slice(handle) == 3
+    assert lib.device_time_slice(handle) == 3
     assert p.unprepare(ref_of(claim)) == ""
-    assert library(root).device_time_slice(handle) == 1
+    assert lib.device_time_slice(handle) == 1
     assert gpu_records(root) == {}
 
 
