@@ -64,3 +64,28 @@ bench-scale: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .mypy-path .mypy_cache .pytest_cache .ruff_cache .hypothesis build dist *.egg-info
+
+# The GPU check (docs/gpu-check.md). `make gpu-check` runs build/gpu-check/run.py with
+# this machine's python3 (3.10+), building the bundle first where it is missing (that
+# needs PyPI); GPU_CHECK_ARGS go to the check, e.g. GPU_CHECK_ARGS="--nvidia-driver-root
+# /run/nvidia/driver". GPU_CHECK_MOCK=1 (or `make gpu-check-mock`) checks a fake driver
+# root whose NVML is the mock of e2e/mocknvml, here, without a GPU (needs root).
+GPU_CHECK_ARGS ?=
+GPU_CHECK_MOCK ?=
+GPU_BUNDLE := build/gpu-check
+
+.PHONY: gpu-check gpu-check-bundle gpu-check-mock
+
+gpu-check-bundle: $(STAMP)
+	$(BIN)/python -m e2e.gpubundle $(GPU_BUNDLE)
+
+gpu-check:
+	@test -f $(GPU_BUNDLE)/run.py || $(MAKE) gpu-check-bundle
+	@if [ "$(GPU_CHECK_MOCK)" = 1 ]; then \
+	  $(MAKE) $(STAMP) >/dev/null && \
+	  args=$$($(BIN)/python -m e2e.mocknvml.smi make-root build/gpu-check-mock) || exit 1; \
+	fi; \
+	$(PYTHON) $(GPU_BUNDLE)/run.py $$args $(GPU_CHECK_ARGS)
+
+gpu-check-mock:
+	$(MAKE) gpu-check GPU_CHECK_MOCK=1

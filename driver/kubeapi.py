@@ -24,9 +24,12 @@ from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config import ConfigException
 
+from drasil.driver.apierrors import ApiUnavailable, ConflictError, InvalidName
 from drasil.driver.keptalive import KeptAliveGets
 
 log = logging.getLogger(__name__)
+
+__all__ = ["ApiError", "ApiUnavailable", "ConflictError", "InvalidName", "KubeApi"]
 
 # The client's names the rest of drasil needs, so that this module stays the one
 # importer of ``kubernetes`` (an import-linter contract in pyproject.toml).
@@ -39,10 +42,6 @@ KubeconfigError = ConfigException
 RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_VERSION = "v1"
 JsonObject = dict[str, Any]
-
-
-class ConflictError(Exception):
-    """The object changed under us (409/412): re-read and try again."""
 
 
 API_TIMEOUT: Final = (5.0, 20.0)
@@ -63,14 +62,6 @@ _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]
 
 
 _TIMED: weakref.WeakSet[Any] = weakref.WeakSet()  # REST clients already wrapped
-
-
-class InvalidName(ValueError):
-    """A namespace or object name that Kubernetes could not have stored."""
-
-
-class ApiUnavailable(Exception):
-    """The API server did not answer: refused, unreachable, or no answer in time."""
 
 
 def _unavailable(host: str, err: Exception) -> ApiUnavailable:

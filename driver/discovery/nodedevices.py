@@ -48,11 +48,9 @@ raises ``NvmlUnavailable`` with what to do about it.
 from __future__ import annotations
 
 import logging
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from fractions import Fraction
 
 from drasil.driver.devices import (
     AttributeValue,
@@ -63,6 +61,7 @@ from drasil.driver.devices import (
     Version,
 )
 from drasil.driver.discovery.nvml import (
+    ARCH_AMPERE,
     ARCHITECTURE_NAMES,
     BRAND_NAMES,
     DeviceAttributes,
@@ -74,6 +73,7 @@ from drasil.driver.discovery.nvml import (
     NvmlNotSupported,
     NvmlQueryError,
     NvmlUnavailable,
+    mig_memory_gb,
 )
 from drasil.driver.discovery.partitions import PartitionableGpu, partition
 
@@ -183,10 +183,7 @@ def mig_profile_name(attributes: DeviceAttributes, *, parent_memory: int) -> str
     The memory part rounds the MIG device's share of the parent up to eighths and
     scales it to the parent's size in whole GiB, so 4864 MiB of a 40 GiB A100 is 5gb.
     """
-    share = Fraction(attributes.memory_size_mib * MiB, parent_memory)
-    eighths = Fraction(math.ceil(share * 8), 8)
-    parent_gb = -(-parent_memory // GiB)
-    gb = math.floor(eighths * parent_gb + Fraction(1, 2))
+    gb = mig_memory_gb(attributes.memory_size_mib, parent_memory=parent_memory)
     g = attributes.gpu_instance_slice_count
     c = attributes.compute_instance_slice_count
     return f"{g}g.{gb}gb" if c == g else f"{c}c.{g}g.{gb}gb"
@@ -298,8 +295,8 @@ def _discover_gpu(
         uuid = lib.device_uuid(handle)
         gpu = _read_gpu(lib, handle, index=index, uuid=uuid, system=system)
         mode = _mig_mode(lib, handle)
-        if dynamic and mode is not None:
-            found = _partitionable(lib, handle, gpu)
+        if dynamic and mode is not None and _cuts_on_demand(gpu, mode):
+            found = _partitionable(lib, handle, gpu, whole=not _resets_for_mig(gpu))
             skipped.extend(SkippedDevice(index=index, uuid=uuid, reason=r) for r in found.left_out)
             return found
         mig_slots = lib.device_max_mig_device_count(handle) if mode and mode.current else None
@@ -365,13 +362,45 @@ def _mig_mode(lib: NvmlLibrary, handle: DeviceHandle) -> MigMode | None:
     return mode
 
 
-def _partitionable(lib: NvmlLibrary, handle: DeviceHandle, gpu: _Gpu) -> PartitionableGpu:
-    """Dynamic MIG mode: the GPU and its placements over one counter set."""
+def _resets_for_mig(gpu: _Gpu) -> bool:
+    """Ampere GPUs (A100, A30) change MIG mode only at a GPU reset; later ones at once."""
+    return gpu.attributes.get("architecture") == ARCHITECTURE_NAMES[ARCH_AMPERE]
+
+
+def _cuts_on_demand(gpu: _Gpu, mode: MigMode) -> bool:
+    """Whether a MIG-capable GPU is offered as placements in dynamic MIG mode.
+
+    A GPU that needs a reset to turn MIG mode on is, only where MIG mode is already on
+    (as NVIDIA's DRA driver does): drasil never resets a GPU. With MIG mode off it is
+    published whole, and the log says how to change that.
+    """
+    if mode.current or not _resets_for_mig(gpu):
+        return True
+    log.info(
+        "GPU %d needs a reset to turn MIG mode on; published whole. For MIG devices on "
+        "demand, turn MIG mode on (nvidia-smi -i %s -mig 1) and reset the GPU",
+        gpu.index,
+        gpu.uuid,
+    )
+    return False
+
+
+def _partitionable(
+    lib: NvmlLibrary, handle: DeviceHandle, gpu: _Gpu, *, whole: bool
+) -> PartitionableGpu:
+    """Dynamic MIG mode: the GPU and its placements over one counter set.
+
+    Without ``whole`` the GPU is offered only in parts: an Ampere GPU would need a
+    reset to turn MIG mode off for a whole-GPU claim.
+    """
     profiles = lib.gpu_instance_profiles(handle)
     placements = {p.profile_id: lib.gpu_instance_placements(handle, p.profile_id) for p in profiles}
     if not profiles:
         raise NvmlNotSupported(f"GPU {gpu.index}: MIG-capable but NVML lists no MIG profile")
-    return partition(_full_gpu(gpu), memory=gpu.memory, profiles=profiles, placements=placements)
+    found = partition(_full_gpu(gpu), memory=gpu.memory, profiles=profiles, placements=placements)
+    if whole:
+        return found
+    return replace(found, devices=found.devices[1:])
 
 
 def _full_gpu(gpu: _Gpu) -> Device:

@@ -18,11 +18,13 @@ from __future__ import annotations
 import ctypes
 import importlib
 import logging
+import math
 import re
 import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Protocol, TypeAlias, TypeVar
 
@@ -132,6 +134,10 @@ class NvmlNotFound(NvmlQueryError):
 
 class NvmlInUse(NvmlQueryError):
     """The GPU or instance is busy (processes, or compute instances inside a GPU instance)."""
+
+
+class NvmlResetRequired(NvmlQueryError):
+    """A MIG mode change NVML accepted that takes effect only after a GPU reset."""
 
 
 class NvmlInsufficientResources(NvmlQueryError):
@@ -289,8 +295,12 @@ class NvmlLibrary(Protocol):
     # -- MIG management (``--mig-mode dynamic``); every call takes a full GPU's handle.
 
     def device_set_mig_mode(self, handle: DeviceHandle, enabled: bool) -> MigMode:
-        """``nvmlDeviceSetMigMode``; the mode afterwards (``current`` may lag until a
-        GPU reset). Raises ``NvmlInUse`` while processes or instances use the GPU."""
+        """``nvmlDeviceSetMigMode``; the mode afterwards.
+
+        NVML answers SUCCESS and says in ``activationStatus`` whether the change took
+        effect: this raises ``NvmlInUse`` when the GPU is in use (the change is then
+        pending) and ``NvmlResetRequired`` when it applies only at the next GPU reset
+        (Ampere); either way ``device_mig_mode`` shows the pending mode."""
 
     def gpu_instance_profiles(self, handle: DeviceHandle) -> tuple[GpuInstanceProfile, ...]:
         """Every GPU instance profile this GPU supports (NOT_SUPPORTED ones left out),
@@ -431,11 +441,46 @@ def read_mig_minors(path: Path) -> dict[str, int]:
     return minors
 
 
-def _gpu_instance_profile(info: Any) -> GpuInstanceProfile:
-    name = _text(getattr(info, "name", b""))
+# The suffix NVIDIA gives the profiles of NVML_GPU_INSTANCE_PROFILE_<n>_SLICE_REV1
+# (media extensions), _GFX, _NO_ME and _ALL_ME, by profile index (nvml.h).
+_PROFILE_SUFFIXES = {
+    0x7: "+me",
+    0x8: "+me",
+    0xA: "+gfx",
+    0xB: "+gfx",
+    0xC: "+gfx",
+    0xD: "-me",
+    0xE: "-me",
+    0xF: "+me.all",
+    0x10: "+me.all",
+    0x11: "+gfx",
+}
+
+
+def mig_memory_gb(memory_mib: int, *, parent_memory: int) -> int:
+    """A MIG device's memory in a profile name (``5`` of ``1g.5gb``), as go-nvlib has it:
+    its share of the parent rounded up to eighths, scaled to the parent's whole GiB, so
+    4864 MiB of a 40 GiB A100 is 5."""
+    share = Fraction(memory_mib * 2**20, parent_memory)
+    eighths = Fraction(math.ceil(share * 8), 8)
+    parent_gb = -(-parent_memory // 2**30)
+    return math.floor(eighths * parent_gb + Fraction(1, 2))
+
+
+def mig_profile_label(
+    *, slices: int, memory_mib: int, parent_memory: int, profile_index: int
+) -> str:
+    """``1g.10gb+me``: the name of the GPU instance profile at ``profile_index``."""
+    gb = mig_memory_gb(memory_mib, parent_memory=parent_memory)
+    return f"{slices}g.{gb}gb{_PROFILE_SUFFIXES.get(profile_index, '')}"
+
+
+def _gpu_instance_profile(info: Any, *, name: str | None = None) -> GpuInstanceProfile:
+    if name is None:
+        name = _text(getattr(info, "name", b"")).removeprefix("MIG ").strip()
     return GpuInstanceProfile(
         profile_id=int(info.id),
-        name=name.removeprefix("MIG ").strip(),
+        name=name,
         slice_count=int(info.sliceCount),
         instance_count=int(info.instanceCount),
         multiprocessors=int(info.multiprocessorCount),
@@ -470,6 +515,12 @@ _INIT_ADVICE = {
 
 T = TypeVar("T")
 
+# What nvmlDeviceSetMigMode's activationStatus means when it is not SUCCESS.
+_ACTIVATION_STATUS = {
+    NVML_ERROR_IN_USE: "the GPU is in use (processes or MIG instances); the change is pending",
+    NVML_ERROR_RESET_REQUIRED: "the change takes effect at the next GPU reset",
+}
+
 
 def _code(err: BaseException) -> int | None:
     value = getattr(err, "value", None)
@@ -485,6 +536,7 @@ _ERRORS_BY_CODE: dict[int, type[NvmlQueryError]] = {
     NVML_ERROR_NOT_SUPPORTED: NvmlNotSupported,
     NVML_ERROR_NOT_FOUND: NvmlNotFound,
     NVML_ERROR_IN_USE: NvmlInUse,
+    NVML_ERROR_RESET_REQUIRED: NvmlResetRequired,
     NVML_ERROR_INSUFFICIENT_RESOURCES: NvmlInsufficientResources,
 }
 
@@ -696,19 +748,49 @@ class PynvmlLibrary:
 
     def device_set_mig_mode(self, handle: DeviceHandle, enabled: bool) -> MigMode:
         mode = NVML_DEVICE_MIG_ENABLE if enabled else NVML_DEVICE_MIG_DISABLE
-        self._call("nvmlDeviceSetMigMode", self._nvml.nvmlDeviceSetMigMode, handle, mode)
+        what = f"nvmlDeviceSetMigMode({mode})"
+        status = self._call(what, self._nvml.nvmlDeviceSetMigMode, handle, mode)
+        if status:  # the call succeeded; activationStatus says the change did not
+            said = _ACTIVATION_STATUS.get(int(status), f"NVML code {status}")
+            raise error_for_code(f"{what}: activation status: {said}", int(status))
         return self.device_mig_mode(handle)
 
     def gpu_instance_profiles(self, handle: DeviceHandle) -> tuple[GpuInstanceProfile, ...]:
         # nvmlDeviceGetGpuInstanceProfileInfoV takes the profile *index* (the
         # NVML_GPU_INSTANCE_PROFILE_* enum) and answers the profile *id* (-lgip's ID).
         count = int(getattr(self._nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0))
+        found = (self._gpu_instance_profile(handle, index) for index in range(count))
+        return tuple(profile for profile in found if profile is not None)
+
+    def _gpu_instance_profile(self, handle: DeviceHandle, index: int) -> GpuInstanceProfile | None:
+        """The profile at ``index``, whatever the GPU's MIG mode.
+
+        The versioned call names the profile but answers NOT_SUPPORTED while MIG mode
+        is off; the unversioned one (what NVIDIA's DRA driver calls) answers then, so a
+        GPU in dynamic mode with MIG off still publishes its placements. Its struct has
+        no name: the name is made from the counts, as go-nvlib makes it.
+        """
         fn = self._nvml.nvmlDeviceGetGpuInstanceProfileInfo
-        infos = (
-            self._supported("nvmlDeviceGetGpuInstanceProfileInfoV", fn, handle, i)
-            for i in range(count)
-        )
-        return tuple(_gpu_instance_profile(info) for info in infos if info is not None)
+        what = f"nvmlDeviceGetGpuInstanceProfileInfoV({index})"
+        try:
+            info = self._call(what, fn, handle, index)
+        except NvmlQueryError as err:
+            if err.code == NVML_ERROR_INVALID_ARGUMENT:
+                return None
+            if err.code != NVML_ERROR_NOT_SUPPORTED:
+                raise
+            what = f"nvmlDeviceGetGpuInstanceProfileInfo({index})"
+            info = self._supported(what, fn, handle, index, 1)
+            if info is None:
+                return None
+            name = mig_profile_label(
+                slices=int(info.sliceCount),
+                memory_mib=int(info.memorySizeMB),
+                parent_memory=self.device_memory_total(handle),
+                profile_index=index,
+            )
+            return _gpu_instance_profile(info, name=name)
+        return _gpu_instance_profile(info)
 
     def gpu_instance_placements(
         self, handle: DeviceHandle, profile_id: int

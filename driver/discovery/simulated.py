@@ -77,6 +77,7 @@ from drasil.driver.discovery.gpucatalog import (
     gpu_instance_id_at,
 )
 from drasil.driver.discovery.nvml import (
+    ARCH_AMPERE,
     EVENT_TYPE_XID_CRITICAL_ERROR,
     NO_INSTANCE,
     NVML_ERROR_GPU_IS_LOST,
@@ -85,6 +86,7 @@ from drasil.driver.discovery.nvml import (
     NVML_ERROR_INVALID_ARGUMENT,
     NVML_ERROR_NOT_FOUND,
     NVML_ERROR_NOT_SUPPORTED,
+    NVML_ERROR_RESET_REQUIRED,
     NVML_ERROR_UNINITIALIZED,
     TIME_SLICE_DEFAULT,
     TIME_SLICE_NAMES,
@@ -207,6 +209,13 @@ class _MigState:
     enabled: bool
     instances: dict[int, _GpuInstance] = field(default_factory=dict)  # by GI id
     time_slice: int = TIME_SLICE_DEFAULT
+    # An Ampere GPU's MIG mode after the next reset, when it differs from ``enabled``.
+    pending: bool | None = None
+
+    @property
+    def mode(self) -> MigMode:
+        pending = self.enabled if self.pending is None else self.pending
+        return MigMode(current=self.enabled, pending=pending)
 
 
 @dataclass(frozen=True)
@@ -388,7 +397,9 @@ def _gpu_json(state: _MigState) -> dict[str, Any]:
 
 
 def _mig_json(state: _MigState) -> dict[str, Any]:
+    pending = {} if state.pending is None else {"migPending": state.pending}
     return {
+        **pending,
         "migEnabled": state.enabled,
         "gpuInstances": [
             {
@@ -423,7 +434,12 @@ def _parse_gpu(entry: Mapping[str, Any], gpu: FakeGpu) -> _MigState:
     time_slice = entry.get("timeSlice", TIME_SLICE_DEFAULT)
     if type(time_slice) is not int or time_slice not in TIME_SLICE_NAMES.values():
         raise StateFileError(f"time slice {time_slice!r}: not 0 to 3")
-    state = _MigState(enabled=bool(entry["migEnabled"]), time_slice=time_slice)
+    pending = entry.get("migPending")
+    state = _MigState(
+        enabled=bool(entry["migEnabled"]),
+        time_slice=time_slice,
+        pending=None if pending is None else bool(pending),
+    )
     for item in entry["gpuInstances"]:
         placement = Placement(int(item["start"]), int(item["size"]))
         profile = _profile(gpu, int(item["profileId"]), "state file")
@@ -532,6 +548,16 @@ class FakeNvml:
         for event_set in targets:
             event_set.events.put(event)
         return len(targets)
+
+    def reset_gpu(self, index: int) -> None:
+        """What ``nvidia-smi -r`` does to GPU ``index``: a pending MIG mode takes effect
+        and its MIG instances are gone (tests reset an Ampere GPU with this)."""
+        gpu = self.gpus[index]
+        with self._lock, self._file_lock():
+            self._refresh()
+            self._states[index] = _MigState(enabled=self._states[index].mode.pending)
+            self._save()
+        log.info("simulated GPU reset", extra={"gpu": gpu.uuid})
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -683,7 +709,8 @@ class FakeNvml:
                 "simulated GPUs rebooted: MIG instances and time slices dropped",
                 extra={"path": str(path)},
             )
-            return {i: _MigState(enabled=s.enabled) for i, s in states.items()}
+            # A reset applies a pending mode (Ampere).
+            return {i: _MigState(enabled=s.mode.pending) for i, s in states.items()}
         return states
 
     def _save(self) -> None:
@@ -759,8 +786,7 @@ class FakeNvml:
         gpu = self._mig_gpu(handle, "device_mig_mode")
         with self._lock:
             self._refresh()
-            enabled = self._states[gpu.index].enabled
-        return MigMode(current=enabled, pending=enabled)
+            return self._states[gpu.index].mode
 
     def device_max_mig_device_count(self, handle: DeviceHandle) -> int:
         return self._full(handle, "device_max_mig_device_count").model.max_mig_devices
@@ -811,10 +837,18 @@ class FakeNvml:
             if not enabled and state.instances:
                 message = "GPU instances exist; destroy them first"
                 raise _fail("device_set_mig_mode", message, NVML_ERROR_IN_USE)
-            state.enabled = enabled  # takes effect at once, as on a GPU reset NVML did
-            return MigMode(current=enabled, pending=enabled)
+            if gpu.model.architecture == ARCH_AMPERE:
+                # Ampere changes MIG mode only at a GPU reset; NVML keeps it pending.
+                state.pending = None if enabled == state.enabled else enabled
+            else:
+                state.enabled, state.pending = enabled, None
+            return state.mode
 
-        return self._change("device_set_mig_mode", change)
+        mode = self._change("device_set_mig_mode", change)
+        if mode.current != enabled:  # NVML's activationStatus, which the adapter raises
+            message = "the change takes effect at the next GPU reset"
+            raise _fail("device_set_mig_mode", message, NVML_ERROR_RESET_REQUIRED)
+        return mode
 
     def gpu_instance_profiles(self, handle: DeviceHandle) -> tuple[GpuInstanceProfile, ...]:
         gpu = self._mig_gpu(handle, "gpu_instance_profiles")

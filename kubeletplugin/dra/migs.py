@@ -37,8 +37,10 @@ from drasil.driver.discovery.nvml import (
     MigMode,
     NvmlError,
     NvmlInsufficientResources,
+    NvmlInUse,
     NvmlLibrary,
     NvmlNotFound,
+    NvmlResetRequired,
     Placement,
     nvml_session,
 )
@@ -198,12 +200,39 @@ class MigInstances:
         log.info("MIG mode enabled", extra={"gpu": placement.parent_uuid})
 
     def _set_mig_mode(self, handle: DeviceHandle, enabled: bool) -> MigMode:
-        """Switch MIG mode; handles taken before may not survive the switch (the driver
-        may reset the GPU), so they are looked up again next time."""
+        """Switch MIG mode now, or leave it as it was and say why not.
+
+        NVML accepts a change it cannot make now and keeps it pending: until a reset
+        on Ampere, until its processes end on a GPU in use. A pending change would
+        flip the GPU under other claims at the next reset, so it is taken back.
+        Handles taken before may not survive a switch (the driver may reset the GPU),
+        so they are looked up again next time.
+        """
+        word = "on" if enabled else "off"
         try:
             return self.lib.device_set_mig_mode(handle, enabled)
+        except NvmlResetRequired as err:
+            self._cancel_pending(handle)
+            raise MigError(
+                f"MIG mode cannot be turned {word} on this GPU without a GPU reset (Ampere); "
+                "drasil does not reset GPUs: set it with nvidia-smi -mig and reset the GPU "
+                f"({err})"
+            ) from err
+        except NvmlInUse as err:
+            self._cancel_pending(handle)
+            raise MigError(
+                f"MIG mode cannot be turned {word} while the GPU is in use "
+                f"(processes or MIG instances on it) ({err})"
+            ) from err
         finally:
             self._handles.clear()
+
+    def _cancel_pending(self, handle: DeviceHandle) -> None:
+        with suppress(NvmlError):
+            mode = self.lib.device_mig_mode(handle)
+            if mode.pending != mode.current:
+                with suppress(NvmlResetRequired, NvmlInUse):
+                    self.lib.device_set_mig_mode(handle, mode.current)
 
     def _gpu_instance(self, handle: DeviceHandle, placement: MigPlacement) -> GpuInstance:
         wanted = Placement(start=placement.start, size=placement.size)
@@ -304,23 +333,24 @@ class MigInstances:
     ) -> ReconcileReport:
         """Destroy instances no record holds; name claims whose instance is gone.
 
-        ``gpus`` are the node's partitionable full GPUs. Instances on other GPUs
-        (static MIG) are never touched.
+        ``gpus`` are the node's partitionable devices: its placements, and the full
+        GPUs where those are offered too; the GPUs they sit on are reconciled.
+        Instances on other GPUs (static MIG) are never touched.
         """
         held = _held(records)
         destroyed: list[str] = []
         present: set[tuple[str, int, int]] = set()
         with self._locked():
-            for gpu in gpus:
-                handle = self._handle(gpu.uuid)
+            for gpu_uuid, gpu_name in partitionable_gpus(gpus).items():
+                handle = self._handle(gpu_uuid)
                 for instance in self._instances(handle):
-                    key = (gpu.uuid, instance.profile_id, instance.placement.start)
+                    key = (gpu_uuid, instance.profile_id, instance.placement.start)
                     if key in held:
                         present.add(key)
                         continue
                     self._destroy_instance(handle, instance)
                     destroyed.append(
-                        f"{gpu.name} gi={instance.gpu_instance_id} "
+                        f"{gpu_name} gi={instance.gpu_instance_id} "
                         f"{self._profile_name(handle, instance)} at {instance.placement.start}"
                     )
         missing = sorted({uid for key, uid in held.items() if key not in present and uid})
@@ -331,6 +361,15 @@ class MigInstances:
             if profile.profile_id == instance.profile_id:
                 return profile.name
         return f"profile {instance.profile_id}"
+
+
+def partitionable_gpus(devices: Iterable[Device]) -> dict[str, str]:
+    """UUID → ``gpu-<minor>`` of every GPU that placement devices sit on."""
+    return {
+        d.mig_placement.parent_uuid: f"gpu-{d.mig_placement.parent_minor}"
+        for d in devices
+        if d.mig_placement is not None
+    }
 
 
 def _held(records: Mapping[str, ClaimRecord]) -> dict[tuple[str, int, int], str]:

@@ -155,7 +155,7 @@ class KubeletPlugin:
         """
         if self.opts.mig_mode != "dynamic":
             return
-        gpus = [d for d in self.devices.values() if d.consumes_counters and d.mig_placement is None]
+        gpus = [d for d in self.devices.values() if d.mig_placement is not None]
         migs = self.preparer.migs
         assert migs is not None
         with self.preparer.state_lock():

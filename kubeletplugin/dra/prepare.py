@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from drasil.api.checkpoint import ClaimRecord, ClaimState, MigRecord, PreparedDevice
+from drasil.driver.apierrors import ApiUnavailable, InvalidName, http_answer
 from drasil.driver.cdi.claimspecs import (
     delete_claim_spec,
     read_claim_spec,
@@ -60,7 +61,6 @@ from drasil.driver.claims.plan import (
 )
 from drasil.driver.devices import Device, MigPlacement
 from drasil.driver.files import FileLock, LockTimeoutError, crash_point
-from drasil.driver.kubeapi import ApiError, ApiUnavailable, InvalidName
 from drasil.kubeletplugin.dra.migs import MigError, MigInstances, creating_record
 from drasil.kubeletplugin.dra.shares import GpuEffects, ShareError
 
@@ -455,8 +455,8 @@ def fault_text(err: Exception, ref: ClaimRef, *, action: str) -> str:
     what = f"{action} of ResourceClaim {ref.namespace}/{ref.name}"
     if isinstance(err, ApiUnavailable | InvalidName):
         return f"{what}: {err}"
-    if isinstance(err, ApiError):
-        return f"{what}: the API server answered {err.status} {err.reason}"
+    if (answer := http_answer(err)) is not None:
+        return f"{what}: the API server answered {answer[0]} {answer[1]}"
     if isinstance(
         err, CdiSpecError | MigError | ShareError
     ):  # a UID that names no file; NVML refused

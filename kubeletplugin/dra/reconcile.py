@@ -13,6 +13,7 @@ import logging
 import threading
 
 from drasil.api.checkpoint import PreparedDevice
+from drasil.driver.apierrors import InvalidName
 from drasil.driver.cdi.claimspecs import (
     SHARE_MARK,
     cdi_device_id,
@@ -30,7 +31,6 @@ from drasil.driver.cdi.metadata import (
 )
 from drasil.driver.cdi.spec import CdiSpecError
 from drasil.driver.claims.sharing import MPS
-from drasil.driver.kubeapi import InvalidName
 from drasil.kubeletplugin.dra.migs import creating_record
 from drasil.kubeletplugin.dra.prepare import ClaimReader, Preparer
 

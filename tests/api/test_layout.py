@@ -55,6 +55,7 @@ LAYOUT: dict[str, set[str]] = {
         "devices",
         "endpoints",
         "files",
+        "apierrors",
         "kubeapi",
         "nodecheck",
         "keptalive",
@@ -75,6 +76,7 @@ LAYOUT: dict[str, set[str]] = {
         "sockets",
         "dra/",
         "deviceplugin/",
+        "gpucheck/",
     },
     "controller": {
         "attach",

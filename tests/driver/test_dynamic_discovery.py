@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Sequence
+from contextlib import suppress
 from functools import cache
 
 import pytest
@@ -20,7 +21,12 @@ from hypothesis import strategies as st
 
 from drasil.driver.devices import CounterSet, Device, DeviceType
 from drasil.driver.discovery.nodedevices import DiscoveryResult, discover
-from drasil.driver.discovery.nvml import NvmlInsufficientResources, Placement
+from drasil.driver.discovery.nvml import (
+    NvmlInsufficientResources,
+    NvmlNotSupported,
+    NvmlResetRequired,
+    Placement,
+)
 from drasil.driver.discovery.partitions import placement_device_name
 from drasil.driver.discovery.simulated import FakeNvml, simulated_gpus, simulated_library
 from drasil.driver.slices.build import (
@@ -36,8 +42,20 @@ MiB = 2**20
 MODELS = ["a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb", "b200"]
 
 
+def mig_on(lib: FakeNvml) -> FakeNvml:
+    """Every GPU in MIG mode, as an operator leaves an Ampere GPU for dynamic MIG
+    (``nvidia-smi -mig 1`` and a GPU reset)."""
+    lib.init()
+    for index in range(lib.device_count()):
+        with suppress(NvmlResetRequired, NvmlNotSupported):
+            lib.device_set_mig_mode(lib.device_handle_by_index(index), True)
+        lib.reset_gpu(index)
+    lib.shutdown()
+    return lib
+
+
 def dynamic(spec: str, *, lib: FakeNvml | None = None) -> DiscoveryResult:
-    lib = lib or simulated_library(spec, node_name="n")
+    lib = lib or mig_on(simulated_library(spec, node_name="n"))
     return discover(lib, node_name="n", mig_mode="dynamic")
 
 
@@ -139,6 +157,22 @@ def test_mig_mode_and_existing_instances_do_not_change_what_is_published() -> No
     assert with_instances.counter_sets == plain.counter_sets
 
 
+def test_an_ampere_gpu_is_cut_on_demand_only_where_mig_mode_is_on() -> None:
+    # Turning MIG mode on or off needs a reset there, which drasil never does.
+    off = dynamic("", lib=simulated_library("a100-40gb:1,h100-80gb:1", node_name="n"))
+    names = [d.name for d in off.devices]
+    assert "gpu-0" in names
+    assert not any(n.startswith("gpu-0-mig-") for n in names)
+    assert "gpu-1" in names
+    assert any(n.startswith("gpu-1-mig-") for n in names)
+    assert [c.name for c in off.counter_sets] == ["gpu-1-counters"]
+    on = dynamic("a100-40gb:1,h100-80gb:1")
+    names = [d.name for d in on.devices]
+    assert "gpu-0" not in names  # a whole-GPU claim would need MIG mode off
+    assert "gpu-0-mig-3g20gb-at-4" in names
+    assert "gpu-1" in names
+
+
 def test_static_mode_is_unchanged() -> None:
     result = discover(
         simulated_library("a100-40gb-mig:1,h100-80gb:1", node_name="n"), node_name="n"
@@ -198,9 +232,8 @@ def nvml_creates_all(model: str, devices: Sequence[Device]) -> bool:
 
 
 def _creates_in_order(model: str, devices: Sequence[Device]) -> bool:
-    lib = FakeNvml(simulated_gpus(f"{model}:1", node_name="n"))
+    lib = mig_on(FakeNvml(simulated_gpus(f"{model}:1", node_name="n")))
     gpu = lib.device_handle_by_index(0)
-    lib.device_set_mig_mode(gpu, True)
     for device in devices:
         placement = device.mig_placement
         assert placement is not None

@@ -90,7 +90,9 @@ class FakeMigPynvml(types.ModuleType):
         mode = self.lib.device_mig_mode(handle)
         return [int(mode.current), int(mode.pending)]
 
-    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: object, index: int) -> Any:
+    def nvmlDeviceGetGpuInstanceProfileInfo(
+        self, handle: object, index: int, version: int = 2
+    ) -> Any:
         p = self._profile(index)
         return types.SimpleNamespace(
             id=p.profile_id,

@@ -183,7 +183,7 @@ def test_reconcile_destroys_orphans_and_names_claims_that_lost_theirs(tmp_path: 
     handle = lib.device_handle_by_index(0)
     orphan = lib.create_gpu_instance(handle, 9, Placement(start=4, size=4))
     lib.create_compute_instance(handle, orphan.gpu_instance_id)
-    gpus = [d for d in p.devices.values() if d.consumes_counters and d.mig_placement is None]
+    gpus = [d for d in p.devices.values() if d.mig_placement is not None]
     assert p.migs is not None
     report = p.migs.reconcile(gpus, p.store.claims())
     assert len(report.destroyed) == 1
@@ -258,7 +258,7 @@ def test_a_crashed_prepare_keeps_its_placement_from_other_claims(
     error = p.prepare(put_claim(tmp_path, UID_B, HALF_4)).error
     assert "ml/first" in error
     # What the reconcile at start does keeps the crashed claim's instance, if any.
-    gpus = [d for d in p.devices.values() if d.consumes_counters and d.mig_placement is None]
+    gpus = [d for d in p.devices.values() if d.mig_placement is not None]
     assert p.migs is not None
     assert p.migs.reconcile(gpus, p.store.claims()).destroyed == ()
 

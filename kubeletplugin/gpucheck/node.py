@@ -1,0 +1,106 @@
+"""The node under check: its driver root, drasil's NVML backend over it, and a
+``Preparer`` built as the kubelet plugin builds one, but reading its claim from a file
+and keeping its state, CDI specs and checkpoint in the check's work dir."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from drasil.driver.cdi.driveredits import NodeEdits, control_edits
+from drasil.driver.cdi.driverfiles import DriverRoot, load_nvml
+from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore
+from drasil.driver.devices import Device
+from drasil.driver.discovery.nvml import NvmlLibrary, PynvmlLibrary
+from drasil.kubeletplugin.dra.migs import MigInstances
+from drasil.kubeletplugin.dra.prepare import Preparer
+from drasil.kubeletplugin.gpucheck.claim import FileClaims
+
+DRIVER = "gpu.drasil.dev"
+HOOK = "nvidia-cdi-hook"
+# Where the kubelet plugin puts the image's hook on a node (kubeletplugin/driverroot.py's
+# install_hook into its state dir): the path its specs name when none is given.
+PLUGIN_HOOK = f"/var/lib/kubelet/plugins/{DRIVER}/{HOOK}"
+
+
+@dataclass(frozen=True)
+class NodeUnderCheck:
+    name: str
+    root: DriverRoot
+    dev_root: str
+    hook_path: str
+    lib: NvmlLibrary
+    nvml_path: Path | None
+
+
+def hook_path(given: str | None, root: str) -> str:
+    """The hook the specs name: the given one, the toolkit's on PATH or in the root,
+    else the plugin's own install path. Only written into specs: the sandbox stands in
+    for the hooks, so it need not exist here."""
+    if given:
+        return given
+    found = shutil.which(HOOK)
+    if found:
+        return found
+    in_root = Path(root) / "usr/bin" / HOOK
+    return str(in_root) if in_root.is_file() else PLUGIN_HOOK
+
+
+def open_node(
+    *,
+    name: str,
+    driver_root: str,
+    dev_root: str,
+    hook: str | None,
+    nvidia_smi: str,
+    mig_minors: Path,
+) -> NodeUnderCheck:
+    """NVML loaded from the driver root (as the plugin does), then initialised."""
+    root = DriverRoot(host=driver_root, local=Path(driver_root))
+    nvml_path = load_nvml(root)
+    lib = PynvmlLibrary(dev_root=dev_root, nvidia_smi=nvidia_smi, mig_minors=mig_minors)
+    lib.init()
+    return NodeUnderCheck(name, root, dev_root, hook_path(hook, driver_root), lib, nvml_path)
+
+
+def node_edits(node: NodeUnderCheck) -> NodeEdits:
+    lib = node.lib
+    return NodeEdits(
+        control=control_edits(lib.control_device_nodes()),
+        root=node.root,
+        version=lib.system_driver_version,
+        hook_path=node.hook_path,
+    )
+
+
+def make_preparer(
+    node: NodeUnderCheck,
+    devices: Mapping[str, Device],
+    claim: Mapping[str, Any],
+    work: Path,
+    *,
+    migs: bool = False,
+) -> Preparer:
+    """The plugin's Preparer over ``work``; ``migs``: may cut MIG instances (dynamic
+    MIG only). No ``effects``: no MPS daemon, no time slice, no GPU setting changes."""
+    state, cdi = work / "state", work / "cdi"
+    state.mkdir(parents=True, exist_ok=True)
+    cdi.mkdir(parents=True, exist_ok=True)
+    os.chmod(work, 0o755)  # the sandbox's bind sources (metadata files) live here
+    store = CheckpointStore(state / CHECKPOINT_DIR)
+    store.load()
+    return Preparer(
+        driver=DRIVER,
+        pool=node.name,
+        devices=devices,
+        claims=FileClaims(claim),
+        store=store,
+        cdi_root=cdi,
+        state_dir=state,
+        node_edits=node_edits(node),
+        migs=MigInstances(node.lib, state_dir=state) if migs else None,
+    )
