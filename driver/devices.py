@@ -63,6 +63,24 @@ class CapacityPolicy:
 
 
 @dataclass(frozen=True)
+class CharDevice:
+    """A character device a container gets by number: ``path`` in the container (and
+    on the host as ``host_path``), ``major``/``minor`` from the driver's ``/proc``.
+
+    MIG capability nodes (``/dev/nvidia-caps/nvidia-cap<N>``) are given this way, as
+    NVIDIA's DRA driver gives them: a CDI device node with its type and numbers is made
+    in the container without the runtime looking for the host's node, which need not
+    exist (only ``nvidia-modprobe`` or ``nvidia-ctk system create-dev-char-symlinks``
+    makes it).
+    """
+
+    path: str
+    host_path: str
+    major: int
+    minor: int
+
+
+@dataclass(frozen=True)
 class MigPlacement:
     """Where a MIG device that does not exist yet would be cut (``--mig-mode dynamic``).
 
@@ -88,9 +106,11 @@ class Device:
     or qualified names (``resource.kubernetes.io/pciBusID``). ``capacity`` values are
     integers in the capacity's unit (bytes for ``memory``, a count otherwise).
     ``device_nodes`` are host paths the container needs (``/dev/nvidia0``); the
-    simulated backend has none. In ``--mig-mode dynamic`` a MIG placement device has
-    ``mig_placement`` set and ``uuid`` empty until prepare creates it, and every device
-    of a partitionable GPU lists the shared counters it takes (``consumes_counters``).
+    simulated backend has none. ``char_devices`` are the nodes a MIG device adds (its
+    GPU and compute instances' capability nodes), given by number. In ``--mig-mode
+    dynamic`` a MIG placement device has ``mig_placement`` set and ``uuid`` empty until
+    prepare creates it, and every device of a partitionable GPU lists the shared counters
+    it takes (``consumes_counters``).
     """
 
     name: str
@@ -101,6 +121,7 @@ class Device:
     capacity: Mapping[str, int]
     parent_uuid: str | None = None
     device_nodes: tuple[str, ...] = ()
+    char_devices: tuple[CharDevice, ...] = ()
     numa_node: int | None = None
     pcie_root: str | None = None
     mig_placement: MigPlacement | None = None

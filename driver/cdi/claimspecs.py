@@ -37,9 +37,9 @@ from drasil.driver.cdi.spec import (
     CdiSpec,
     CdiSpecError,
     ContainerEdits,
-    DeviceNode,
     common_edits_dict,
     device_env_name,
+    device_nodes_of,
     edits_dict,
     encode_spec,
     required_cdi_version,
@@ -209,7 +209,7 @@ def _device_entry(claim_uid: str, claim_device: ClaimDevice, *, index: int) -> C
     device = claim_device.device
     extra = claim_device.edits
     env = {**extra.env, **device_env(claim_device)}
-    nodes = tuple(DeviceNode(path=p) for p in device.device_nodes) + extra.device_nodes
+    nodes = device_nodes_of(device) + extra.device_nodes
     return {
         "name": cdi_device_name(claim_uid, device.name, claim_device.share_id),
         "containerEdits": edits_dict(env, nodes, extra.mounts),

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from drasil.driver.devices import CharDevice, Device
+
 CdiSpec = dict[str, Any]
 """A CDI spec as the JSON object runtimes read."""
 
@@ -64,6 +66,33 @@ class DeviceNode:
     path: str
     host_path: str | None = None
     permissions: str | None = None
+    type: str | None = None  # "c" with major and minor: made without the host's node
+    major: int | None = None
+    minor: int | None = None
+
+
+def host_device_node(host_path: str) -> DeviceNode:
+    """The container's node for a host node: at the same path, or at its ``/dev/…``
+    path where the host keeps it elsewhere (a driver root's ``dev/``, as the GPU
+    Operator's driver container has it)."""
+    if host_path.startswith("/dev/") or "/dev/" not in host_path:
+        return DeviceNode(path=host_path)
+    return DeviceNode(path=host_path[host_path.index("/dev/") :], host_path=host_path)
+
+
+def char_device_node(device: CharDevice) -> DeviceNode:
+    """A node given by its numbers (MIG capability nodes; see ``CharDevice``)."""
+    host = device.host_path if device.host_path != device.path else None
+    return DeviceNode(
+        path=device.path, host_path=host, type="c", major=device.major, minor=device.minor
+    )
+
+
+def device_nodes_of(device: Device) -> tuple[DeviceNode, ...]:
+    """Every node a container of ``device`` gets: its GPU's, then its MIG ones."""
+    return tuple(host_device_node(p) for p in device.device_nodes) + tuple(
+        char_device_node(c) for c in device.char_devices
+    )
 
 
 @dataclass(frozen=True)
@@ -136,6 +165,12 @@ def _node_dict(node: DeviceNode) -> CdiSpec:
     out: CdiSpec = {"path": node.path}
     if node.host_path is not None:
         out["hostPath"] = node.host_path
+    if node.type is not None:
+        out["type"] = node.type
+    if node.major is not None:
+        out["major"] = node.major
+    if node.minor is not None:
+        out["minor"] = node.minor
     if node.permissions is not None:
         out["permissions"] = node.permissions
     return out

@@ -24,6 +24,8 @@ from drasil.driver.cdi.spec import (
     ContainerEdits,
     common_edits_dict,
     device_env_name,
+    device_nodes_of,
+    edits_dict,
     encode_spec,
     required_cdi_version,
     validate_spec,
@@ -73,8 +75,8 @@ def _entry(device: Device) -> CdiSpec:
     # The per-device variable makes every entry non-empty (CDI requires an edit) even
     # for simulated devices, which have no device nodes.
     edits: CdiSpec = {"env": [f"{device_env_name(device.name)}={device.uuid}"]}
-    if device.device_nodes:
-        edits["deviceNodes"] = [{"path": path} for path in device.device_nodes]
+    if nodes := device_nodes_of(device):
+        edits = edits_dict({device_env_name(device.name): device.uuid}, nodes, ())
     return {"name": device.name, "containerEdits": edits}
 
 

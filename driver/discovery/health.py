@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -28,9 +29,13 @@ from drasil.driver.devices import Device, DeviceType
 from drasil.driver.discovery.nvml import (
     EVENT_TYPE_XID_CRITICAL_ERROR,
     NO_INSTANCE,
+    NVML_ERROR_GPU_IS_LOST,
+    DeviceHandle,
     EventData,
+    EventSet,
     NvmlError,
     NvmlLibrary,
+    NvmlQueryError,
 )
 from drasil.driver.files import write_atomic
 
@@ -147,6 +152,16 @@ class FaultFileWatcher:
 # ---- NVML XID events -----------------------------------------------------------------
 
 
+def _is_lost(lib: NvmlLibrary, handle: DeviceHandle) -> bool:
+    try:
+        lib.device_uuid(handle)
+    except NvmlQueryError as err:
+        return err.code == NVML_ERROR_GPU_IS_LOST
+    except NvmlError:
+        return False
+    return False
+
+
 class XidWatcher:
     """Turns critical XID events into unhealthy devices, and time into recovery."""
 
@@ -182,9 +197,22 @@ class XidWatcher:
         gpu = [d for d in self.devices if uuid in (d.uuid, d.parent_uuid)]
         if event.gpu_instance_id == NO_INSTANCE:
             return [d.name for d in gpu]  # a whole-GPU error hits its MIG devices too
-        suffix = f"-{event.gpu_instance_id}-{event.compute_instance_id}"
-        static = [d.name for d in gpu if d.type == DeviceType.MIG and d.name.endswith(suffix)]
+        # Static MIG devices are named ...-<gi>-<ci>. NVML may name the GPU instance
+        # but not the compute instance: then every device of that GPU instance.
+        ci = event.compute_instance_id
+        ci_pattern = r"\d+" if ci == NO_INSTANCE else str(ci)
+        suffix = re.compile(rf"-{event.gpu_instance_id}-{ci_pattern}$")
+        static = [d.name for d in gpu if d.type == DeviceType.MIG and suffix.search(d.name)]
         return static or self._dynamic_affected(event, gpu)
+
+    def lost(self, handles: Mapping[str, DeviceHandle]) -> None:
+        """``nvmlEventSetWait`` said a GPU is lost (fallen off the bus): the GPUs that
+        answer GPU_IS_LOST now are unhealthy, or every GPU when none says so."""
+        gone = [uuid for uuid, handle in handles.items() if _is_lost(self.lib, handle)]
+        hit = [d for d in self.devices if not gone or {d.uuid, d.parent_uuid} & set(gone)]
+        for device in hit:
+            self._hit[device.name] = (self._clock(), "GPU is lost (NVML)")
+        self._report()
 
     def _dynamic_affected(self, event: EventData, gpu: Sequence[Device]) -> list[str]:
         """A dynamic MIG device is named by its placement, not its ids: NVML says
@@ -245,23 +273,49 @@ class XidWatcher:
         finally:
             self.lib.shutdown()
 
+    def _register(self, event_set: EventSet) -> dict[str, DeviceHandle]:
+        """Register every GPU that can report XIDs; one that cannot is logged and left
+        unwatched, the others still are (NVIDIA's DRA driver does the same)."""
+        watched: dict[str, DeviceHandle] = {}
+        for index in range(self.lib.device_count()):
+            handle = self.lib.device_handle_by_index(index)
+            uuid = self.lib.device_uuid(handle)
+            try:
+                self.lib.device_register_events(handle, EVENT_TYPE_XID_CRITICAL_ERROR, event_set)
+            except NvmlError as err:
+                log.warning(
+                    "GPU not watched for XID events", extra={"gpu": uuid, "error": str(err)}
+                )
+                continue
+            watched[uuid] = handle
+        return watched
+
     def _watch(self, stop: threading.Event) -> None:
         try:
             event_set = self.lib.event_set_create()
-            for index in range(self.lib.device_count()):
-                handle = self.lib.device_handle_by_index(index)
-                self.lib.device_register_events(handle, EVENT_TYPE_XID_CRITICAL_ERROR, event_set)
         except NvmlError as err:
             log.error(
                 "XID events unavailable; health from NVML disabled", extra={"error": str(err)}
             )
             return
         try:
+            try:
+                watched = self._register(event_set)
+            except NvmlError as err:
+                watched = {}
+                log.error("listing GPUs for XID events failed", extra={"error": str(err)})
+            if not watched:
+                log.error("no GPU of this node reports XID events; health from NVML disabled")
+                return
             while not stop.is_set():
                 try:
                     event = self.lib.event_set_wait(event_set, 500)
                 except NvmlError as err:
-                    log.warning("XID wait failed", extra={"error": str(err)})
+                    if isinstance(err, NvmlQueryError) and err.code == NVML_ERROR_GPU_IS_LOST:
+                        log.error("NVML: a GPU is lost", extra={"error": str(err)})
+                        self.lost(watched)
+                    else:
+                        log.warning("XID wait failed", extra={"error": str(err)})
                     stop.wait(1.0)
                     continue
                 if event is not None:

@@ -75,7 +75,7 @@ from drasil.driver.discovery.nvml import (
     NvmlUnavailable,
     mig_memory_gb,
 )
-from drasil.driver.discovery.partitions import PartitionableGpu, partition
+from drasil.driver.discovery.partitions import PartitionableGpu, compact_profile, partition
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +193,7 @@ def mig_device_name(
     *, parent_minor: int, profile: str, gpu_instance: int, compute_instance: int
 ) -> str:
     """``gpu-0-mig-1g10gb-7-0`` (see the module docstring)."""
-    compact = re.sub(r"[^a-z0-9]", "", profile.lower())
+    compact = compact_profile(profile)
     return f"gpu-{parent_minor}-mig-{compact}-{gpu_instance}-{compute_instance}"
 
 
@@ -455,6 +455,7 @@ def _mig_devices(
     skipped: list[SkippedDevice],
 ) -> list[Device]:
     devices: list[Device] = []
+    names = _profile_names(lib, handle)
     for slot in range(slots):
         try:
             mig = lib.device_mig_device_handle_by_index(handle, slot)
@@ -464,7 +465,7 @@ def _mig_devices(
             skipped.append(_skipped_mig(gpu, slot, err))
             continue
         try:
-            devices.append(_mig_device(lib, mig, gpu=gpu))
+            devices.append(_mig_device(lib, mig, gpu=gpu, profile_names=names))
         except _DEVICE_ERRORS as err:
             skipped.append(_skipped_mig(gpu, slot, err))
     return devices
@@ -476,12 +477,32 @@ def _skipped_mig(gpu: _Gpu, slot: int, err: Exception) -> SkippedDevice:
     )
 
 
-def _mig_device(lib: NvmlLibrary, handle: DeviceHandle, *, gpu: _Gpu) -> Device:
+def _profile_names(lib: NvmlLibrary, handle: DeviceHandle) -> dict[int, str]:
+    """GPU instance id → its profile's name as NVML names it (``1g.10gb+me``).
+
+    The name made from a MIG device's attributes cannot tell ``1g.10gb+me`` from
+    ``1g.10gb``; the profile NVML created the instance with can. Empty where NVML
+    does not say (the attributes' name is used then).
+    """
+    try:
+        profiles = {p.profile_id: p.name for p in lib.gpu_instance_profiles(handle)}
+        instances = lib.gpu_instances(handle)
+    except NvmlError as err:
+        log.info("MIG profile names from attributes", extra={"why": str(err)})
+        return {}
+    return {
+        gi.gpu_instance_id: profiles[gi.profile_id] for gi in instances if gi.profile_id in profiles
+    }
+
+
+def _mig_device(
+    lib: NvmlLibrary, handle: DeviceHandle, *, gpu: _Gpu, profile_names: Mapping[int, str]
+) -> Device:
     uuid = lib.device_uuid(handle)
     gi = lib.device_gpu_instance_id(handle)
     ci = lib.device_compute_instance_id(handle)
     facts = lib.device_attributes(handle)
-    profile = mig_profile_name(facts, parent_memory=gpu.memory)
+    profile = _static_profile(facts, gpu=gpu, named=profile_names.get(gi))
     name = mig_device_name(
         parent_minor=gpu.minor, profile=profile, gpu_instance=gi, compute_instance=ci
     )
@@ -500,9 +521,20 @@ def _mig_device(lib: NvmlLibrary, handle: DeviceHandle, *, gpu: _Gpu) -> Device:
         capacity=_mig_capacity(facts),
         parent_uuid=gpu.uuid,
         device_nodes=gpu.device_nodes,
+        # Without its capability nodes a container cannot open the MIG device.
+        char_devices=lib.mig_device_nodes(gpu.minor, gi, ci),
         numa_node=gpu.numa_node,
         pcie_root=gpu.pcie_root,
     )
+
+
+def _static_profile(facts: DeviceAttributes, *, gpu: _Gpu, named: str | None) -> str:
+    """The profile of a MIG device: NVML's name of its GPU instance's profile, with the
+    compute instance's share where it is smaller (``1c.3g.20gb``)."""
+    derived = mig_profile_name(facts, parent_memory=gpu.memory)
+    if named is None or facts.compute_instance_slice_count != facts.gpu_instance_slice_count:
+        return derived
+    return named
 
 
 def _mig_capacity(facts: DeviceAttributes) -> dict[str, int]:

@@ -28,6 +28,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Protocol, TypeAlias, TypeVar
 
+from drasil.driver.devices import CharDevice
+
 log = logging.getLogger(__name__)
 
 DeviceHandle: TypeAlias = object
@@ -356,11 +358,11 @@ class NvmlLibrary(Protocol):
 
     def mig_device_nodes(
         self, minor: int, gpu_instance_id: int, compute_instance_id: int
-    ) -> tuple[str, ...]:
-        """Not NVML: the ``/dev/nvidia-caps`` nodes that give access to one MIG device
-        (GPU instance's, then compute instance's, from
-        ``/proc/driver/nvidia-caps/mig-minors``; ``NvmlNotFound`` when it lists
-        neither); the simulated backend has none."""
+    ) -> tuple[CharDevice, ...]:
+        """Not NVML: the ``/dev/nvidia-caps`` nodes that give access to one MIG device,
+        the GPU instance's then the compute instance's, with the numbers the driver's
+        ``/proc`` gives them (``NvmlNotFound`` where it does not); the simulated backend
+        has none."""
 
     def event_set_create(self) -> EventSet: ...
 
@@ -439,6 +441,38 @@ def read_mig_minors(path: Path) -> dict[str, int]:
         if number.strip().isdigit():
             minors[name] = int(number)
     return minors
+
+
+def read_access_minor(path: Path) -> int | None:
+    """``DeviceFileMinor`` of a driver capability's ``access`` file, None without one.
+
+    The file reads ``DeviceFileMinor: 21`` / ``DeviceFileMode: 292`` /
+    ``DeviceFileModify: 1``.
+    """
+    try:
+        text = path.read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == "DeviceFileMinor" and value.strip().isdigit():
+            return int(value.strip())
+    return None
+
+
+def caps_major(devices: Path) -> int:
+    """The character major of ``nvidia-caps`` in ``/proc/devices``; NvmlNotFound when the
+    driver registered none (no MIG support loaded)."""
+    try:
+        text = devices.read_text(encoding="ascii", errors="replace")
+    except OSError as err:
+        raise NvmlNotFound(f"{devices}: {err}") from err
+    section = text.partition("Character devices:")[2].partition("Block devices:")[0]
+    for line in section.splitlines():
+        number, _, name = line.strip().partition(" ")
+        if name.strip() == "nvidia-caps" and number.isdigit():
+            return int(number)
+    raise NvmlNotFound(f"{devices}: no nvidia-caps character device")
 
 
 # The suffix NVIDIA gives the profiles of NVML_GPU_INSTANCE_PROFILE_<n>_SLICE_REV1
@@ -608,7 +642,8 @@ class PynvmlLibrary:
         *,
         pcie_root: Callable[[str], str | None] = sysfs_pcie_root,
         dev_root: str = "/dev",
-        mig_minors: Path = MIG_MINORS,
+        proc_root: Path = Path("/proc"),
+        mig_minors: Path | None = None,
         nvidia_smi: str = "nvidia-smi",
     ) -> None:
         try:
@@ -619,7 +654,8 @@ class PynvmlLibrary:
             ) from err
         self._pcie_root = pcie_root
         self._dev_root = dev_root
-        self._mig_minors = mig_minors
+        self._proc_root = proc_root
+        self._mig_minors = mig_minors or proc_root / MIG_MINORS.relative_to("/proc")
         self._nvidia_smi = nvidia_smi
 
     def _call(self, what: str, fn: Callable[..., T], *args: object) -> T:
@@ -907,15 +943,36 @@ class PynvmlLibrary:
 
     def mig_device_nodes(
         self, minor: int, gpu_instance_id: int, compute_instance_id: int
-    ) -> tuple[str, ...]:
-        minors = read_mig_minors(self._mig_minors)
-        gi_key = f"gpu{minor}/gi{gpu_instance_id}/access"
-        ci_key = f"gpu{minor}/gi{gpu_instance_id}/ci{compute_instance_id}/access"
-        missing = [key for key in (gi_key, ci_key) if key not in minors]
-        if missing:
-            raise NvmlNotFound(f"{self._mig_minors}: no capability minor for {', '.join(missing)}")
-        caps = f"{self._dev_root}/nvidia-caps"
-        return (f"{caps}/nvidia-cap{minors[gi_key]}", f"{caps}/nvidia-cap{minors[ci_key]}")
+    ) -> tuple[CharDevice, ...]:
+        gi = f"gi{gpu_instance_id}"
+        numbers = (
+            self._cap_minor(minor, gi),
+            self._cap_minor(minor, f"{gi}/ci{compute_instance_id}"),
+        )
+        major = caps_major(self._proc_root / "devices")
+        return tuple(
+            CharDevice(
+                path=f"/dev/nvidia-caps/nvidia-cap{number}",
+                host_path=f"{self._dev_root}/nvidia-caps/nvidia-cap{number}",
+                major=major,
+                minor=number,
+            )
+            for number in numbers
+        )
+
+    def _cap_minor(self, minor: int, instance: str) -> int:
+        """The capability minor of ``gi<g>`` or ``gi<g>/ci<c>`` on GPU ``minor``: the
+        driver's ``capabilities/.../access`` file (what NVIDIA's DRA driver reads), else
+        its ``mig-minors`` list."""
+        access = self._proc_root / f"driver/nvidia/capabilities/gpu{minor}/mig/{instance}/access"
+        number = read_access_minor(access)
+        if number is not None:
+            return number
+        key = f"gpu{minor}/{instance}/access"
+        listed = read_mig_minors(self._mig_minors).get(key)
+        if listed is None:
+            raise NvmlNotFound(f"no capability minor for {key} in {access} or {self._mig_minors}")
+        return listed
 
     # -- MIG helpers: NVML's instance handles, which never leave this class --------------
 

@@ -77,10 +77,15 @@ def counter_set_name(minor: int) -> str:
     return f"gpu-{minor}-counters"
 
 
+def compact_profile(profile: str) -> str:
+    """A profile in a device name: ``1g.10gb+me`` → ``1g10gbme``, ``1g.12gb-me`` →
+    ``1g12gbnome``; the sign is spelled so the two never share a name."""
+    return re.sub(r"[^a-z0-9]", "", profile.lower().replace("-me", "nome"))
+
+
 def placement_device_name(*, parent_minor: int, profile: str, start: int) -> str:
     """``gpu-0-mig-3g40gb-at-4`` (see the module docstring)."""
-    compact = re.sub(r"[^a-z0-9]", "", profile.lower())
-    return f"gpu-{parent_minor}-mig-{compact}-at-{start}"
+    return f"gpu-{parent_minor}-mig-{compact_profile(profile)}-at-{start}"
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from drasil.driver.checkpoint import read_boot_id
+from drasil.driver.devices import CharDevice
 from drasil.driver.discovery.gpucatalog import (
     PROFILES,
     GpuModel,
@@ -973,7 +974,7 @@ class FakeNvml:
 
     def mig_device_nodes(
         self, minor: int, gpu_instance_id: int, compute_instance_id: int
-    ) -> tuple[str, ...]:
+    ) -> tuple[CharDevice, ...]:
         return self._query("mig_device_nodes", tuple)
 
     def event_set_create(self) -> EventSet:

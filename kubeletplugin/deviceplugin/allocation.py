@@ -17,7 +17,12 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Sequence
 
 from drasil.api.kubelet.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
-from drasil.driver.cdi.spec import ENV_NVIDIA_VISIBLE_DEVICES, ENV_VISIBLE_DEVICES, device_env_name
+from drasil.driver.cdi.spec import (
+    ENV_NVIDIA_VISIBLE_DEVICES,
+    ENV_VISIBLE_DEVICES,
+    device_env_name,
+    device_nodes_of,
+)
 from drasil.driver.cdi.staticspec import device_cdi_id
 from drasil.driver.devices import Device
 from drasil.kubeletplugin.deviceplugin.resources import Resource, Unit
@@ -72,12 +77,12 @@ def container_response(units: Sequence[Unit], *, driver: str) -> pb.ContainerAll
     envs = {ENV_NVIDIA_VISIBLE_DEVICES: uuids, ENV_VISIBLE_DEVICES: uuids}
     envs.update({device_env_name(d.name): d.uuid for d in devices})
     # MIG devices of one GPU share its device node; a runtime refuses duplicates.
-    nodes = dict.fromkeys(path for d in devices for path in d.device_nodes)
+    nodes = {n.path: n.host_path or n.path for d in devices for n in device_nodes_of(d)}
     return pb.ContainerAllocateResponse(
         envs=envs,
         devices=[
-            pb.DeviceSpec(container_path=p, host_path=p, permissions=DEVICE_PERMISSIONS)
-            for p in nodes
+            pb.DeviceSpec(container_path=path, host_path=host, permissions=DEVICE_PERMISSIONS)
+            for path, host in nodes.items()
         ],
         cdi_devices=[
             pb.CDIDevice(name=device_cdi_id(driver=driver, device_name=d.name)) for d in devices

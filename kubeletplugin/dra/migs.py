@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from drasil.api.checkpoint import ClaimRecord, MigRecord, MigState
-from drasil.driver.devices import Device, MigPlacement
+from drasil.driver.devices import CharDevice, Device, MigPlacement
 from drasil.driver.discovery.nvml import (
     DeviceHandle,
     GpuInstance,
@@ -63,7 +63,7 @@ class MigInstance:
     gpu_instance_id: int
     compute_instance_id: int
     uuid: str
-    device_nodes: tuple[str, ...]
+    char_devices: tuple[CharDevice, ...]
 
     def record(self) -> MigRecord:
         return MigRecord(
@@ -80,9 +80,10 @@ class MigInstance:
 
     def device(self, planned: Device) -> Device:
         """The placement device as a container gets it: its UUID and device nodes."""
-        nodes = tuple(dict.fromkeys((*planned.device_nodes, *self.device_nodes)))
         attributes = {**planned.attributes, "uuid": self.uuid}
-        return replace(planned, uuid=self.uuid, device_nodes=nodes, attributes=attributes)
+        return replace(
+            planned, uuid=self.uuid, char_devices=self.char_devices, attributes=attributes
+        )
 
 
 def creating_record(placement: MigPlacement) -> MigRecord:
@@ -185,7 +186,7 @@ class MigInstances:
             gpu_instance_id=gi,
             compute_instance_id=ci,
             uuid=self._mig_uuid(handle, gi, ci),
-            device_nodes=self.lib.mig_device_nodes(placement.parent_minor, gi, ci),
+            char_devices=self.lib.mig_device_nodes(placement.parent_minor, gi, ci),
         )
 
     def _mig_mode_on(self, handle: DeviceHandle, placement: MigPlacement) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from drasil.driver.devices import DeviceType, Version
+from drasil.driver.devices import CharDevice, DeviceType, Version
 from drasil.driver.discovery.nodedevices import (
     NUMA_NODE_ATTRIBUTE,
     PCI_BUS_ID_ATTRIBUTE,
@@ -356,8 +356,24 @@ def fake_pynvml(monkeypatch: pytest.MonkeyPatch) -> FakePynvml:
     return module
 
 
-def test_real_adapter_discovers(fake_pynvml: FakePynvml) -> None:
-    lib = PynvmlLibrary(pcie_root=lambda bus_id: "pci0000:3a" if bus_id == "0000:3b:00.0" else None)
+def fake_proc(root: Path, *, gpu_minor: int, gi: int, ci: int) -> Path:
+    """The driver's /proc entries of one MIG device: capability minors 66 and 67."""
+    access = root / f"driver/nvidia/capabilities/gpu{gpu_minor}/mig/gi{gi}"
+    (access / f"ci{ci}").mkdir(parents=True)
+    line = "DeviceFileMinor: {}\nDeviceFileMode: 292\nDeviceFileModify: 1\n"
+    (access / "access").write_text(line.format(66))
+    (access / f"ci{ci}" / "access").write_text(line.format(67))
+    (root / "devices").write_text(
+        "Character devices:\n195 nvidia\n508 nvidia-caps\n\nBlock devices:\n  8 sd\n"
+    )
+    return root
+
+
+def test_real_adapter_discovers(fake_pynvml: FakePynvml, tmp_path: Path) -> None:
+    lib = PynvmlLibrary(
+        pcie_root=lambda bus_id: "pci0000:3a" if bus_id == "0000:3b:00.0" else None,
+        proc_root=fake_proc(tmp_path, gpu_minor=1, gi=7, ci=0),
+    )
     result = discover(lib, node_name="n")
     assert fake_pynvml.calls == ["init", "shutdown"]
     full, mig = result.devices
@@ -375,6 +391,11 @@ def test_real_adapter_discovers(fake_pynvml: FakePynvml) -> None:
     assert mig.attributes["profile"] == "1g.10gb"
     assert mig.parent_uuid == "GPU-00000001"
     assert mig.device_nodes == ("/dev/nvidia1",)
+    # A static MIG device gets its capability nodes, by number as the driver says.
+    assert mig.char_devices == tuple(
+        CharDevice(f"/dev/nvidia-caps/nvidia-cap{n}", f"/dev/nvidia-caps/nvidia-cap{n}", 508, n)
+        for n in (66, 67)
+    )
     assert PCIE_ROOT_ATTRIBUTE not in mig.attributes
     (lost,) = result.skipped
     assert lost.index == 2

@@ -339,16 +339,55 @@ def test_run_delivers_mig_events() -> None:
         thread.join(timeout=DEADLINE)
 
 
-def test_run_without_xid_events_disables_only_xid_health() -> None:
+def test_a_gpu_without_xid_events_leaves_the_others_watched() -> None:
     lib, devices = node()
     tracker = HealthTracker(devices)
     lib.fail_device(1, call="device_register_events")
     stop = threading.Event()
     thread = threading.Thread(target=XidWatcher(lib, devices, tracker).run, args=(stop,))
     thread.start()
+    try:
+        # GPUs register in order: the last one's delivery means all are done.
+        wait_until(lambda: lib.inject_xid(3, 13) == 1, what="the XID event registration")
+        assert lib.inject_xid(1, 79) == 0  # not registered
+        assert lib.inject_xid(2, 79) == 1
+        wait_until(lambda: tracker.unhealthy() == {"gpu-2": "xid: XID 79"}, what="XID 79")
+    finally:
+        stop.set()
+        thread.join(timeout=DEADLINE)
+
+
+def test_no_gpu_with_xid_events_disables_only_xid_health() -> None:
+    lib, devices = node("h100-80gb:1")
+    tracker = HealthTracker(devices)
+    lib.fail_device(0, call="device_register_events")
+    stop = threading.Event()
+    thread = threading.Thread(target=XidWatcher(lib, devices, tracker).run, args=(stop,))
+    thread.start()
     thread.join(timeout=DEADLINE)  # returns on its own, without stop
     assert not thread.is_alive()
     assert tracker.unhealthy() == {}
+
+
+def test_an_xid_naming_only_the_gpu_instance_hits_its_static_mig_devices() -> None:
+    lib, devices = mig_node()
+    tracker = HealthTracker(devices)
+    watcher = XidWatcher(lib, devices, tracker)
+    mig = next(d for d in devices if d.type == DeviceType.MIG)
+    gi = int(mig.name.rsplit("-", 2)[1])
+    watcher.handle(xid_event(lib, 0, 79, gi=gi))  # the compute instance is NO_INSTANCE
+    assert mig.name in tracker.unhealthy()
+    assert all(n.endswith(f"-{gi}-0") for n in tracker.unhealthy())
+
+
+def test_a_lost_gpu_is_unhealthy() -> None:
+    lib, devices = node("h100-80gb:2")
+    tracker = HealthTracker(devices)
+    watcher = XidWatcher(lib, devices, tracker)
+    handles = {lib.device_uuid(h): h for h in map(lib.device_handle_by_index, range(2))}
+    lib.fail_device(1, call="device_uuid")  # answers GPU_IS_LOST now
+    watcher.lost(handles)
+    assert set(tracker.unhealthy()) == {"gpu-1"}
 
 
 def test_xid_watcher_holds_nvml_initialized_while_it_watches() -> None:

@@ -22,7 +22,7 @@ import pynvml
 import pytest
 from mocknvml_fixture import MockNodeFactory, mock_node, mock_nvml_lib
 
-from drasil.driver.devices import Device
+from drasil.driver.devices import CharDevice, Device
 from drasil.driver.discovery.nodedevices import discover
 from drasil.driver.discovery.nvml import (
     EVENT_TYPE_XID_CRITICAL_ERROR,
@@ -49,7 +49,7 @@ def _libs(node: MockNode) -> tuple[FakeNvml, PynvmlLibrary]:
     real = PynvmlLibrary(
         pcie_root=fake.pcie_root,
         dev_root=str(node.dev_root),
-        mig_minors=node.proc_root / "driver" / "nvidia-caps" / "mig-minors",
+        proc_root=node.proc_root,
     )
     return fake, real
 
@@ -57,7 +57,7 @@ def _libs(node: MockNode) -> tuple[FakeNvml, PynvmlLibrary]:
 def _devices(devices: tuple[Device, ...]) -> list[Device]:
     """Comparable devices: device nodes are the adapter's (the fake has none), and NVML
     lists MIG profiles by profile index where the catalogue has its own order."""
-    plain = [dataclasses.replace(d, device_nodes=()) for d in devices]
+    plain = [dataclasses.replace(d, device_nodes=(), char_devices=()) for d in devices]
     return sorted(plain, key=lambda d: d.name)
 
 
@@ -258,9 +258,12 @@ def test_mig_device_nodes_come_from_the_fake_proc(mock_node: MockNodeFactory) ->
     node = mock_node("a100-40gb-mig:1,h100-80gb-mig:1", node_name=NODE)
     _, real = _libs(node)
     caps = f"{node.dev_root}/nvidia-caps"
-    assert real.mig_device_nodes(1, 2, 0) == (
-        f"{caps}/nvidia-cap{3 + 135 + 2 * 9}",
-        f"{caps}/nvidia-cap{3 + 135 + 2 * 9 + 1}",
+    gi_minor = 3 + 135 + 2 * 9
+    assert real.mig_device_nodes(1, 2, 0) == tuple(
+        CharDevice(
+            f"/dev/nvidia-caps/nvidia-cap{n}", f"{caps}/nvidia-cap{n}", mocknvml.CAPS_MAJOR, n
+        )
+        for n in (gi_minor, gi_minor + 1)
     )
     access = node.proc_root / "driver/nvidia/capabilities/gpu1/mig/gi2/ci0/access"
     assert (

@@ -267,13 +267,20 @@ def test_mig_device_nodes_from_mig_minors(tmp_path: Path, monkeypatch: pytest.Mo
     minors = tmp_path / "mig-minors"
     minors.write_text(MIG_MINORS)
     monkeypatch.setitem(sys.modules, "pynvml", types.ModuleType("pynvml"))
-    lib = PynvmlLibrary(mig_minors=minors)
-    assert lib.mig_device_nodes(0, 2, 0) == (
-        "/dev/nvidia-caps/nvidia-cap21",
-        "/dev/nvidia-caps/nvidia-cap22",
-    )
-    assert lib.mig_device_nodes(1, 2, 0)[1] == "/dev/nvidia-caps/nvidia-cap157"
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "devices").write_text("Character devices:\n195 nvidia\n237 nvidia-caps\n")
+    # No capabilities/ folder: the minors come from the mig-minors list.
+    lib = PynvmlLibrary(proc_root=proc, mig_minors=minors)
+    assert [(c.path, c.major, c.minor) for c in lib.mig_device_nodes(0, 2, 0)] == [
+        ("/dev/nvidia-caps/nvidia-cap21", 237, 21),
+        ("/dev/nvidia-caps/nvidia-cap22", 237, 22),
+    ]
+    assert lib.mig_device_nodes(1, 2, 0)[1].minor == 157
     with pytest.raises(NvmlNotFound, match="gpu0/gi5/access"):
         lib.mig_device_nodes(0, 5, 0)
+    (proc / "devices").write_text("Character devices:\n195 nvidia\n")
+    with pytest.raises(NvmlNotFound, match="no nvidia-caps"):
+        lib.mig_device_nodes(0, 2, 0)
     assert read_mig_minors(tmp_path / "missing") == {}
     assert read_mig_minors(minors)["config"] == 1
