@@ -112,6 +112,8 @@ def _start(opts: PluginOptions) -> NodeDaemon:
         profile=opts.simulated_profile,
         node_name=opts.node_name,
         state_file=opts.simulated_state_file,
+        dev_root=opts.dev_root,
+        proc_root=opts.proc_root,
     )
     # Device-plugin mode needs no API server: kubelet's socket is all it talks to.
     if opts.mode == "device-plugin":

@@ -65,6 +65,8 @@ class PluginOptions:
     nvidia_cdi_hook_path: str | None = None
     cdi_hooks: str = "enabled"
     bundled_cdi_hook: Path = Path(BUNDLED_CDI_HOOK)
+    # Where the NVIDIA driver's /proc entries are read (MIG capability minors).
+    proc_root: Path = Path("/proc")
 
     @property
     def driver_root_host(self) -> str:
@@ -75,6 +77,16 @@ class PluginOptions:
     def driver_root_local(self) -> Path:
         """Where this process sees the driver root (the chart's ``/driver-root``)."""
         return self.container_driver_root or Path(self.driver_root_host)
+
+    @property
+    def dev_root(self) -> tuple[str, Path]:
+        """The GPUs' device nodes (host path, where this process sees them): the driver
+        root's ``dev/`` where it has the control node (a driver container's root, as
+        NVIDIA's DRA driver decides), else ``/dev``."""
+        local = self.driver_root_local / "dev"
+        if self.driver_root_host != "/" and (local / "nvidiactl").exists():
+            return f"{self.driver_root_host.rstrip('/')}/dev", local
+        return "/dev", Path("/dev")
 
     @property
     def state_dir(self) -> Path:
@@ -199,6 +211,12 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="env CDI_HOOKS; disabled leaves nvidia-cdi-hook's hooks out of CDI specs, "
         "for runtimes that refuse hooks",
     )
+    p.add_argument(
+        "--proc-root",
+        default=env.get("PROC_ROOT", "/proc"),
+        help="env PROC_ROOT; where the NVIDIA driver's /proc entries are read (MIG "
+        "capability numbers); for tests",
+    )
     return p
 
 
@@ -242,6 +260,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         ("--nvidia-driver-root", ns.nvidia_driver_root),
         ("--container-driver-root", ns.container_driver_root),
         ("--nvidia-cdi-hook-path", ns.nvidia_cdi_hook_path),
+        ("--proc-root", ns.proc_root),
     ):
         if value and not value.startswith("/"):
             raise OptionsError(f"{flag}: {value!r} is not an absolute path")
@@ -274,4 +293,5 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         nvidia_cdi_hook_path=ns.nvidia_cdi_hook_path or None,
         cdi_hooks=ns.cdi_hooks,
         bundled_cdi_hook=Path(env.get("DRASIL_BUNDLED_CDI_HOOK", BUNDLED_CDI_HOOK)),
+        proc_root=Path(ns.proc_root),
     )

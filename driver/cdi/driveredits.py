@@ -37,9 +37,9 @@ from drasil.driver.cdi.driverfiles import (
 from drasil.driver.cdi.spec import (
     ENV_NVIDIA_VISIBLE_DEVICES,
     ContainerEdits,
-    DeviceNode,
     Hook,
     Mount,
+    host_device_node,
 )
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ def control_edits(control_nodes: Sequence[str]) -> ContainerEdits:
     """The driver's control nodes, and ``NVIDIA_VISIBLE_DEVICES=void``: CUDA images set
     ``all`` there, and the NVIDIA runtime's legacy hook would otherwise hand the
     container every GPU of the node; which GPUs it gets is the CDI devices' business."""
-    nodes = tuple(DeviceNode(path=path) for path in control_nodes)
+    nodes = tuple(host_device_node(path) for path in control_nodes)
     return ContainerEdits(env={ENV_NVIDIA_VISIBLE_DEVICES: "void"}, device_nodes=nodes)
 
 

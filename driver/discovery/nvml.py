@@ -626,8 +626,9 @@ class PynvmlLibrary:
     """``NvmlLibrary`` over nvidia-ml-py, mapping ``NVMLError`` to our exceptions.
 
     ``pcie_root`` is injectable so tests (and odd hosts) need no real sysfs; device
-    nodes are ``<dev_root>/nvidia<minor>``, MIG access nodes
-    ``<dev_root>/nvidia-caps/nvidia-cap<n>`` with ``n`` read from ``mig_minors``.
+    nodes are ``<dev_root>/nvidia<minor>`` (host paths; ``dev_root_local`` is where this
+    process sees them), MIG access nodes ``/dev/nvidia-caps/nvidia-cap<n>`` with ``n``
+    and the major read from the driver's entries under ``proc_root``.
 
     GPU and compute instance handles are NVML's and stay inside: the Protocol names
     instances by their ids, which survive a plugin restart where handles do not.
@@ -642,6 +643,7 @@ class PynvmlLibrary:
         *,
         pcie_root: Callable[[str], str | None] = sysfs_pcie_root,
         dev_root: str = "/dev",
+        dev_root_local: Path | None = None,
         proc_root: Path = Path("/proc"),
         mig_minors: Path | None = None,
         nvidia_smi: str = "nvidia-smi",
@@ -654,6 +656,7 @@ class PynvmlLibrary:
             ) from err
         self._pcie_root = pcie_root
         self._dev_root = dev_root
+        self._dev_root_local = dev_root_local or Path(dev_root)
         self._proc_root = proc_root
         self._mig_minors = mig_minors or proc_root / MIG_MINORS.relative_to("/proc")
         self._nvidia_smi = nvidia_smi
@@ -1066,4 +1069,5 @@ class PynvmlLibrary:
 
     def control_device_nodes(self) -> tuple[str, ...]:
         names = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
-        return tuple(path for n in names if Path(path := f"{self._dev_root}/{n}").exists())
+        present = (n for n in names if (self._dev_root_local / n).exists())
+        return tuple(f"{self._dev_root}/{n}" for n in present)
