@@ -27,8 +27,10 @@ from drasil.api.kubelet.dra.v1beta1 import dra_pb2 as dra_v1beta1_pb2
 from drasil.api.kubelet.dra.v1beta1 import dra_pb2_grpc as dra_v1beta1_grpc
 from drasil.api.kubelet.pluginregistration import registration_pb2, registration_pb2_grpc
 from drasil.driver.checkpoint import CHECKPOINT_DIR, read_state
+from drasil.driver.discovery.nvml import NO_INSTANCE
+from drasil.driver.discovery.simulated import simulated_gpus
 from drasil.kubeletplugin.deviceplugin.resources import socket_name
-from e2e import procs
+from e2e import driverroot, mocknvml, procs
 
 DRIVER = "gpu.drasil.dev"
 # kubelet hard-codes this directory (and its kubelet.sock) whatever its --root-dir.
@@ -97,6 +99,11 @@ class PluginProcess:
     # API in `device_plugins_dir` instead of DRA (docs/device-plugin.md).
     mode: str = "dra"
     device_plugins_dir: Path = DEVICE_PLUGINS_DIR
+    # "simulated": the simulated backend's GPUs of `profile`. "nvml": the same GPUs
+    # served by our C mock NVML (e2e.mocknvml) from a fake driver root under
+    # `<root>/nvml`, the plugin run with --backend=nvml as users run it (`mock_root`).
+    backend: str = "simulated"
+    _mock: MockNvmlRoot | None = field(default=None, repr=False)
 
     @property
     def registrar_dir(self) -> Path:
@@ -131,6 +138,46 @@ class PluginProcess:
         """The socket kubelet dials in device-plugin mode (`drasil-gpu.sock`)."""
         return self.device_plugins_dir / socket_name(GPU_RESOURCE)
 
+    @property
+    def gpu_state_file(self) -> Path:
+        """Where the GPUs' MIG state lives: the simulated backend's file, or the mock
+        NVML's (the same JSON format, ``drasil.driver.discovery.simulated``)."""
+        if self.backend == "nvml":
+            return self.mock_root().node.state_file
+        return self.state_dir / "simulated-gpus.json"
+
+    def mock_root(self) -> MockNvmlRoot:
+        """The nvml backend's fake driver root and mock node, built on first use."""
+        if self.backend != "nvml":
+            raise ValueError(f"the {self.backend} backend has no mock NVML")
+        if self._mock is None:
+            self._mock = make_mock_nvml_root(self.root / "nvml", self.profile, self.node_name)
+        return self._mock
+
+    def inject_xid(
+        self,
+        gpu_uuid: str,
+        xid: int,
+        gpu_instance_id: int = NO_INSTANCE,
+        compute_instance_id: int = NO_INSTANCE,
+    ) -> None:
+        """An XID critical error of the GPU (or of its MIG device), as NVML's events
+        deliver it to the plugin (nvml backend only; the simulated one has fault files)."""
+        events = self.mock_root().node.events_file
+        mocknvml.inject_xid(events, gpu_uuid, xid, gpu_instance_id, compute_instance_id)
+
+    def _backend_args(self) -> list[str]:
+        if self.backend == "simulated":
+            return ["--backend=simulated", f"--simulated-profile={self.profile}"]
+        if self.backend != "nvml":
+            raise ValueError(f"unknown backend {self.backend!r}")
+        mock = self.mock_root()
+        return [
+            "--backend=nvml",
+            f"--nvidia-driver-root={mock.root}",
+            f"--proc-root={mock.node.proc_root}",
+        ]
+
     def command(self) -> list[str]:
         mode = (
             [f"--mode={self.mode}", f"--device-plugins-dir={self.device_plugins_dir}"]
@@ -143,8 +190,7 @@ class PluginProcess:
             "drasil.kubeletplugin.main",
             f"--node-name={self.node_name}",
             f"--driver-name={self.driver}",
-            "--backend=simulated",
-            f"--simulated-profile={self.profile}",
+            *self._backend_args(),
             f"--kubeconfig={self.kubeconfig}",
             f"--registrar-dir={self.registrar_dir}",
             f"--plugins-dir={self.plugins_dir}",
@@ -157,6 +203,8 @@ class PluginProcess:
 
     def start(self, *, crash_at: str | None = None, timeout: float = 30.0) -> None:
         env = {**os.environ, **self.env}
+        if self.backend == "nvml":
+            env.update(self.mock_root().node.env())
         env.pop("DRASIL_CRASH_AT", None)
         if crash_at:
             env["DRASIL_CRASH_AT"] = crash_at
@@ -256,6 +304,39 @@ class PluginProcess:
     def _forget_pid_file(self) -> None:
         if self.pid_file is not None and self.attached() is None:
             self.pid_file.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class MockNvmlRoot:
+    """A fake driver root whose ``libnvidia-ml.so.<version>`` is the mock NVML, and the
+    mock's node; the node's ``dev`` is the root's ``dev`` (one set of device nodes)."""
+
+    root: Path  # --nvidia-driver-root
+    node: mocknvml.MockNode
+
+
+def make_mock_nvml_root(dest: Path, profile: str, node_name: str) -> MockNvmlRoot:
+    """``<dest>/driver``: a fake driver root (``e2e.driverroot``, layout debian, the
+    device nodes of every GPU) with the mock NVML over its libnvidia-ml; ``<dest>/node``:
+    the mock node of ``profile`` (config, fake /proc, events file, state file), whose
+    ``dev`` links to the driver root's. A process finds the node through
+    ``node.env()``. Needs root (mknod, ldconfig -r)."""
+    gpus = simulated_gpus(profile, node_name=node_name)
+    fake = driverroot.build_fake_root(
+        dest / "driver",
+        layout="debian",
+        dev_nodes=True,
+        gpus=max((g.minor for g in gpus), default=-1) + 1,
+    )
+    node_dir = dest / "node"
+    node_dir.mkdir(parents=True)
+    (node_dir / "dev").symlink_to(fake.root / "dev")
+    node = mocknvml.make_mock_node(node_dir, profile, node_name=node_name, dev_nodes=False)
+    nvml = fake.host(f"{fake.lib_dirs[0]}/libnvidia-ml.so.{fake.version}")
+    nvml.unlink()
+    shutil.copyfile(mocknvml.compiled_mock(), nvml)
+    nvml.chmod(0o755)
+    return MockNvmlRoot(root=fake.root, node=node)
 
 
 def _wait_gone(proc: procs.Proc, timeout: float) -> None:

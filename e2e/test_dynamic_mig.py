@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from bench import mig as mig_bench
@@ -32,7 +33,7 @@ from e2e.pluginproc import (
     lose_checkpoint,
 )
 from e2e.pods import pod, template
-from e2e.test_kubeletplugin import cdi_file, checkpoint_claims
+from e2e.test_kubeletplugin import assert_clean, cdi_file, checkpoint_claims
 
 RESOURCE = "resource.k8s.io/v1"
 PROFILE = "h100-80gb:1"
@@ -294,3 +295,113 @@ def test_the_mig_benchmark_runs(kubeconfig: Path, plugin_kubeconfig: Path) -> No
     result = mig_bench.run(rounds=2, kubeconfig=kubeconfig, plugin_kubeconfig=plugin_kubeconfig)
     for kind in ("whole_gpu", "mig_1g", "mig_3g_pair"):
         assert result[kind]["pair_p50_ms"] > 0, result
+
+
+# --- kill -9 at every step of a dynamic MIG prepare and unprepare, on both backends ----
+
+MIG_PREPARE_CRASHES = [
+    "prepare-after-started",  # recorded as creating, nothing cut yet
+    "mig-after-gi",  # GPU instance made, no compute instance
+    "mig-after-ci",  # both made, not recorded
+    "prepare-after-mig",  # recorded, no CDI spec
+    "prepare-after-cdi",
+]
+MIG_UNPREPARE_CRASHES = [
+    "unprepare-after-cdi",  # spec gone, instance still there
+    "mig-destroy-after-ci",  # compute instance gone, GPU instance left
+    "unprepare-after-mig",  # instance gone, record still there
+    "unprepare-after-removed",
+]
+BACKENDS = ["simulated", "nvml"]
+
+
+@pytest.fixture
+def crash_root() -> Iterator[Path]:
+    root = Path(tempfile.mkdtemp(prefix="drasil-migc-"))  # short: socket paths
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def gpu_instances(plugin: PluginProcess) -> list[Any]:
+    """The GPU instances of the node's GPU, as the GPU state file records them (the
+    simulated backend's file, or the mock NVML's: the same format)."""
+    if not plugin.gpu_state_file.exists():
+        return []
+    state = json.loads(plugin.gpu_state_file.read_text())
+    return [i for gpu in (state.get("gpus") or {}).values() for i in gpu["gpuInstances"]]
+
+
+def crash_plugin(root: Path, kubeconfig: Path, node: str, backend: str) -> PluginProcess:
+    return PluginProcess(
+        root=root,
+        kubeconfig=kubeconfig,
+        node_name=node,
+        profile=PROFILE,
+        env={"MIG_MODE": "dynamic"},
+        backend=backend,
+    )
+
+
+def assert_nothing_cut(plugin: PluginProcess) -> None:
+    assert gpu_instances(plugin) == []
+    assert_clean(plugin)
+
+
+@pytest.mark.parametrize("crash_at", MIG_PREPARE_CRASHES)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_crash_during_a_mig_prepare_is_repaired_by_the_next_call(
+    kube: Kube, namespace: str, node: str, classes: None, crash_root: Path,
+    plugin_kubeconfig: Path, backend: str, crash_at: str,
+) -> None:  # fmt: skip
+    plugin = crash_plugin(crash_root, plugin_kubeconfig, node, backend)
+    plugin.start(crash_at=crash_at)
+    try:
+        wait_partitions(kube, node)
+        ref, _ = wait_allocated(
+            kube,
+            namespace,
+            claim_pod(kube, namespace, node, device_class=MIG_CLASS, cel=PROFILE_3G),
+        )
+        kubelet = KubeletClient(plugin)
+        with pytest.raises(grpc.RpcError):
+            kubelet.prepare([ref], timeout=20)
+        assert plugin.wait_exit() == 137
+        plugin.start()  # what the DaemonSet does after the crash
+        assert kubelet.prepare([ref]).claims[ref.uid].error == ""
+        assert len(gpu_instances(plugin)) == 1, gpu_instances(plugin)
+        assert checkpoint_claims(plugin)[ref.uid]["state"] == "PrepareCompleted"
+        mig_uuid(plugin, ref.uid)
+        assert kubelet.unprepare([ref]).claims[ref.uid].error == ""
+        assert_nothing_cut(plugin)
+    finally:
+        plugin.stop()
+
+
+@pytest.mark.parametrize("crash_at", MIG_UNPREPARE_CRASHES)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_crash_during_a_mig_unprepare_is_repaired_by_the_next_call(
+    kube: Kube, namespace: str, node: str, classes: None, crash_root: Path,
+    plugin_kubeconfig: Path, backend: str, crash_at: str,
+) -> None:  # fmt: skip
+    plugin = crash_plugin(crash_root, plugin_kubeconfig, node, backend)
+    plugin.start()
+    try:
+        wait_partitions(kube, node)
+        ref, _ = wait_allocated(
+            kube,
+            namespace,
+            claim_pod(kube, namespace, node, device_class=MIG_CLASS, cel=PROFILE_3G),
+        )
+        kubelet = KubeletClient(plugin)
+        assert kubelet.prepare([ref]).claims[ref.uid].error == ""
+        assert len(gpu_instances(plugin)) == 1
+        plugin.stop()
+        plugin.start(crash_at=crash_at)
+        with pytest.raises(grpc.RpcError):
+            kubelet.unprepare([ref], timeout=20)
+        assert plugin.wait_exit() == 137
+        plugin.start()
+        assert kubelet.unprepare([ref]).claims[ref.uid].error == ""
+        assert_nothing_cut(plugin)
+    finally:
+        plugin.stop()

@@ -1202,9 +1202,13 @@ static nvmlReturn_t load_config(void) {
         parse_config(text);
     }
     nvisible = 0;
+    /* Inside a container the node's dev root is not there: the container's /dev is,
+     * holding exactly the nodes its CDI spec gave it (as real NVML sees them). */
+    struct stat st;
+    const char *root = stat(dev_root, &st) == 0 && S_ISDIR(st.st_mode) ? dev_root : "/dev";
     for (int i = 0; i < ngpus; i++) {
         char node[4200];
-        snprintf(node, sizeof node, "%s/nvidia%u", dev_root, gpus[i].minor);
+        snprintf(node, sizeof node, "%s/nvidia%u", root, gpus[i].minor);
         if (access(node, F_OK) == 0) {
             visible[nvisible++] = i;
         }

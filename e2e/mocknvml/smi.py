@@ -119,7 +119,7 @@ class MockRoot:
             f"--nvidia-driver-root={self.root}",
             f"--dev-root={self.dev_root}",
             f"--node-name={self.node.node_name}",
-            f"--mig-minors={self.node.proc_root}/driver/nvidia-caps/mig-minors",
+            f"--proc-root={self.node.proc_root}",
         ]
 
 

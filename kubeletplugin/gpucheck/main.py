@@ -27,7 +27,6 @@ from typing import Any
 from drasil.driver.cdi.claimspecs import read_claim_spec
 from drasil.driver.devices import Device, DeviceType
 from drasil.driver.discovery.nodedevices import discover
-from drasil.driver.discovery.nvml import MIG_MINORS
 from drasil.driver.slices.build import build_slices, validate_slice
 from drasil.kubeletplugin.dra.prepare import Preparer
 from drasil.kubeletplugin.gpucheck import cdicheck, claim, compare, mig, probe, runtime, sandbox
@@ -68,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dev-root", default="/dev", help="where the GPUs' device nodes are")
     p.add_argument("--python", default=sys.executable, help="the probe's interpreter")
     p.add_argument(
-        "--mig-minors", default=str(MIG_MINORS), help="the driver's MIG capability minors"
+        "--proc-root", default="/proc", help="where the driver's /proc entries are (MIG)"
     )
     return p
 
@@ -95,7 +94,7 @@ def step_nvml(s: State) -> None:
         dev_root=a.dev_root,
         hook=a.nvidia_cdi_hook_path,
         nvidia_smi=_nvidia_smi(a.nvidia_smi, a.nvidia_driver_root),
-        mig_minors=Path(a.mig_minors),
+        proc_root=Path(a.proc_root),
     )
     where = str(s.node.nvml_path or "the loader's search path")
     s.report.add(ok("NVML", f"driver {s.node.lib.system_driver_version()} from {where}"))

@@ -57,12 +57,12 @@ def open_node(
     dev_root: str,
     hook: str | None,
     nvidia_smi: str,
-    mig_minors: Path,
+    proc_root: Path,
 ) -> NodeUnderCheck:
     """NVML loaded from the driver root (as the plugin does), then initialised."""
     root = DriverRoot(host=driver_root, local=Path(driver_root))
     nvml_path = load_nvml(root)
-    lib = PynvmlLibrary(dev_root=dev_root, nvidia_smi=nvidia_smi, mig_minors=mig_minors)
+    lib = PynvmlLibrary(dev_root=dev_root, nvidia_smi=nvidia_smi, proc_root=proc_root)
     lib.init()
     return NodeUnderCheck(name, root, dev_root, hook_path(hook, driver_root), lib, nvml_path)
 
