@@ -87,5 +87,7 @@ gpu-check:
 	fi; \
 	$(PYTHON) $(GPU_BUNDLE)/run.py $$args $(GPU_CHECK_ARGS)
 
-gpu-check-mock:
+# Here the sources may have changed since the last bundle: build it again (seconds, with
+# the wheels cached). A GPU machine runs the bundle it was given.
+gpu-check-mock: gpu-check-bundle
 	$(MAKE) gpu-check GPU_CHECK_MOCK=1
