@@ -106,16 +106,14 @@ class NodeRuntime:
         return list(result.devices)
 
     def watch_health(self, devices: Sequence[Device], *, fault_poll: float) -> HealthTracker:
-        """A tracker fed by XID events (and the simulated fault file), counted by the gauge."""
+        """A tracker fed by XID events and the fault file, counted by the gauge."""
         health = HealthTracker(devices)
-        if self.opts.backend == "simulated":
-            # The fault file sits in the DRA state dir, so `drasil fault` works in both modes.
-            self.opts.state_dir.mkdir(parents=True, exist_ok=True)
-            watcher = FaultFileWatcher(
-                self.opts.state_dir / FAULT_FILE, health, interval=fault_poll
-            )
-            watcher.poll()  # faults injected before start count from the first publish
-            self.thread("faults", watcher.run)
+        # The fault file sits in the DRA state dir, so `drasil fault` works in both modes
+        # and on both backends: on a real node it takes a GPU out of scheduling by hand.
+        self.opts.state_dir.mkdir(parents=True, exist_ok=True)
+        watcher = FaultFileWatcher(self.opts.state_dir / FAULT_FILE, health, interval=fault_poll)
+        watcher.poll()  # faults injected before start count from the first publish
+        self.thread("faults", watcher.run)
         self.thread("xid", XidWatcher(self.lib, list(devices), health).run)
         total = len(devices)
         gauge = self._devices_gauge
