@@ -81,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("-n", "--namespace", default="default")
     e.add_argument("--kubeconfig", help="default: $KUBECONFIG, then ~/.kube/config")
     e.add_argument("--driver-name", default=DEFAULT_DRIVER)
-    f = sub.add_parser("fault", help="mark a device unhealthy by hand, or mend it (the plugin reacts)")
+    f = sub.add_parser("fault", help="mark a device unhealthy by hand, or mend it")
     f.add_argument("action", choices=("inject", "clear", "list"))
     f.add_argument("device", nargs="?", help="device name, e.g. gpu-3 (clear: all if omitted)")
     f.add_argument("--message", default="fault injected with drasil fault inject")
