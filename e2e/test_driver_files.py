@@ -23,14 +23,12 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import pytest
-from referencing import Registry, Resource
-from referencing.jsonschema import DRAFT7
 
 from drasil.driver.cdi.driveredits import driver_edits
 from drasil.driver.cdi.driverfiles import DriverRoot, find_driver_files
 from drasil.driver.cdi.spec import common_edits_dict, validate_spec
+from drasil.kubeletplugin.gpucheck import cdicheck
 from e2e import versions
 from e2e.cluster.node import Node
 from e2e.driverroot import FakeRoot, build_fake_root
@@ -206,12 +204,8 @@ def _assert_loaded(result: Mapping[str, Any], version: str) -> None:
 
 
 def _assert_valid_cdi(spec: Mapping[str, Any]) -> None:
-    """The official CDI JSON Schema (tests/data/cdi-schema), then drasil's own rules."""
-    schemas = Path(__file__).parent.parent / "tests" / "data" / "cdi-schema"
-    defs = Resource.from_contents(json.loads((schemas / "defs.json").read_text()), DRAFT7)
-    schema = json.loads((schemas / "schema.json").read_text())
-    registry: Registry[Any] = Registry().with_resource("defs.json", defs)
-    jsonschema.Draft7Validator(schema, registry=registry).validate(spec)
+    """The official CDI JSON Schema, then drasil's own rules."""
+    cdicheck.schema_validator().validate(spec)
     validate_spec(spec)
 
 

@@ -23,10 +23,9 @@ from typing import Any
 import grpc
 import jsonschema
 import pytest
-from referencing import Registry
-from referencing.jsonschema import DRAFT7
 
 from drasil.api.limits import allow_nesting
+from drasil.kubeletplugin.gpucheck import cdicheck
 from e2e.cluster import Cluster
 from e2e.kube import Kube, NotYet, wait_for
 from e2e.pluginproc import (
@@ -42,7 +41,6 @@ from e2e.pods import device_variable, template
 from e2e.procs import read_pid_file
 
 RESOURCE = "resource.k8s.io/v1"
-CDI_SCHEMA_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "cdi-schema"
 
 
 @pytest.fixture(scope="module")
@@ -78,10 +76,8 @@ def plugin(node_root: Path, plugin_kubeconfig: Path, node: str) -> Iterator[Plug
 
 @pytest.fixture(scope="session")
 def cdi_validator() -> jsonschema.Draft7Validator:
-    schema = json.loads((CDI_SCHEMA_DIR / "schema.json").read_text())
-    defs = json.loads((CDI_SCHEMA_DIR / "defs.json").read_text())
-    registry = Registry().with_resource("defs.json", DRAFT7.create_resource(defs))
-    return jsonschema.Draft7Validator(schema, registry=registry)
+    validator: jsonschema.Draft7Validator = cdicheck.schema_validator()
+    return validator
 
 
 def node_slices(kube: Kube, node: str) -> list[dict[str, Any]]:

@@ -262,10 +262,10 @@ def test_whole_gpu_and_static_mig_device_are_prepared_and_unprepared(
         assert kubelet.unprepare([ref]).claims[ref.uid].error == ""
     assert checkpoint_claims(plugin) == {}
     assert list(plugin.cdi_root.glob("*.json")) == []
-    # A static MIG device stays: unprepare destroys no instance it did not cut.
-    assert {i["id"] for i in gpu_instances(plugin, a100.uuid)} >= {gi} or not (
-        plugin.gpu_state_file.exists()
-    )
+    # A static MIG device stays: unprepare destroys no instance it did not cut. The mock
+    # writes its state file at every MIG change, so no file means no change at all.
+    if plugin.gpu_state_file.exists():
+        assert gi in {i["id"] for i in gpu_instances(plugin, a100.uuid)}
 
 
 def gpu_instances(plugin: PluginProcess, gpu_uuid: str) -> list[Any]:

@@ -14,21 +14,14 @@ from __future__ import annotations
 
 import ctypes
 import itertools
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-# `pytest tests` does not put the checkout on sys.path (only `pytest tests e2e` does, for
-# the e2e package); the mock's builder lives in e2e/mocknvml.
-_CHECKOUT = str(Path(__file__).resolve().parent.parent)
-if _CHECKOUT not in sys.path:
-    sys.path.append(_CHECKOUT)
-
-from e2e import mocknvml  # noqa: E402
-from e2e.mocknvml import MockNode  # noqa: E402
+from e2e import mocknvml
+from e2e.mocknvml import MockNode
 
 MockNodeFactory = Callable[..., MockNode]
 

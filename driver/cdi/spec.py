@@ -77,7 +77,7 @@ def host_device_node(host_path: str) -> DeviceNode:
     Operator's driver container has it)."""
     if host_path.startswith("/dev/") or "/dev/" not in host_path:
         return DeviceNode(path=host_path)
-    return DeviceNode(path=host_path[host_path.index("/dev/") :], host_path=host_path)
+    return DeviceNode(path=host_path[host_path.rindex("/dev/") :], host_path=host_path)
 
 
 def char_device_node(device: CharDevice) -> DeviceNode:

@@ -278,14 +278,13 @@ class XidWatcher:
         unwatched, the others still are (NVIDIA's DRA driver does the same)."""
         watched: dict[str, DeviceHandle] = {}
         for index in range(self.lib.device_count()):
-            handle = self.lib.device_handle_by_index(index)
-            uuid = self.lib.device_uuid(handle)
             try:
+                handle = self.lib.device_handle_by_index(index)
+                uuid = self.lib.device_uuid(handle)
                 self.lib.device_register_events(handle, EVENT_TYPE_XID_CRITICAL_ERROR, event_set)
             except NvmlError as err:
-                log.warning(
-                    "GPU not watched for XID events", extra={"gpu": uuid, "error": str(err)}
-                )
+                why = {"gpu_index": index, "error": str(err)}
+                log.warning("GPU not watched for XID events", extra=why)
                 continue
             watched[uuid] = handle
         return watched

@@ -16,6 +16,7 @@ Two methods are not NVML calls but host facts discovery needs next to NVML:
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib
 import logging
 import math
@@ -472,7 +473,10 @@ def caps_major(devices: Path) -> int:
         number, _, name = line.strip().partition(" ")
         if name.strip() == "nvidia-caps" and number.isdigit():
             return int(number)
-    raise NvmlNotFound(f"{devices}: no nvidia-caps character device")
+    raise NvmlNotFound(
+        f"{devices}: no nvidia-caps character device: the NVIDIA driver loaded has no MIG "
+        "capabilities; MIG devices cannot be given to containers until it does"
+    )
 
 
 # The suffix NVIDIA gives the profiles of NVML_GPU_INSTANCE_PROFILE_<n>_SLICE_REV1
@@ -798,10 +802,14 @@ class PynvmlLibrary:
         # nvmlDeviceGetGpuInstanceProfileInfoV takes the profile *index* (the
         # NVML_GPU_INSTANCE_PROFILE_* enum) and answers the profile *id* (-lgip's ID).
         count = int(getattr(self._nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0))
-        found = (self._gpu_instance_profile(handle, index) for index in range(count))
+        # Asked once, and only where a profile's name must be made from its counts.
+        memory = functools.cache(lambda: self.device_memory_total(handle))
+        found = (self._gpu_instance_profile(handle, index, memory) for index in range(count))
         return tuple(profile for profile in found if profile is not None)
 
-    def _gpu_instance_profile(self, handle: DeviceHandle, index: int) -> GpuInstanceProfile | None:
+    def _gpu_instance_profile(
+        self, handle: DeviceHandle, index: int, parent_memory: Callable[[], int]
+    ) -> GpuInstanceProfile | None:
         """The profile at ``index``, whatever the GPU's MIG mode.
 
         The versioned call names the profile but answers NOT_SUPPORTED while MIG mode
@@ -825,7 +833,7 @@ class PynvmlLibrary:
             name = mig_profile_label(
                 slices=int(info.sliceCount),
                 memory_mib=int(info.memorySizeMB),
-                parent_memory=self.device_memory_total(handle),
+                parent_memory=parent_memory(),
                 profile_index=index,
             )
             return _gpu_instance_profile(info, name=name)
@@ -974,7 +982,11 @@ class PynvmlLibrary:
         key = f"gpu{minor}/{instance}/access"
         listed = read_mig_minors(self._mig_minors).get(key)
         if listed is None:
-            raise NvmlNotFound(f"no capability minor for {key} in {access} or {self._mig_minors}")
+            raise NvmlNotFound(
+                f"no capability minor for {key} in {access} or {self._mig_minors}: the "
+                "NVIDIA driver lists none for this MIG instance (is the instance gone, or "
+                "the driver older than MIG capabilities? see nvidia-smi mig -lgi)"
+            )
         return listed
 
     # -- MIG helpers: NVML's instance handles, which never leave this class --------------

@@ -66,6 +66,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from e2e import paths
+from e2e.cbuild import cached_build, compile_c, compiler
 
 SOURCES = Path(__file__).resolve().parent
 DEFAULT_VERSION = "580.95.05"
@@ -218,14 +219,10 @@ class FakeRoot:
         return {"FAKE_NVML_GPU_COUNT": str(self.gpus)}
 
 
-def _compiler() -> str:
-    return os.environ.get("CC") or "cc"
-
-
 def _cache_key(version: str) -> str:
     """Changes whenever anything that decides the compiled libraries changes."""
     h = hashlib.sha256()
-    h.update(f"{version}\0{_compiler()}\0{CUDA_DRIVER_VERSION}\0".encode())
+    h.update(f"{version}\0{compiler()}\0{CUDA_DRIVER_VERSION}\0".encode())
     for lib in ALL_LIBRARIES:
         h.update(f"{lib.name}\0{lib.soname}\0{lib.source}\0{lib.fixed_name}\0".encode())
     for source in sorted({lib.source for lib in ALL_LIBRARIES}):
@@ -243,18 +240,12 @@ def compiled_libraries(version: str) -> Path:
     """A folder with every library of `version` (`ALL_LIBRARIES`, by file name),
     compiled on first use into `<cache>/e2e/driverroot/<version>-<key>/`."""
     _check_version(version)
-    target = paths.e2e_root() / "driverroot" / f"{version}-{_cache_key(version)}"
-    if target.is_dir():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    work = target.parent / f".{target.name}.tmp-{os.getpid()}"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir()
-    try:
+
+    def build(work: Path) -> None:
         for lib in ALL_LIBRARIES:
             name = lib.file_name(version)
             cmd = [
-                _compiler(),
+                compiler(),
                 "-shared",
                 "-fPIC",
                 "-O2",
@@ -265,20 +256,10 @@ def compiled_libraries(version: str) -> Path:
                 str(work / name),
                 str(SOURCES / lib.source),
             ]
-            try:
-                done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            except OSError as e:
-                raise DriverRootError(f"no C compiler ({shlex.join(cmd)}): {e}") from e
-            if done.returncode != 0:
-                raise DriverRootError(f"{shlex.join(cmd)} failed:\n{done.stderr[-2000:]}")
-        try:
-            os.rename(work, target)
-        except OSError:
-            if not target.is_dir():  # not another process that got there first
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return target
+            compile_c(cmd, error=DriverRootError)
+
+    target = paths.e2e_root() / "driverroot" / f"{version}-{_cache_key(version)}"
+    return cached_build(target, build)
 
 
 def _write(path: Path, data: str | bytes, mode: int = 0o644) -> None:

@@ -52,9 +52,7 @@ import fcntl
 import hashlib
 import os
 import shlex
-import shutil
 import stat
-import subprocess
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -79,6 +77,7 @@ from drasil.driver.discovery.simulated import (
     simulated_gpus,
 )
 from e2e import paths
+from e2e.cbuild import cached_build, compile_c, compiler
 
 SOURCES = Path(__file__).resolve().parent
 C_SOURCES = ("mock_nvml.c", "nvml_types.h")
@@ -423,10 +422,6 @@ def write_fake_proc(proc_root: Path, gpus: Sequence[FakeGpu]) -> None:
 # -- building and loading -------------------------------------------------------------------
 
 
-def _compiler() -> str:
-    return os.environ.get("CC") or "cc"
-
-
 def _embedded_source(config: str) -> str:
     data = config.encode()
     escaped = [f"\\{b:03o}" if b in b'"\\?' or not 32 <= b < 127 else chr(b) for b in data]
@@ -442,52 +437,50 @@ def _flags() -> list[str]:
     return ["-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-pthread", f"-Wl,-soname,{SONAME}"]
 
 
-def _cache_key(embedded_config: str | None) -> str:
+def _cache_key() -> str:
     h = hashlib.sha256()
-    h.update(f"{_compiler()}\0{shlex.join(_flags())}\0".encode())
+    h.update(f"{compiler()}\0{shlex.join(_flags())}\0".encode())
     for name in C_SOURCES:
         h.update(name.encode() + b"\0" + (SOURCES / name).read_bytes() + b"\0")
-    h.update(b"embedded\0" + (embedded_config or "").encode())
     return h.hexdigest()[:16]
 
 
-def compiled_mock(embedded_config: str | None = None) -> Path:
-    """The path of a compiled `libnvidia-ml.so.1` (with `embedded_config` as the config
-    it falls back to), built on first use into `<cache>/e2e/mocknvml/<key>/`."""
-    target_dir = paths.e2e_root() / "mocknvml" / _cache_key(embedded_config)
-    target = target_dir / SONAME
-    if target.is_file():
-        return target
-    target_dir.parent.mkdir(parents=True, exist_ok=True)
-    work = target_dir.parent / f".{target_dir.name}.tmp-{os.getpid()}"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir()
-    try:
-        embedded = work / "embedded_config.c"
-        embedded.write_text(_embedded_source(embedded_config or ""))
-        cmd = [
-            _compiler(),
-            *_flags(),
-            f"-I{SOURCES}",
-            "-o",
-            str(work / SONAME),
-            str(SOURCES / "mock_nvml.c"),
-            str(embedded),
-        ]
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        except OSError as e:
-            raise MockNvmlError(f"no C compiler ({shlex.join(cmd)}): {e}") from e
-        if done.returncode != 0:
-            raise MockNvmlError(f"{shlex.join(cmd)} failed:\n{done.stderr[-4000:]}")
-        try:
-            os.rename(work, target_dir)
-        except OSError:
-            if not target.is_file():  # not another process that got there first
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return target
+def _build(work: Path, embedded_config: str) -> Path:
+    embedded = work / "embedded_config.c"
+    embedded.write_text(_embedded_source(embedded_config))
+    cmd = [
+        compiler(),
+        *_flags(),
+        f"-I{SOURCES}",
+        "-o",
+        str(work / SONAME),
+        str(SOURCES / "mock_nvml.c"),
+        str(embedded),
+    ]
+    compile_c(cmd, error=MockNvmlError)
+    embedded.unlink()
+    return work / SONAME
+
+
+def _build_plain(work: Path) -> None:
+    _build(work, "")
+
+
+def compiled_mock(embedded_config: str | None = None, *, dest: Path | None = None) -> Path:
+    """The path of a compiled `libnvidia-ml.so.1`.
+
+    Without `embedded_config`: built on first use into `<cache>/e2e/mocknvml/<key>/`.
+    With one (the config it falls back to without the environment, a node's paths
+    in it): built into the folder `dest`, never the cache, which would grow by one
+    library per test node.
+    """
+    if embedded_config is None:
+        target = paths.e2e_root() / "mocknvml" / _cache_key()
+        return cached_build(target, _build_plain) / SONAME
+    if dest is None:
+        raise ValueError("compiled_mock: an embedded config needs a dest folder")
+    dest.mkdir(parents=True, exist_ok=True)
+    return _build(dest, embedded_config)
 
 
 def loaded_nvml_libraries() -> list[Path]:

@@ -139,7 +139,7 @@ def make_root(dest: Path, *, profile: str, node_name: str) -> MockRoot:
     gpus = len(node.gpus)
     fake = driverroot.build_fake_root(dest / "root", layout="debian", dev_nodes=True, gpus=gpus)
     nvml = fake.host(f"{fake.lib_dirs[0]}/libnvidia-ml.so.{fake.version}")
-    mock = mocknvml.compiled_mock(embedded_config=mocknvml.config_text(node))
+    mock = mocknvml.compiled_mock(embedded_config=mocknvml.config_text(node), dest=dest / "build")
     nvml.unlink()
     shutil.copyfile(mock, nvml)
     smi = fake.host("/usr/bin/nvidia-smi")

@@ -2,9 +2,9 @@
 generator (``nvidia-ctk cdi generate``) as the oracle of the driver files it mounts.
 
 The schema (draft-07, ``cdi-schema.json`` with ``cdi-defs.json``) is a copy of
-``schema/`` of cncf-tags/container-device-interface, the same files as
-``tests/data/cdi-schema/``; it travels with the package so that the check needs no
-clone. The comparison is the one ``e2e/test_nvidia_oracle.py`` makes on fake roots, here
+``schema/`` of cncf-tags/container-device-interface (``cdi-schema.md`` says which); it
+travels with the package so that the check needs no clone, and the tests validate with
+it too. The comparison is the one ``e2e/test_nvidia_oracle.py`` makes on fake roots, here
 on the node's real driver: management mode, an empty toolkit config, the same hook.
 """
 

@@ -1,8 +1,8 @@
 """Per-claim CDI specs: content, files, crashes.
 
 Every spec these tests build or write is checked twice: against the official CDI JSON
-Schema (tests/data/cdi-schema) and by our own env check, which the schema cannot do
-because its env item rule is broken ("ref" instead of "$ref").
+Schema (kubeletplugin/gpucheck/cdi-schema.json) and by our own env check, which the
+schema cannot do because its env item rule is broken ("ref" instead of "$ref").
 """
 
 from __future__ import annotations

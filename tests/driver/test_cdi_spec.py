@@ -1,8 +1,8 @@
 """CDI spec rules: the official schema itself, version selection, name/env/field validation.
 
 Every hand-written spec here is checked against the official CDI JSON Schema
-(tests/data/cdi-schema, the ``schema_validator`` fixture) where the schema can tell,
-and by ``drasil.driver.cdi.spec.validate_spec``, which also checks what the schema
+(kubeletplugin/gpucheck/cdi-schema.json, the ``schema_validator`` fixture) where the
+schema can tell, and by ``drasil.driver.cdi.spec.validate_spec``, which also checks what the schema
 cannot (its env item rule is broken: "ref" instead of "$ref").
 """
 

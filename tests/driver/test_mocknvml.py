@@ -182,7 +182,7 @@ def test_struct_layouts_match_pynvml(tmp_path: Path) -> None:
         0x0300008C,
         pynvml.nvmlMemory_v2,
     ]
-    # The reference's sizes (docs: /work/shared/reference/nvml.md).
+    # nvml.h: the v3 profile info is 152 bytes on x86-64, as v2 is.
     assert ctypes.sizeof(_GpuInstanceProfileInfoV3) == 152
 
 
@@ -601,7 +601,7 @@ def test_injected_xids_arrive_through_event_set_wait(mock_node: MockNodeFactory)
 
 def test_the_embedded_config_serves_a_copy_without_the_environment(tmp_path: Path) -> None:
     node = mocknvml.make_mock_node(tmp_path / "node", "l4:1,h100-80gb:1", node_name=NODE)
-    path = mocknvml.compiled_mock(embedded_config=mocknvml.config_text(node))
+    path = mocknvml.compiled_mock(embedded_config=mocknvml.config_text(node), dest=tmp_path)
     probe = (
         "import ctypes, pynvml\n"
         f"ctypes.CDLL({str(path)!r}, mode=ctypes.RTLD_GLOBAL)\n"

@@ -63,6 +63,17 @@ def wait_until(check: Callable[[], bool], what: str) -> None:
         time.sleep(0.02)
 
 
+def inject_until(inject: Callable[[], None], check: Callable[[], bool], what: str) -> None:
+    """Inject again until it shows: an event set gets only the events appended after the
+    watcher made it, and the test cannot see when that was."""
+
+    def again() -> bool:
+        inject()
+        return check()
+
+    wait_until(again, what)
+
+
 # ---- NVML's reference count ------------------------------------------------------------
 
 
@@ -193,9 +204,11 @@ def test_a_gpu_without_xid_events_leaves_the_others_watched(mock_node: MockNodeF
     node = mock_node("h100-80gb:2", node_name=NODE, events_unsupported=[0])
     tracker, stop, thread, _ = watch(adapter(node))
     try:
-        time.sleep(0.3)  # the watcher registers; events before that are not its
-        mocknvml.inject_xid(node.events_file, node.gpus[1].uuid, 79)
-        wait_until(lambda: tracker.unhealthy() == {"gpu-1": "xid: XID 79"}, "XID 79 on gpu-1")
+        inject_until(
+            lambda: mocknvml.inject_xid(node.events_file, node.gpus[1].uuid, 79),
+            lambda: tracker.unhealthy() == {"gpu-1": "xid: XID 79"},
+            "XID 79 on gpu-1",
+        )
     finally:
         stop.set()
         thread.join(timeout=DEADLINE)
@@ -211,19 +224,26 @@ def test_an_xid_naming_only_the_gpu_instance_hits_its_static_device(
     mig = next(d for d in devices if d.type == DeviceType.MIG)
     gi = int(mig.name.rsplit("-", 2)[1])
     try:
-        time.sleep(0.3)
-        mocknvml.inject_xid(node.events_file, node.gpus[0].uuid, 79, gi, NO_INSTANCE)
-        wait_until(lambda: mig.name in tracker.unhealthy(), f"XID 79 on {mig.name}")
+        inject_until(
+            lambda: mocknvml.inject_xid(node.events_file, node.gpus[0].uuid, 79, gi, NO_INSTANCE),
+            lambda: mig.name in tracker.unhealthy(),
+            f"XID 79 on {mig.name}",
+        )
     finally:
         stop.set()
         thread.join(timeout=DEADLINE)
 
 
 def test_a_lost_gpu_is_unhealthy(mock_node: MockNodeFactory) -> None:
-    node = mock_node("h100-80gb:2", node_name=NODE)
+    node = mock_node("h100-80gb:3", node_name=NODE)
     tracker, stop, thread, _ = watch(adapter(node))
     try:
-        time.sleep(0.3)
+        # GPUs register in order: an XID seen on the last means all are watched.
+        inject_until(
+            lambda: mocknvml.inject_xid(node.events_file, node.gpus[2].uuid, 79),
+            lambda: "gpu-2" in tracker.unhealthy(),
+            "XID 79 on gpu-2",
+        )
         mocknvml.lose_gpu(node.events_file, node.gpus[1].uuid)
         wait_until(lambda: "gpu-1" in tracker.unhealthy(), "gpu-1 lost")
         assert "gpu-0" not in tracker.unhealthy()

@@ -5,14 +5,10 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import jsonschema
 import pytest
 from kubelet_client import node_devices
-from referencing import Registry
-from referencing import Resource as SchemaResource
-from referencing.jsonschema import DRAFT7
 
 from drasil.driver.cdi.spec import validate_spec
 from drasil.driver.cdi.staticspec import (
@@ -35,7 +31,6 @@ from drasil.kubeletplugin.options import OptionsError, parse_options
 
 DRIVER = "gpu.drasil.dev"
 GPU = "drasil.dev/gpu"
-SCHEMA_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "cdi-schema"
 
 
 def devices(profile: str) -> list[Device]:
@@ -189,20 +184,10 @@ def test_bad_device_plugin_env_values_are_refused() -> None:
 # ---- the static CDI spec ----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def cdi_schema() -> jsonschema.Draft7Validator:
-    defs = json.loads((SCHEMA_DIR / "defs.json").read_text())
-    registry: Registry[Any] = Registry().with_resource(
-        "defs.json", SchemaResource.from_contents(defs, default_specification=DRAFT7)
-    )
-    schema = json.loads((SCHEMA_DIR / "schema.json").read_text())
-    return jsonschema.Draft7Validator(schema, registry=registry)
-
-
-def test_static_spec_names_every_device(cdi_schema: jsonschema.Draft7Validator) -> None:
+def test_static_spec_names_every_device(schema_validator: jsonschema.Draft7Validator) -> None:
     found = devices("a100-40gb-mig:1,l4:1")
     spec = build_device_spec(found, driver=DRIVER)
-    cdi_schema.validate(spec)
+    schema_validator.validate(spec)
     assert spec["kind"] == "k8s.gpu.drasil.dev/device"
     assert spec["cdiVersion"] == "0.3.0"
     names = [d["name"] for d in spec["devices"]]
@@ -213,10 +198,10 @@ def test_static_spec_names_every_device(cdi_schema: jsonschema.Draft7Validator) 
     assert device_cdi_id(driver=DRIVER, device_name="gpu-1") == "k8s.gpu.drasil.dev/device=gpu-1"
 
 
-def test_static_spec_carries_device_nodes(cdi_schema: jsonschema.Draft7Validator) -> None:
+def test_static_spec_carries_device_nodes(schema_validator: jsonschema.Draft7Validator) -> None:
     gpu = replace(devices("l4:1")[0], device_nodes=("/dev/nvidia0",))
     spec = build_device_spec([gpu], driver=DRIVER)
-    cdi_schema.validate(spec)
+    schema_validator.validate(spec)
     assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia0"}]
 
 
