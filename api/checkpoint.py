@@ -167,6 +167,13 @@ class MpsDaemonRecord(_Document):
     start_time: int
     pipe_dir: str
     log_dir: str
+    # The daemon's tmpfs, its /dev/shm and its clients' (absent in checkpoints written
+    # before it existed).
+    shm_dir: str | None = Field(default=None, exclude_if=lambda value: value is None)
+    # The limits the daemon holds for every client (the largest share's), so a daemon
+    # started again after a crash holds them too.
+    memory_mib: int | None = Field(default=None, exclude_if=lambda value: value is None)
+    thread_percentage: int | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class GpuRecord(_Document):
@@ -175,6 +182,10 @@ class GpuRecord(_Document):
     mps: MpsDaemonRecord | None = Field(default=None, exclude_if=lambda value: value is None)
     time_slice: int | None = Field(default=None, exclude_if=lambda value: value is None)
     previous_time_slice: int | None = Field(default=None, exclude_if=lambda value: value is None)
+    # NVML compute modes: EXCLUSIVE_PROCESS (3) while an MPS daemon runs on the GPU,
+    # and the mode the GPU had before, put back after the daemon stops.
+    compute_mode: int | None = Field(default=None, exclude_if=lambda value: value is None)
+    previous_compute_mode: int | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class Checkpoint(_Document):

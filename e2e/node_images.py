@@ -21,8 +21,10 @@ archives, which `ctr -n k8s.io images import` loads into containerd:
   image's own directories, the host's `/etc/debian_version` (the glibc is Debian's:
   nvidia-cdi-hook's update-ldcache reads the file to pick Debian's search paths), and
   `/usr/local/bin/gpu-probe` compiled here from e2e/probe/gpu_probe.c (it dlopens
-  libcuda.so.1 and libnvidia-ml.so.1 by SONAME and prints one JSON object). Default
-  command `gpu-probe`. Nothing of NVIDIA's is in it: the driver comes from CDI.
+  libcuda.so.1 and libnvidia-ml.so.1 by SONAME and prints one JSON object), and
+  `/usr/local/bin/mps-client` compiled from e2e/probe/mps_client.c (it connects to the
+  simulated backend's MPS stand-in as a CUDA client would). Default command
+  `gpu-probe`. Nothing of NVIDIA's is in it: the driver comes from CDI.
 
 Archives are cached in `<cache>/e2e/<version>/images/` with a stamp of what they were
 built from; a warm call touches neither apt, Go nor buildah. The probe image has its own
@@ -325,6 +327,8 @@ def ensure_images(*, out: binaries.Writer | None = None) -> dict[str, Image]:
 
 PROBE_SOURCE = Path(__file__).parent / "probe" / "gpu_probe.c"
 PROBE_IN_IMAGE = "/usr/local/bin/gpu-probe"
+MPS_CLIENT_SOURCE = Path(__file__).parent / "probe" / "mps_client.c"
+MPS_CLIENT_IN_IMAGE = "/usr/local/bin/mps-client"
 PROBE_STAMP_NAME = ".probe-stamp.json"
 PROBE_LOCK_NAME = ".probe.lock"
 # The host's dynamic loader (the probe's PT_INTERP) and glibc's directory, by machine;
@@ -393,6 +397,14 @@ def compile_probe(output: Path, *, compiler: str = "gcc") -> Path:
     return output
 
 
+def compile_mps_client(output: Path, *, compiler: str = "gcc") -> Path:
+    """Compile e2e/probe/mps_client.c (libc only) with the host's compiler; returns
+    `output`."""
+    cmd = [compiler, "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(output)]
+    _run("compile mps-client", [*cmd, str(MPS_CLIENT_SOURCE)])
+    return output
+
+
 def _needed(binary: Path) -> list[str]:
     """The file names of the libraries `binary` loads at start (ldd)."""
     listed = _run(f"ldd {binary.name}", ["ldd", str(binary)]).decode()
@@ -424,7 +436,9 @@ def _copy_from_host(root: Path, path: str) -> None:
         seen.add(path)
 
 
-def probe_root(busybox: bytes, probe: Path, glibc: HostGlibc) -> Callable[[Path], None]:
+def probe_root(
+    busybox: bytes, probe: Path, glibc: HostGlibc, mps_client: Path
+) -> Callable[[Path], None]:
     def write(root: Path) -> None:
         busybox_root(busybox)(root)
         (root / "etc" / "hostname").write_bytes(b"probe\n")
@@ -436,10 +450,11 @@ def probe_root(busybox: bytes, probe: Path, glibc: HostGlibc) -> Callable[[Path]
             ldconfig.unlink()
         shutil.copyfile(glibc.ldconfig, ldconfig)
         ldconfig.chmod(0o755)
-        target = root / PROBE_IN_IMAGE.lstrip("/")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(probe, target)
-        target.chmod(0o755)
+        for program, in_image in ((probe, PROBE_IN_IMAGE), (mps_client, MPS_CLIENT_IN_IMAGE)):
+            target = root / in_image.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(program, target)
+            target.chmod(0o755)
         (root / "etc" / "ld.so.conf").write_bytes(LD_SO_CONF)
         (root / "etc" / "ld.so.conf").chmod(0o644)
         (root / "etc" / "ld.so.conf.d").mkdir(mode=0o755, exist_ok=True)
@@ -469,10 +484,12 @@ def _file_lock(path: Path, out: binaries.Writer, what: str) -> Iterator[None]:
 
 def _probe_recipe(glibc: HostGlibc) -> str:
     source = hashlib.sha256(PROBE_SOURCE.read_bytes()).hexdigest()
+    mps_client = hashlib.sha256(MPS_CLIENT_SOURCE.read_bytes()).hexdigest()
     return _recipe(
         versions.PROBE_IMAGE,
         versions.BUSYBOX_DEBIAN_PACKAGE,
         source,
+        mps_client,
         glibc.files(),
         _files_digest(glibc.files()),
     )
@@ -480,7 +497,7 @@ def _probe_recipe(glibc: HostGlibc) -> str:
 
 def ensure_probe_image(*, out: binaries.Writer | None = None) -> Image:
     """The probe image's archive (`versions.PROBE_IMAGE`), built if missing or stale:
-    when e2e/probe/gpu_probe.c or the host's glibc changed.
+    when e2e/probe/gpu_probe.c, e2e/probe/mps_client.c or the host's glibc changed.
 
     Needs no Go and does not wait for the build lock (it has its own); a cold build
     installs buildah (and gcc, dpkg) if missing, compiles the probe, downloads
@@ -502,13 +519,15 @@ def ensure_probe_image(*, out: binaries.Writer | None = None) -> Image:
         with tempfile.TemporaryDirectory(dir=images_dir()) as tmp:
             work = Path(tmp)
             probe = compile_probe(work / "gpu-probe")
-            lacking = sorted(set(_needed(probe)) - set(GLIBC_LIBRARIES))
-            if lacking:
-                raise ImageError(f"gpu-probe links against {lacking}, which the image lacks")
+            mps_client = compile_mps_client(work / "mps-client")
+            for program in (probe, mps_client):
+                lacking = sorted(set(_needed(program)) - set(GLIBC_LIBRARIES))
+                if lacking:
+                    raise ImageError(f"{program.name} links against {lacking}, the image lacks")
             (work / "debs").mkdir()
             deb = _download_deb(versions.BUSYBOX_DEBIAN_PACKAGE, work / "debs", progress)
             package = f"{versions.BUSYBOX_DEBIAN_PACKAGE}={_deb_version(deb)}"
-            root = probe_root(_busybox_from_deb(deb), probe, glibc)
+            root = probe_root(_busybox_from_deb(deb), probe, glibc, mps_client)
             image = _write_image(versions.PROBE_IMAGE, root, cmd=[PROBE_IN_IMAGE])
         _built(
             stamp,

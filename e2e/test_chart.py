@@ -236,7 +236,11 @@ def test_daemonset_rolls_one_node_at_a_time_with_host_dirs_and_probes(
         assert get["path"] in ("/healthz", "/readyz"), probe
 
     security = container["securityContext"]
-    if values["backend"] == "nvml" and values["nvml"]["privileged"]:
+    shares = values["mode"] == "dra" and values["gpuSharing"] == "consumable"
+    # MPS shares: the plugin mounts each daemon's tmpfs under its state dir, which the
+    # host must see (docs/sharing.md).
+    assert mounts["state-dir"].get("mountPropagation") == ("Bidirectional" if shares else None)
+    if (values["backend"] == "nvml" and values["nvml"]["privileged"]) or shares:
         assert security["privileged"] is True
     else:
         assert security["privileged"] is False
@@ -284,6 +288,7 @@ def test_daemonset_command_line_is_accepted_by_the_plugin(values_file: Path | No
     if values["mode"] == "dra":
         assert str(opts.registrar_dir) == plugin["registrarDir"]
         assert opts.gpu_sharing == values["gpuSharing"]
+        assert opts.mps_multiuser == values["mps"]["multiUser"]
     else:
         assert str(opts.device_plugins_dir) == plugin["devicePluginsDir"]
         assert opts.resource_name == plugin["devicePlugin"]["resourceName"]

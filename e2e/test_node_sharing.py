@@ -10,14 +10,19 @@ backend, with the real daemon's lifecycle).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
+from drasil.kubeletplugin.dra import mpsstandin
+from e2e import versions
 from e2e.cluster.node import Node
 from e2e.kube import Kube, NotYet, wait_for
 from e2e.pluginproc import DRIVER, checkpoint_gpus
@@ -26,6 +31,7 @@ from e2e.pods import (
     checkpoint,
     container_env,
     delete_pod,
+    device_uuid,
     events,
     pod,
     template,
@@ -172,11 +178,10 @@ def test_four_20gi_shares_fit_one_h100_a_fifth_waits_and_the_daemon_goes_with_th
     results = [c["status"]["allocation"]["devices"]["results"][0] for c in claims]
     assert {r["device"] for r in results} == {"gpu-0"}
     assert len({r["shareID"] for r in results}) == 4
-    uuid = None
     for name in pods:
         env = container_env(kube, ns, name)
-        uuid = env["DRASIL_DEVICE_GPU_0"]
-        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{uuid}=20480M", env
+        assert env["DRASIL_DEVICE_GPU_0"].startswith("GPU-"), env
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M", env
         assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25", env
         assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps", env
         log = kube.core.read_namespaced_pod_log(name, ns, container="c")
@@ -219,3 +224,122 @@ def test_four_20gi_shares_fit_one_h100_a_fifth_waits_and_the_daemon_goes_with_th
     )
     assert _daemon_pids(consumable) == []
     assert not any(c.get("namespace") == ns for c in checkpoint(consumable).values())
+
+
+# ---- MPS as a CUDA client meets it: the daemon's /dev/shm and pipe, its limits --------
+
+HOLD = "mps-client --hold"
+# A client that dropped its limits, and what it can do to the pipe directory.
+BARE = (
+    "env -u CUDA_MPS_PINNED_DEVICE_MEM_LIMIT -u CUDA_MPS_ACTIVE_THREAD_PERCENTAGE mps-client; "
+    "touch /tmp/nvidia-mps/x 2>/dev/null && echo PIPE-WRITABLE || echo PIPE-READONLY; "
+    "trap 'exit 0' TERM; sleep 3600 & wait"
+)
+
+
+def _mps_pod(
+    kube: Kube,
+    ns: str,
+    node: Node,
+    name: str,
+    command: str,
+    *,
+    user: int | None = None,
+    own_shm: bool = False,
+) -> str:
+    """A Pod of the probe image (it has ``mps-client``) with one 20Gi share of gpu-0."""
+    container: dict[str, Any] = {
+        "name": "c",
+        "image": versions.PROBE_IMAGE,
+        "imagePullPolicy": "Never",
+        "command": ["sh", "-c", command],
+        "resources": {"claims": [{"name": "gpu"}]},
+    }
+    spec: dict[str, Any] = {
+        "nodeSelector": {"kubernetes.io/hostname": node.name},
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 1,
+        "containers": [container],
+        "resourceClaims": [
+            {
+                "name": "gpu",
+                "resourceClaimTemplateName": template(kube, ns, requests=_share("20Gi")),
+            }
+        ],
+    }
+    if user is not None:
+        container["securityContext"] = {"runAsUser": user, "runAsGroup": user}
+    if own_shm:
+        container["volumeMounts"] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+        spec["volumes"] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+    kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}, ns)
+    return name
+
+
+def _said(kube: Kube, ns: str, name: str, text: str) -> str:
+    def printed() -> Any:
+        try:  # a container not started yet has no log to read
+            log = kube.core.read_namespaced_pod_log(name, ns, container="c") or ""
+        except ApiException as err:
+            return NotYet(str(err))
+        return log if text in log else NotYet(log)
+
+    log: str = wait_for(printed, timeout=60, what=f"{text!r} in the log of {ns}/{name}")
+    return log
+
+
+def _compute_mode(node: Node, uuid: str) -> int:
+    """The GPU's compute mode in the simulated backend's state file (0 when absent)."""
+    path = node.plugin.gpu_state_file
+    state = json.loads(path.read_text()) if path.exists() else {}
+    return int(((state.get("gpus") or {}).get(uuid) or {}).get("computeMode", 0))
+
+
+def test_an_mps_share_reaches_its_daemon_only_through_its_mounts_and_keeps_its_limits(
+    kube: Kube, ns: str, consumable: Node
+) -> None:
+    gpu = device_uuid(kube, consumable, "gpu-0")
+    before = _compute_mode(consumable, gpu)
+    held = _mps_pod(kube, ns, consumable, "held", HOLD)
+    wait_running(kube, ns, held)
+    assert "MPS: connected memory=20480M threads=25.0" in _said(kube, ns, held, "MPS:")
+    (pid,) = _daemon_pids(consumable)
+    assert _compute_mode(consumable, gpu) == 3  # EXCLUSIVE_PROCESS while the daemon runs
+
+    # The daemon holds the share's limits: a client that unsets its env gets no more.
+    bare = _mps_pod(kube, ns, consumable, "bare", BARE)
+    log = _said(kube, ns, bare, "PIPE-")
+    assert "MPS: connected memory=20480M threads=25.0" in log, log
+    assert "PIPE-READONLY" in log, log
+
+    # Another user waits while root's clients are connected (no -multiuser-server).
+    other = _mps_pod(kube, ns, consumable, "other", "mps-client; sleep 3600", user=1000)
+    assert "uid 1000" in _said(kube, ns, other, "MPS: error")
+
+    # A Pod with its own /dev/shm is refused at prepare, with the conflict named.
+    shm = _mps_pod(kube, ns, consumable, "own-shm", "sleep 3600", own_shm=True)
+
+    def refused() -> Any:
+        said = events(kube, ns, shm)
+        return said if any("mounts volume" in e for e in said) else NotYet(said)
+
+    said = wait_for(refused, timeout=60, what="the Pod with its own /dev/shm refused")
+    assert any('container "c" mounts volume "dshm" at /dev/shm' in e for e in said), said
+    delete_pod(kube, ns, shm)
+
+    # kill -9 of the plugin: the daemon and its connected client carry on.
+    pipe = Path(checkpoint_gpus(consumable.plugin.state_dir)[gpu]["mps"]["pipeDir"])
+    consumable.restart_plugin(kill=True)
+    assert _daemon_pids(consumable) == [pid]
+    assert _alive(pid)
+    assert int(mpsstandin.control(pipe, "get_client_count")) >= 1
+    assert "lost" not in kube.core.read_namespaced_pod_log(held, ns, container="c")
+
+    for name in (held, bare, other):
+        delete_pod(kube, ns, name)
+    wait_for(
+        lambda: True if not _alive(pid) else NotYet(pid),
+        timeout=60,
+        what="the MPS daemon stopped after the last share",
+    )
+    assert _compute_mode(consumable, gpu) == before

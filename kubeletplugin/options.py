@@ -57,6 +57,8 @@ class PluginOptions:
     mig_mode: str = "static"
     # DRA mode: whole GPUs for one claim each (exclusive) or shared by capacity.
     gpu_sharing: str = "exclusive"
+    # MPS daemons of shared GPUs serve clients of every user (docs/sharing.md).
+    mps_multiuser: bool = False
     simulated_state: Path | None = None
     # The NVIDIA driver's files (docs/kubelet-plugin.md#the-drivers-files). None: not
     # given, which for the simulated backend means "no driver files in specs".
@@ -178,6 +180,14 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "enforced with MPS (docs/sharing.md)",
     )
     p.add_argument(
+        "--mps-multiuser",
+        action=argparse.BooleanOptionalAction,
+        default=env.get("MPS_MULTIUSER", "").lower() in ("1", "true", "yes"),
+        help="env MPS_MULTIUSER; start each MPS daemon with -multiuser-server, so that "
+        "shares whose containers run as different users use the GPU at once (Volta "
+        "and newer); without it MPS serves one user at a time and the others wait",
+    )
+    p.add_argument(
         "--simulated-state",
         default=env.get("SIMULATED_STATE"),
         help="simulated backend: the file its GPUs keep MIG state in "
@@ -287,6 +297,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         mig_strategy=ns.mig_strategy,
         mig_mode=ns.mig_mode,
         gpu_sharing=ns.gpu_sharing,
+        mps_multiuser=ns.mps_multiuser,
         simulated_state=Path(ns.simulated_state) if ns.simulated_state else None,
         nvidia_driver_root=ns.nvidia_driver_root or None,
         container_driver_root=Path(ns.container_driver_root) if ns.container_driver_root else None,

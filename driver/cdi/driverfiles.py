@@ -193,7 +193,7 @@ def find_driver_files(root: DriverRoot, version: str) -> DriverFiles:
         libraries=libraries,
         library_folders=folders,
         firmware=_firmware(root, version),
-        binaries=tuple(b for name in BINARIES if (b := _binary(root, name))),
+        binaries=tuple(b for name in BINARIES if (b := find_binary(root, name))),
         sockets=tuple(s for name in SOCKETS if (s := _socket(root, name))),
         links=_links(root, libraries),
     )
@@ -318,7 +318,9 @@ def _firmware(root: DriverRoot, version: str) -> tuple[str, ...]:
     return _unique(r for p in found if (r := root.resolve(p)) and _is_file(root, r))
 
 
-def _binary(root: DriverRoot, name: str) -> str | None:
+def find_binary(root: DriverRoot, name: str) -> str | None:
+    """The first executable ``name`` on the default ``PATH`` folders under the root
+    (a path inside the root, its links followed), or None."""
     for folder in BINARY_FOLDERS:
         inside = f"{folder}/{name}"
         resolved = root.resolve(inside)

@@ -125,6 +125,9 @@ COMPUTE_PERCENT = "computePercent"
 # Memory shares come in whole GiB: finer steps buy nothing for CUDA workloads and
 # keep the scheduler's packing (and users' arithmetic) simple.
 MEMORY_STEP = GiB
+# Volta+ MPS serves at most 48 client contexts per GPU (NVIDIA's MPS documentation);
+# each share is at least one.
+MPS_CLIENT_LIMIT = 48
 COMPUTE_POLICY = CapacityPolicy(default=0, minimum=0, step=1, maximum=100)
 
 
@@ -417,6 +420,16 @@ def _full_gpu(gpu: _Gpu) -> Device:
     )
 
 
+def _mps_enforces_limits(gpu: _Gpu) -> bool:
+    """Whether MPS holds a client to its memory and thread limits: compute capability
+    7.0 (Volta) and newer."""
+    version = gpu.attributes.get("cudaComputeCapability")
+    if not isinstance(version, Version):
+        return True
+    major, _, rest = version.value.partition(".")
+    return (int(major), int(rest.partition(".")[0] or 0)) >= (7, 0)
+
+
 def memory_policy(memory: int) -> CapacityPolicy | None:
     """The memory request policy of a consumable GPU, None when it is too small to share.
 
@@ -424,16 +437,26 @@ def memory_policy(memory: int) -> CapacityPolicy | None:
     maximum that is not ``min + n * step``, and NVML reports odd sizes (81559 MiB).
     The default is that maximum: a claim that names no amount (one through
     ``gpu.drasil.dev``, written for whole GPUs) gets the whole GPU's memory, never a
-    surprise 1Gi share; shares say how much they need.
+    surprise 1Gi share; shares say how much they need. The minimum keeps the number of
+    shares that fit within what one MPS daemon serves (``MPS_CLIENT_LIMIT``): 2Gi on
+    an 80 GB GPU, so at most 39 shares, not 79.
     """
     if memory < MEMORY_STEP * 2:
         return None
     maximum = memory // MEMORY_STEP * MEMORY_STEP
-    return CapacityPolicy(default=maximum, minimum=MEMORY_STEP, step=MEMORY_STEP, maximum=maximum)
+    steps = maximum // MEMORY_STEP
+    minimum = -(-steps // MPS_CLIENT_LIMIT) * MEMORY_STEP
+    return CapacityPolicy(default=maximum, minimum=minimum, step=MEMORY_STEP, maximum=maximum)
 
 
 def _shared_gpu(gpu: _Gpu) -> Device:
     device = _full_gpu(gpu)
+    if not _mps_enforces_limits(gpu):
+        # MPS before Volta ignores the memory and thread limits a share is kept to.
+        log.info(
+            "GPU %d is older than Volta: MPS cannot hold shares; it stays exclusive", gpu.index
+        )
+        return device
     memory = memory_policy(gpu.memory)
     if memory is None:
         log.info("GPU %d has too little memory to share; it stays exclusive", gpu.index)

@@ -147,6 +147,11 @@ class NvmlInsufficientResources(NvmlQueryError):
     """A MIG instance does not fit: its placement overlaps another, or none are left."""
 
 
+class NvmlInvalidArgument(NvmlQueryError, ValueError):
+    """An argument NVML would refuse with INVALID_ARGUMENT, caught before the call (a
+    ``ValueError`` too: it is the caller's mistake, not the GPU's)."""
+
+
 @dataclass(frozen=True)
 class GpuInstanceProfile:
     """``nvmlDeviceGetGpuInstanceProfileInfoV``: one MIG profile a GPU supports.
@@ -356,6 +361,16 @@ class NvmlLibrary(Protocol):
     def device_set_time_slice(self, handle: DeviceHandle, interval: int) -> None:
         """Not NVML: ``nvidia-smi compute-policy -i <uuid> --set-timeslice=<interval>``;
         raises ``NvmlQueryError`` when the tool is missing or refuses."""
+
+    def device_compute_mode(self, handle: DeviceHandle) -> int:
+        """``nvmlDeviceGetComputeMode``: an ``nvmlComputeMode_t`` value (see
+        ``COMPUTE_MODE_NAMES``). Whole GPUs only: ``NvmlNotSupported`` for a MIG device."""
+
+    def device_set_compute_mode(self, handle: DeviceHandle, mode: int) -> None:
+        """``nvmlDeviceSetComputeMode``; takes effect at once and lasts until the next
+        reboot (Linux). ``NvmlInvalidArgument`` for a mode that is not one of
+        ``COMPUTE_MODE_NAMES`` (nothing is called), ``NvmlNotSupported`` for a MIG
+        device, ``NvmlQueryError`` with ``NVML_ERROR_NO_PERMISSION`` without root."""
 
     def mig_device_nodes(
         self, minor: int, gpu_instance_id: int, compute_instance_id: int
@@ -624,6 +639,31 @@ def parse_time_slice(listing: str) -> int | None:
             if token.isdigit() and int(token) in TIME_SLICE_NAMES.values():
                 return int(token)
     return None
+
+
+# nvmlComputeMode_t (nvml.h): who may hold CUDA contexts on a GPU. MPS wants
+# EXCLUSIVE_PROCESS, so that only its server opens a context and clients go through it.
+COMPUTE_MODE_DEFAULT = 0
+COMPUTE_MODE_EXCLUSIVE_THREAD = 1  # deprecated: NVML no longer supports it
+COMPUTE_MODE_PROHIBITED = 2
+COMPUTE_MODE_EXCLUSIVE_PROCESS = 3
+COMPUTE_MODE_NAMES: dict[int, str] = {
+    COMPUTE_MODE_DEFAULT: "Default",
+    COMPUTE_MODE_EXCLUSIVE_THREAD: "Exclusive_Thread",
+    COMPUTE_MODE_PROHIBITED: "Prohibited",
+    COMPUTE_MODE_EXCLUSIVE_PROCESS: "Exclusive_Process",
+}
+"""Every ``nvmlComputeMode_t`` value, spelled as ``nvidia-smi -q`` prints it."""
+
+
+def check_compute_mode(mode: int) -> None:
+    """``NvmlInvalidArgument`` (a ValueError, code INVALID_ARGUMENT) unless ``mode`` is
+    an ``nvmlComputeMode_t`` value."""
+    if isinstance(mode, bool) or not isinstance(mode, int) or mode not in COMPUTE_MODE_NAMES:
+        allowed = ", ".join(f"{value} ({name})" for value, name in COMPUTE_MODE_NAMES.items())
+        raise NvmlInvalidArgument(
+            f"compute mode {mode!r}: must be one of {allowed}", code=NVML_ERROR_INVALID_ARGUMENT
+        )
 
 
 class PynvmlLibrary:
@@ -925,6 +965,23 @@ class PynvmlLibrary:
     def device_set_time_slice(self, handle: DeviceHandle, interval: int) -> None:
         check_time_slice(interval)
         self._compute_policy(self.device_uuid(handle), f"--set-timeslice={interval}")
+
+    def device_compute_mode(self, handle: DeviceHandle) -> int:
+        fn = self._nvml.nvmlDeviceGetComputeMode
+        return int(self._call("nvmlDeviceGetComputeMode", fn, handle))
+
+    def device_set_compute_mode(self, handle: DeviceHandle, mode: int) -> None:
+        check_compute_mode(mode)
+        what = f"nvmlDeviceSetComputeMode({mode}, {COMPUTE_MODE_NAMES[mode]})"
+        try:
+            self._call(what, self._nvml.nvmlDeviceSetComputeMode, handle, mode)
+        except NvmlQueryError as err:
+            if err.code != NVML_ERROR_NO_PERMISSION:
+                raise
+            raise error_for_code(
+                f"{err}: changing a GPU's compute mode needs root in the plugin's container",
+                err.code,
+            ) from err
 
     def _compute_policy(self, uuid: str, option: str) -> str:
         """``nvidia-smi compute-policy -i <uuid> <option>``'s output, or NvmlQueryError

@@ -29,29 +29,37 @@ Time slice. Every GPU has the compute time slice ``nvidia-smi compute-policy
 see what a claim's TimeSlicing config did to the GPU. MIG devices have none of their
 own (NOT_SUPPORTED).
 
-State file. With ``state_file``, MIG mode, instances and time slices live in a JSON
-file that outlives the process, as a real GPU's state outlives the plugin: every change is
-written (``write_atomic``) under a ``FileLock`` on ``<file>.lock`` after re-reading the
-file, and every query re-reads it when it changed, so the plugin and ``drasil
-discover`` share one GPU. The file::
+Compute mode. Every GPU has the ``nvmlComputeMode_t`` ``nvmlDeviceSetComputeMode`` sets
+(0 default, 1 exclusive thread, 2 prohibited, 3 exclusive process), 0 at start;
+``device_set_compute_mode`` changes it and ``device_compute_mode`` reads it back. Like
+the time slice it belongs to the whole GPU: a MIG device's handle is NOT_SUPPORTED.
+
+State file. With ``state_file``, MIG mode, instances, time slices and compute modes live
+in a JSON file that outlives the process, as a real GPU's state outlives the plugin:
+every change is written (``write_atomic``) under a ``FileLock`` on ``<file>.lock`` after
+re-reading the file, and every query re-reads it when it changed, so the plugin and
+``drasil discover`` share one GPU (and so does the mock NVML of ``e2e/mocknvml``). The
+file::
 
     {"version": 1, "bootId": "<boot id>",
      "gpus": {"GPU-<uuid>": {"migEnabled": true,
                              "gpuInstances": [{"id": 2, "profileId": 9, "start": 4,
                                                "size": 4, "computeInstances": [0]}],
-                             "timeSlice": 2}}}
+                             "timeSlice": 2, "computeMode": 3}}}
 
-MIG-capable GPUs always have an entry; other GPUs only while their time slice is not
-the default, and ``timeSlice`` is left out when it is 0 (files of earlier versions
-read the same). A file from another boot (the node rebooted) keeps MIG mode and loses
-the instances and time slices, as a GPU loses its compute policy at a reboot.
+MIG-capable GPUs always have an entry; other GPUs only while their time slice or compute
+mode is not the default, and ``timeSlice`` and ``computeMode`` are left out when they
+are 0 (files of earlier versions read the same). A file from another boot (the node
+rebooted) keeps MIG mode and loses the instances, time slices and compute modes, as a
+GPU loses its compute policy and compute mode at a reboot.
 A damaged file is logged and ignored: the GPUs start as if there were none (the
 profile's own MIG mode and layout).
 
 Fault injection for tests and demos: ``fail_init``, ``fail_device`` (one call of one
 GPU or MIG device raises), ``fail_next`` (the next call of a MIG management method
-raises an NVML code, before or after taking effect) and ``inject_xid`` (delivers an
-XID event to event sets registered for the device).
+raises an NVML code, before or after taking effect; the time slice and compute mode
+calls too) and ``inject_xid`` (delivers an XID event to event sets registered for the
+device).
 """
 
 from __future__ import annotations
@@ -79,6 +87,8 @@ from drasil.driver.discovery.gpucatalog import (
 )
 from drasil.driver.discovery.nvml import (
     ARCH_AMPERE,
+    COMPUTE_MODE_DEFAULT,
+    COMPUTE_MODE_NAMES,
     EVENT_TYPE_XID_CRITICAL_ERROR,
     NO_INSTANCE,
     NVML_ERROR_GPU_IS_LOST,
@@ -105,6 +115,7 @@ from drasil.driver.discovery.nvml import (
     NvmlQueryError,
     NvmlUnavailable,
     Placement,
+    check_compute_mode,
     check_time_slice,
     error_for_code,
 )
@@ -137,6 +148,11 @@ MIG_CALLS = frozenset(
 
 TIME_SLICE_CALLS = frozenset({"device_time_slice", "device_set_time_slice"})
 """The time slice methods ``fail_next`` can make fail too."""
+
+COMPUTE_MODE_CALLS = frozenset({"device_compute_mode", "device_set_compute_mode"})
+"""The compute mode methods ``fail_next`` can make fail too."""
+
+_FAILABLE_CALLS = MIG_CALLS | TIME_SLICE_CALLS | COMPUTE_MODE_CALLS
 
 # NVML's compute instance profile id of the profile spanning a GPU instance of this
 # many compute slices (NVML_COMPUTE_INSTANCE_PROFILE_<n>_SLICE; -cci prints it).
@@ -204,12 +220,13 @@ class _GpuInstance:
 
 @dataclass
 class _MigState:
-    """One GPU's MIG mode, instances and time slice: what survives the plugin on real
-    hardware."""
+    """One GPU's MIG mode, instances, time slice and compute mode: what survives the
+    plugin on real hardware."""
 
     enabled: bool
     instances: dict[int, _GpuInstance] = field(default_factory=dict)  # by GI id
     time_slice: int = TIME_SLICE_DEFAULT
+    compute_mode: int = COMPUTE_MODE_DEFAULT
     # An Ampere GPU's MIG mode after the next reset, when it differs from ``enabled``.
     pending: bool | None = None
 
@@ -384,16 +401,24 @@ def _state_json(boot_id: str, gpus: Sequence[FakeGpu], states: Mapping[int, _Mig
         "gpus": {
             gpu.uuid: _gpu_json(states[gpu.index])
             for gpu in gpus
-            if gpu.model.mig_capable or states[gpu.index].time_slice != TIME_SLICE_DEFAULT
+            if gpu.model.mig_capable or _has_policy(states[gpu.index])
         },
     }
     return json.dumps(doc, indent=2, sort_keys=True).encode() + b"\n"
+
+
+def _has_policy(state: _MigState) -> bool:
+    """Whether a GPU's time slice or compute mode is not the default (what a GPU
+    without MIG needs a state file entry for)."""
+    return state.time_slice != TIME_SLICE_DEFAULT or state.compute_mode != COMPUTE_MODE_DEFAULT
 
 
 def _gpu_json(state: _MigState) -> dict[str, Any]:
     entry = _mig_json(state)
     if state.time_slice != TIME_SLICE_DEFAULT:
         entry["timeSlice"] = state.time_slice
+    if state.compute_mode != COMPUTE_MODE_DEFAULT:
+        entry["computeMode"] = state.compute_mode
     return entry
 
 
@@ -435,10 +460,16 @@ def _parse_gpu(entry: Mapping[str, Any], gpu: FakeGpu) -> _MigState:
     time_slice = entry.get("timeSlice", TIME_SLICE_DEFAULT)
     if type(time_slice) is not int or time_slice not in TIME_SLICE_NAMES.values():
         raise StateFileError(f"time slice {time_slice!r}: not 0 to 3")
+    compute_mode = entry.get("computeMode", COMPUTE_MODE_DEFAULT)
+    if type(compute_mode) is not int or compute_mode not in COMPUTE_MODE_NAMES:
+        raise StateFileError(
+            f"compute mode {compute_mode!r}: not one of {sorted(COMPUTE_MODE_NAMES)}"
+        )
     pending = entry.get("migPending")
     state = _MigState(
         enabled=bool(entry["migEnabled"]),
         time_slice=time_slice,
+        compute_mode=compute_mode,
         pending=None if pending is None else bool(pending),
     )
     for item in entry["gpuInstances"]:
@@ -509,15 +540,15 @@ class FakeNvml:
         after: bool = False,
         message: str = "injected failure",
     ) -> None:
-        """Make the next ``call`` (one of ``MIG_CALLS`` or ``TIME_SLICE_CALLS``, on any
-        GPU) raise NVML ``code``.
+        """Make the next ``call`` (one of ``MIG_CALLS``, ``TIME_SLICE_CALLS`` or
+        ``COMPUTE_MODE_CALLS``, on any GPU) raise NVML ``code``.
 
         With ``after`` the call takes effect first and then raises, like an NVML call
         that did its work but whose caller crashed or timed out before hearing so.
         Several failures of one call queue up in order.
         """
-        if call not in MIG_CALLS | TIME_SLICE_CALLS:
-            raise ValueError(f"{call!r} is not one of {sorted(MIG_CALLS | TIME_SLICE_CALLS)}")
+        if call not in _FAILABLE_CALLS:
+            raise ValueError(f"{call!r} is not one of {sorted(_FAILABLE_CALLS)}")
         with self._lock:
             self._next_failures.setdefault(call, deque()).append(_Failure(code, after, message))
 
@@ -552,7 +583,8 @@ class FakeNvml:
 
     def reset_gpu(self, index: int) -> None:
         """What ``nvidia-smi -r`` does to GPU ``index``: a pending MIG mode takes effect
-        and its MIG instances are gone (tests reset an Ampere GPU with this)."""
+        and its MIG instances are gone, and so are its time slice and compute mode
+        (tests reset an Ampere GPU with this)."""
         gpu = self.gpus[index]
         with self._lock, self._file_lock():
             self._refresh()
@@ -705,9 +737,10 @@ class FakeNvml:
             )
             return {gpu.index: _initial_state(gpu) for gpu in self.gpus}
         if boot_id != self._boot_id():
-            # A reboot: GPU instances and time slices are gone, the MIG mode setting is not.
+            # A reboot: GPU instances, time slices and compute modes are gone, the MIG
+            # mode setting is not.
             log.info(
-                "simulated GPUs rebooted: MIG instances and time slices dropped",
+                "simulated GPUs rebooted: MIG instances, time slices and compute modes dropped",
                 extra={"path": str(path)},
             )
             # A reset applies a pending mode (Ampere).
@@ -965,8 +998,22 @@ class FakeNvml:
 
         self._change("device_set_time_slice", change)
 
+    def device_compute_mode(self, handle: DeviceHandle) -> int:
+        gpu = self._whole_gpu(handle, "device_compute_mode")
+        return self._query("device_compute_mode", lambda: self._states[gpu.index].compute_mode)
+
+    def device_set_compute_mode(self, handle: DeviceHandle, mode: int) -> None:
+        gpu = self._whole_gpu(handle, "device_set_compute_mode")
+        check_compute_mode(mode)
+
+        def change() -> None:
+            self._states[gpu.index].compute_mode = int(mode)
+
+        self._change("device_set_compute_mode", change)
+
     def _whole_gpu(self, handle: DeviceHandle, call: str) -> FakeGpu:
-        """A full GPU: the compute policy belongs to the GPU, not to a MIG device."""
+        """A full GPU: the compute policy and compute mode belong to the GPU, not to a
+        MIG device."""
         h = self._handle(handle, call)
         if h.instance is not None:
             raise NvmlNotSupported(f"{call}: not a full GPU", code=NVML_ERROR_NOT_SUPPORTED)

@@ -32,12 +32,12 @@ id> <start> <size> <GPU instance id>`, `mig_uuid <GPU instance id> <compute inst
 <uuid>` (every possible GPU instance, compute instance 0), `layout <GPU instance id>
 <profile id> <start> <size> <compute instance bit mask>` (the initial layout).
 
-State: MIG mode and instances live in the simulated backend's state file (see
-`drasil.driver.discovery.simulated`), read when it changed and written atomically under
-flock on `<file>.lock`; keys the library does not manage are kept. It adds one key of its
-own, `migPending`, only while an Ampere GPU's pending MIG mode differs from the current
-one (the simulated backend ignores it); a "reboot" (`reboot(node)`: a new boot id)
-applies the pending mode and drops the instances.
+State: MIG mode and instances, time slice and compute mode live in the simulated
+backend's state file (see `drasil.driver.discovery.simulated`), read when it changed
+and written atomically under flock on `<file>.lock`; keys the library does not manage
+are kept. It adds one key of its own, `migPending`, only while an Ampere GPU's pending
+MIG mode differs from the current one (the simulated backend ignores it); a "reboot"
+(`reboot(node)`: a new boot id) applies the pending mode and drops the instances.
 
 Events file: lines appended under flock: `xid <uuid> <xid> <gi> <ci>` (`inject_xid`) and
 `lost <uuid>` (`lose_gpu`: the GPU answers GPU_IS_LOST from then on, and event sets

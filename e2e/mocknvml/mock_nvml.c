@@ -9,9 +9,9 @@
  *   nodes between init/shutdown pairs;
  * - a GPU is visible only while <dev root>/nvidia<minor> exists (checked at init), and
  *   indices count visible GPUs only, as real NVML does inside a container;
- * - MIG mode and instances live in the simulated backend's JSON state file, read when
- *   it changed (stat) and written atomically (temp file + rename) under flock on
- *   <file>.lock after re-reading it; keys this library does not manage are kept;
+ * - MIG mode, instances and compute modes live in the simulated backend's JSON state
+ *   file, read when it changed (stat) and written atomically (temp file + rename) under
+ *   flock on <file>.lock after re-reading it; keys this library does not manage are kept;
  * - XID events and lost GPUs come from an append-only events file (lines
  *   "xid <uuid> <xid> <gi> <ci>" and "lost <uuid>");
  * - two test hooks that are not NVML: mockNvmlInitCount() and mockNvmlReset().
@@ -73,9 +73,11 @@ struct gi_state {
     unsigned ci_mask; /* bit c: compute instance c exists */
 };
 
+/* A GPU's state in the state file: MIG mode and instances, and its compute mode. */
 struct mig_state {
     int enabled, pending;
     struct gi_state gi[MAX_GI];
+    unsigned compute_mode; /* nvmlComputeMode_t; "computeMode" when not DEFAULT */
 };
 
 struct gpu {
@@ -707,9 +709,11 @@ static int parse_instance(struct jp *p, struct gpu *g, struct mig_state *st, int
     return 1;
 }
 
-/* One GPU's entry. reboot: a file from another boot (instances and time slice go). */
+/* One GPU's entry. reboot: a file from another boot (instances, time slice and compute
+ * mode go). */
 static int parse_gpu_entry(struct jp *p, struct gpu *g, int reboot, struct mig_state *st, char **extra) {
     int first = 1, r, enabled = -1, pending = -1, have_gis = 0;
+    long long compute_mode = NVML_COMPUTEMODE_DEFAULT;
     char key[64];
     size_t ks, ke;
     memset(st, 0, sizeof *st);
@@ -721,6 +725,9 @@ static int parse_gpu_entry(struct jp *p, struct gpu *g, int reboot, struct mig_s
             if (!j_bool(p, &enabled)) return 0;
         } else if (strcmp(key, "migPending") == 0) {
             if (!j_bool(p, &pending)) return 0;
+        } else if (strcmp(key, "computeMode") == 0) {
+            /* Validated as the simulated backend does: a bad value damages the file. */
+            if (!j_int(p, &compute_mode) || compute_mode < 0 || compute_mode >= NVML_COMPUTEMODE_COUNT) return 0;
         } else if (strcmp(key, "gpuInstances") == 0) {
             have_gis = 1;
             if (!j_eat(p, '[')) return 0;
@@ -747,11 +754,13 @@ static int parse_gpu_entry(struct jp *p, struct gpu *g, int reboot, struct mig_s
         pending = enabled;
     }
     if (reboot) {
-        /* A reset applies the pending mode (Ampere); instances are gone. */
+        /* A reset applies the pending mode (Ampere); instances are gone, and the compute
+         * mode is DEFAULT again (Linux does not keep it across reboots). */
         st->enabled = st->pending = pending;
     } else {
         st->enabled = enabled;
         st->pending = pending;
+        st->compute_mode = (unsigned)compute_mode;
     }
     return 1;
 }
@@ -910,43 +919,44 @@ static void write_state(void) {
     int first = 1;
     for (int i = 0; i < ngpus; i++) {
         struct gpu *g = &gpus[i];
-        if (!g->mig_capable && g->extra == NULL) {
+        if (!g->mig_capable && g->extra == NULL && g->st.compute_mode == NVML_COMPUTEMODE_DEFAULT) {
             continue;
         }
         sb_str(&b, first ? "\n    " : ",\n    ");
         first = 0;
         sb_json_string(&b, g->uuid);
         sb_str(&b, ": {");
-        if (g->mig_capable) {
-            sb_fmt(&b, "\"migEnabled\": %s, ", g->st.enabled ? "true" : "false");
-            if (g->st.pending != g->st.enabled) {
-                sb_fmt(&b, "\"migPending\": %s, ", g->st.pending ? "true" : "false");
+        /* Every entry has MIG mode and instances, a GPU without MIG too (off, none): the
+         * simulated backend requires them. */
+        sb_fmt(&b, "\"migEnabled\": %s, ", g->st.enabled ? "true" : "false");
+        if (g->st.pending != g->st.enabled) {
+            sb_fmt(&b, "\"migPending\": %s, ", g->st.pending ? "true" : "false");
+        }
+        sb_str(&b, "\"gpuInstances\": [");
+        int firstgi = 1;
+        for (int k = 0; k < MAX_GI; k++) {
+            struct gi_state *gi = &g->st.gi[k];
+            if (!gi->exists) {
+                continue;
             }
-            sb_str(&b, "\"gpuInstances\": [");
-            int firstgi = 1;
-            for (int k = 0; k < MAX_GI; k++) {
-                struct gi_state *gi = &g->st.gi[k];
-                if (!gi->exists) {
-                    continue;
+            sb_fmt(&b, "%s{\"id\": %d, \"profileId\": %u, \"start\": %u, \"size\": %u, \"computeInstances\": [",
+                   firstgi ? "" : ", ", k, gi->profile_id, gi->start, gi->size);
+            firstgi = 0;
+            int firstci = 1;
+            for (int c = 0; c < MAX_CI; c++) {
+                if (gi->ci_mask & (1u << c)) {
+                    sb_fmt(&b, "%s%d", firstci ? "" : ", ", c);
+                    firstci = 0;
                 }
-                sb_fmt(&b, "%s{\"id\": %d, \"profileId\": %u, \"start\": %u, \"size\": %u, \"computeInstances\": [",
-                       firstgi ? "" : ", ", k, gi->profile_id, gi->start, gi->size);
-                firstgi = 0;
-                int firstci = 1;
-                for (int c = 0; c < MAX_CI; c++) {
-                    if (gi->ci_mask & (1u << c)) {
-                        sb_fmt(&b, "%s%d", firstci ? "" : ", ", c);
-                        firstci = 0;
-                    }
-                }
-                sb_str(&b, "]}");
             }
-            sb_str(&b, "]");
-            if (g->extra != NULL) {
-                sb_str(&b, ", ");
-            }
+            sb_str(&b, "]}");
+        }
+        sb_str(&b, "]");
+        if (g->st.compute_mode != NVML_COMPUTEMODE_DEFAULT) {
+            sb_fmt(&b, ", \"computeMode\": %u", g->st.compute_mode);
         }
         if (g->extra != NULL) {
+            sb_str(&b, ", ");
             sb_str(&b, g->extra);
         }
         sb_str(&b, "}");
@@ -1613,6 +1623,50 @@ static nvmlReturn_t set_mig_mode(nvmlDevice_t device, unsigned int mode, nvmlRet
 
 EXPORT nvmlReturn_t nvmlDeviceSetMigMode(nvmlDevice_t device, unsigned int mode, nvmlReturn_t *activationStatus) {
     API(set_mig_mode(device, mode, activationStatus));
+}
+
+/* ---- compute mode ---------------------------------------------------------------------- */
+
+/* A full GPU for the compute mode calls: a MIG device's handle is NOT_SUPPORTED (the
+ * compute mode belongs to the whole GPU, as the simulated backend has it). */
+static nvmlReturn_t compute_mode_gpu(nvmlDevice_t device, int *g) {
+    int gi, ci;
+    nvmlReturn_t r = device_of(device, g, &gi, &ci);
+    if (r == NVML_SUCCESS && gi >= 0) {
+        return NVML_ERROR_NOT_SUPPORTED;
+    }
+    return r;
+}
+
+static nvmlReturn_t get_compute_mode(nvmlDevice_t device, nvmlComputeMode_t *mode) {
+    int g;
+    nvmlReturn_t r = compute_mode_gpu(device, &g);
+    if (r != NVML_SUCCESS) return r;
+    if (mode == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    refresh_state();
+    *mode = (nvmlComputeMode_t)gpus[g].st.compute_mode;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, nvmlComputeMode_t *mode) {
+    API(get_compute_mode(device, mode));
+}
+
+static nvmlReturn_t set_compute_mode(nvmlDevice_t device, nvmlComputeMode_t mode) {
+    int g;
+    nvmlReturn_t r = compute_mode_gpu(device, &g);
+    if (r != NVML_SUCCESS) return r;
+    if ((unsigned)mode >= NVML_COMPUTEMODE_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
+    int fd = lock_state();
+    refresh_state();
+    gpus[g].st.compute_mode = (unsigned)mode;
+    write_state();
+    unlock_state(fd);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceSetComputeMode(nvmlDevice_t device, nvmlComputeMode_t mode) {
+    API(set_compute_mode(device, mode));
 }
 
 static nvmlReturn_t max_mig(nvmlDevice_t device, unsigned int *count) {

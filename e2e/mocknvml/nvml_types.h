@@ -216,6 +216,14 @@ typedef struct nvmlEventData_st {
 #define nvmlEventTypeXidCriticalError 0x0000000000000008LL
 #define nvmlEventTypeClock 0x0000000000000010LL
 
+typedef enum nvmlComputeMode_enum {
+    NVML_COMPUTEMODE_DEFAULT = 0,
+    NVML_COMPUTEMODE_EXCLUSIVE_THREAD = 1, /* deprecated */
+    NVML_COMPUTEMODE_PROHIBITED = 2,
+    NVML_COMPUTEMODE_EXCLUSIVE_PROCESS = 3,
+    NVML_COMPUTEMODE_COUNT
+} nvmlComputeMode_t;
+
 #define NVML_DEVICE_MIG_DISABLE 0x0
 #define NVML_DEVICE_MIG_ENABLE 0x1
 #define NVML_GPU_INSTANCE_PROFILE_COUNT 0x12

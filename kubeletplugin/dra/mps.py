@@ -1,41 +1,65 @@
-"""MPS control daemons of shared GPUs (``--gpu-sharing consumable``): start, stop, sweep.
+"""MPS control daemons of shared GPUs (``--gpu-sharing consumable``): start, limit, stop, sweep.
 
 Claims that share one GPU are kept to their share by CUDA MPS: one control daemon per
 shared GPU, started with the first share (``MpsDaemons.ensure``) and stopped after the
-last (``stop``); each share's containers get the daemon's pipe and log directories and
-their limits (``share_edits``). Both calls are idempotent, so a repeated call after a
-crash finishes what the crashed one began.
+last (``stop``). Both calls are idempotent, so a repeated call after a crash finishes
+what the crashed one began. Each share's containers get the daemon's pipe directory
+(read-only), its ``/dev/shm`` and their limits (``share_edits``).
 
-Where things are, per GPU, under ``<state dir>/mps/<gpu uuid>/``:
+Where things are, per GPU, under ``<state dir>/mps/<key>/`` (``key``: 12 hex digits of
+the SHA-256 of the GPU's UUID, short because a Unix socket's path, here the daemon's
+``pipe/control``, has at most 107 bytes):
 
+- ``gpu``: the GPU's UUID;
 - ``pipe/``: the daemon's ``CUDA_MPS_PIPE_DIRECTORY`` (mode 0755, containers mount
   it), where the daemon itself writes ``nvidia-cuda-mps-control.pid``;
 - ``log/``: its ``CUDA_MPS_LOG_DIRECTORY`` (``control.log``, ``server.log``), kept
-  after a stop for whoever debugs a share;
-- ``daemon.json``: our record of the daemon, ``{"gpu", "pid", "startTime"}``.
+  after a stop for whoever debugs a share; never given to clients;
+- ``shm/``: a tmpfs of its own (``rw,nosuid,nodev,noexec``, mode 1777, at most half
+  the node's memory), the daemon's ``/dev/shm`` and each client's: the MPS server's
+  shared-memory segments are there, and a client that does not see them cannot
+  connect;
+- ``daemon.json``: our record of the daemon, ``{"gpu", "pid", "startTime", "limits"}``.
+
+Where the daemon runs: a process of its own session, outside the plugin's process
+tree, in a mount namespace of its own set up by ``drasil.kubeletplugin.dra.mpsview``
+(the tmpfs over ``/dev/shm``; on a driver root other than ``/``, chrooted into it so
+the driver's own binaries run against the driver's own libc and find
+``nvidia-cuda-mps-server`` on ``PATH``). It outlives the plugin: a plugin that is
+killed, restarted or upgraded finds it again. docs/sharing.md says why a process and
+not a Pod, and what that asks of how the plugin is run.
+
+Limits are held by the daemon, not only by the client's environment, which a client
+can unset: after each start and each new share the daemon's defaults are set
+(``set_default_device_pinned_mem_limit 0 <MiB>M``, the device by ordinal, since the
+UUID form is not applied; ``set_default_active_thread_percentage``), and the same on
+each server already running. One daemon serves all the GPU's shares, so its limit is
+the largest share's (``DaemonLimits.covering``): a client that drops its variables
+gets at most that, and exactly its own when the GPU's shares are of one size.
 
 A daemon is identified by its pid together with its start time (``/proc/<pid>/stat``
 field 22), because a pid alone may name an unrelated process by now. One whose record
 was lost (a crash right after the start) is adopted when the pid file in its pipe
-directory names a live process started with that pipe directory in its environment.
+directory names a live process started for this GPU (``DRASIL_MPS_GPU`` in its
+environment).
 
-Backends: ``nvml`` runs ``<control> -d`` (the real ``nvidia-cuda-mps-control``, which
-daemonizes itself) with ``CUDA_VISIBLE_DEVICES=<gpu uuid>`` and the two directories in
-its environment, and stops it with ``quit`` on the control program's stdin.
-``simulated`` runs ``drasil.kubeletplugin.dra.mpsstandin``, a process with the same
-lifecycle and files, stopped with ``quit`` on its control FIFO. Either way the daemon
-is in a session of its own and outlives a plugin process that crashes; a stop that the
-daemon does not obey within ``stop_timeout`` ends in SIGKILL.
+Backends: ``nvml`` runs the driver's ``nvidia-cuda-mps-control``; ``simulated`` runs
+``drasil.kubeletplugin.dra.mpsstandin``, which takes the same arguments, environment and
+commands. Either way a stop is ``quit`` through the control program, and a daemon that
+does not obey within ``stop_timeout`` is killed.
 
 Every change runs under one lock (threads, and a ``FileLock`` on ``mps.lock`` in the
 state dir for a second plugin instance during a rolling update).
 
 Crash points (see ``drasil.driver.files``): ``mps-after-start`` (daemon running, its
-record not written), ``mps-after-stop`` (daemon gone, pipe directory not yet emptied).
+record not written), ``mps-after-stop`` (daemon gone, pipe directory not yet emptied,
+tmpfs still mounted).
 """
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
 import json
 import logging
 import os
@@ -47,7 +71,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,37 +85,87 @@ log = logging.getLogger(__name__)
 MPS_LOCK_TIMEOUT: Final = 30.0  # below kubelet's 45 s call timeout, like the checkpoint lock
 START_TIMEOUT: Final = 10.0
 STOP_TIMEOUT: Final = 10.0
+CONTROL_TIMEOUT: Final = 10.0
 BACKENDS: Final = ("nvml", "simulated")
+CONTROL_PROGRAM: Final = "nvidia-cuda-mps-control"
 
 # The control daemon writes its pid here, in CUDA_MPS_PIPE_DIRECTORY (NVIDIA's MPS
 # documentation, "Appendix: Tools and Interface Reference").
 PID_FILE: Final = "nvidia-cuda-mps-control.pid"
-STANDIN_FIFO: Final = "control"
 STANDIN_MODULE: Final = "drasil.kubeletplugin.dra.mpsstandin"
+VIEW_MODULE: Final = "drasil.kubeletplugin.dra.mpsview"
 RECORD_FILE: Final = "daemon.json"
-# MPS's own defaults for the two directories, so a container's CUDA finds the daemon
-# even where a workload's image sets neither variable.
+GPU_FILE: Final = "gpu"
+GPU_ENV: Final = "DRASIL_MPS_GPU"
+# MPS's default pipe directory, so a container's CUDA finds the daemon even where a
+# workload's image does not set the variable.
 CONTAINER_PIPE_DIR: Final = "/tmp/nvidia-mps"
-CONTAINER_LOG_DIR: Final = "/tmp/nvidia-log"
+CONTAINER_SHM_DIR: Final = "/dev/shm"
+# Volta+ MPS serves at most 48 client CUDA contexts per device (NVIDIA's MPS docs).
+CLIENT_LIMIT: Final = 48
 _MIB: Final = 2**20
 # GPU UUIDs become directory names: letters, digits and dashes only (GPU-…, MIG-…).
 _UUID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]*")
 _POLL: Final = 0.02
+_MNT_DETACH: Final = 2
+_SHM_FLAGS: Final = 2 | 4 | 8  # MS_NOSUID | MS_NODEV | MS_NOEXEC
 
 
 class MpsError(Exception):
-    """A daemon that cannot be started or stopped; the message goes to the claim."""
+    """A daemon that cannot be started, limited or stopped; the message goes to the claim."""
+
+
+@dataclass(frozen=True)
+class DaemonLimits:
+    """What the daemon lets any client of it use: pinned memory and active threads."""
+
+    memory_mib: int
+    thread_percentage: int
+
+    def covering(self, other: DaemonLimits | None) -> DaemonLimits:
+        """Limits no smaller than either: what one daemon of two shares must allow."""
+        if other is None:
+            return self
+        return DaemonLimits(
+            max(self.memory_mib, other.memory_mib),
+            max(self.thread_percentage, other.thread_percentage),
+        )
+
+    def commands(self, servers: Sequence[int]) -> list[str]:
+        """The control commands that set these limits as defaults and on ``servers``."""
+        memory = f"{self.memory_mib}M"
+        threads = str(self.thread_percentage)
+        commands = [
+            f"set_default_device_pinned_mem_limit 0 {memory}",
+            f"set_default_active_thread_percentage {threads}",
+        ]
+        for pid in servers:
+            commands.append(f"set_device_pinned_mem_limit {pid} 0 {memory}")
+            commands.append(f"set_active_thread_percentage {pid} {threads}")
+        return commands
+
+
+def share_limits_of(memory_bytes: int, thread_percentage: int) -> DaemonLimits:
+    """A share's limits in the daemon's units; the memory rounded down to whole MiB so a
+    share never gets more than it was given."""
+    if not 1 <= thread_percentage <= 100:
+        raise ValueError(f"thread percentage {thread_percentage}: must be 1 to 100")
+    if memory_bytes < _MIB:
+        raise ValueError(f"memory limit {memory_bytes} bytes: at least 1 MiB")
+    return DaemonLimits(memory_bytes // _MIB, thread_percentage)
 
 
 @dataclass(frozen=True)
 class MpsDaemon:
-    """A running control daemon: its GPU, its process and its directories."""
+    """A running control daemon: its GPU, its process, its directories and limits."""
 
     gpu_uuid: str
     pid: int
     start_time: int  # clock ticks after boot, /proc/<pid>/stat field 22
     pipe_dir: Path
     log_dir: Path
+    shm_dir: Path
+    limits: DaemonLimits | None = None
 
 
 def process_start_time(pid: int) -> int | None:
@@ -110,32 +184,56 @@ def process_start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
-def share_edits(
-    daemon: MpsDaemon, *, memory_limit_bytes: int, thread_percentage: int, gpu_uuid: str
-) -> ContainerEdits:
-    """What a container of one share gets: the daemon's directories and the share's
-    limits, which MPS enforces on every CUDA context the container makes.
+def share_edits(daemon: MpsDaemon, limits: DaemonLimits) -> ContainerEdits:
+    """What a container of one share gets: the daemon's pipe directory (read-only: a
+    client only connects to the daemon's sockets, and must not remove them) and
+    ``/dev/shm``, and the share's own limits, which narrow the daemon's.
 
-    ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` takes ``<device>=<limit>`` pairs with an ``M``
-    or ``G`` suffix; the device is named by UUID, which stays right whatever order
-    the container enumerates its GPUs in. The limit is rounded down to whole MiB so a
-    share never gets more than it was given.
+    ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` names the device by ordinal: the daemon serves
+    exactly one GPU, so its clients see it as ``0``; NVIDIA's device plugin found the
+    UUID form not applied.
     """
-    if not 1 <= thread_percentage <= 100:
-        raise ValueError(f"thread percentage {thread_percentage}: must be 1 to 100")
-    if memory_limit_bytes < _MIB:
-        raise ValueError(f"memory limit {memory_limit_bytes} bytes: at least 1 MiB")
     env = {
         "CUDA_MPS_PIPE_DIRECTORY": CONTAINER_PIPE_DIR,
-        "CUDA_MPS_LOG_DIRECTORY": CONTAINER_LOG_DIR,
-        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"{gpu_uuid}={memory_limit_bytes // _MIB}M",
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(thread_percentage),
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={limits.memory_mib}M",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(limits.thread_percentage),
     }
     mounts = (
-        Mount(str(daemon.pipe_dir), CONTAINER_PIPE_DIR, options=("rbind", "rw")),
-        Mount(str(daemon.log_dir), CONTAINER_LOG_DIR, options=("rbind", "rw")),
+        Mount(str(daemon.pipe_dir), CONTAINER_PIPE_DIR, options=("rbind", "ro")),
+        Mount(
+            str(daemon.shm_dir),
+            CONTAINER_SHM_DIR,
+            options=("rbind", "rw", "nosuid", "nodev", "noexec"),
+        ),
     )
     return ContainerEdits(env=env, mounts=mounts)
+
+
+@dataclass(frozen=True)
+class DaemonProgram:
+    """How to run the control program: the command (without ``-d``), the driver root
+    it runs chrooted into (``/``: none), and whether it serves clients of every user."""
+
+    command: tuple[str, ...]
+    driver_root: Path = Path("/")
+    multiuser: bool = False
+
+    @classmethod
+    def for_backend(
+        cls,
+        backend: str,
+        *,
+        control: str | None = None,
+        driver_root: Path = Path("/"),
+        multiuser: bool = False,
+    ) -> DaemonProgram:
+        """The simulated backend's stand-in, or the driver's control program (a path
+        inside ``driver_root``)."""
+        if backend not in BACKENDS:
+            raise ValueError(f"backend {backend!r}: must be one of {', '.join(BACKENDS)}")
+        if backend == "simulated":
+            return cls((sys.executable, "-m", STANDIN_MODULE), Path("/"), multiuser)
+        return cls((control or CONTROL_PROGRAM,), driver_root, multiuser)
 
 
 class MpsDaemons:
@@ -145,18 +243,16 @@ class MpsDaemons:
         self,
         state_dir: Path,
         *,
-        backend: str,
-        control: str = "nvidia-cuda-mps-control",
+        program: DaemonProgram,
         start_timeout: float = START_TIMEOUT,
         stop_timeout: float = STOP_TIMEOUT,
+        shm_size: int | None = None,
     ) -> None:
-        if backend not in BACKENDS:
-            raise ValueError(f"backend {backend!r}: must be one of {', '.join(BACKENDS)}")
         self.root = state_dir.absolute() / "mps"
-        self.backend = backend
-        self.control = control
+        self.program = program
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
+        self.shm_size = shm_size or _half_of_memory()
         self._thread_lock = threading.Lock()
         self._file_lock = state_dir / "mps.lock"
 
@@ -168,16 +264,20 @@ class MpsDaemons:
 
     # ---- public ---------------------------------------------------------------------
 
-    def ensure(self, gpu_uuid: str) -> MpsDaemon:
-        """The GPU's running daemon, started if there is none (idempotent)."""
+    def ensure(self, gpu_uuid: str, limits: DaemonLimits) -> MpsDaemon:
+        """The GPU's running daemon, started if there is none, holding limits that
+        cover ``limits`` (idempotent)."""
         self._check_uuid(gpu_uuid)
         with self._locked():
-            running = self._find(gpu_uuid)
-            return running if running is not None else self._start(gpu_uuid)
+            daemon = self._find(gpu_uuid) or self._start(gpu_uuid)
+            wanted = limits.covering(daemon.limits)
+            if wanted != daemon.limits:
+                daemon = self._set_limits(daemon, wanted)
+            return daemon
 
     def stop(self, gpu_uuid: str) -> bool:
-        """Stop the GPU's daemon and empty its pipe directory (idempotent); whether a
-        daemon was running."""
+        """Stop the GPU's daemon, empty its pipe directory, unmount its tmpfs
+        (idempotent); whether a daemon was running."""
         self._check_uuid(gpu_uuid)
         with self._locked():
             return self._stop(gpu_uuid)
@@ -210,59 +310,75 @@ class MpsDaemons:
         return adopted
 
     def _adopt(self, gpu_uuid: str) -> MpsDaemon | None:
-        """The daemon the pid file names, if it runs with this GPU's pipe directory."""
-        pipe_dir = self._pipe_dir(gpu_uuid)
-        pid = _read_pid(pipe_dir / PID_FILE)
-        if pid is None or not _serves(pid, pipe_dir):
+        """The daemon the pid file names, if it runs for this GPU. Its limits are not
+        known, so they are set again."""
+        pid = _read_pid(self._pipe_dir(gpu_uuid) / PID_FILE)
+        if pid is None or not _serves(pid, gpu_uuid):
             return None
         start_time = process_start_time(pid)
         if start_time is None:
             return None
-        return MpsDaemon(gpu_uuid, pid, start_time, pipe_dir, self._log_dir(gpu_uuid))
+        return self._daemon(gpu_uuid, pid, start_time, None)
 
     def _known_gpus(self) -> list[str]:
         try:
-            names = sorted(entry.name for entry in self.root.iterdir() if entry.is_dir())
+            folders = sorted(entry for entry in self.root.iterdir() if entry.is_dir())
         except FileNotFoundError:
             return []
-        return [name for name in names if _UUID.fullmatch(name)]
+        found = []
+        for folder in folders:
+            with suppress(OSError):
+                gpu_uuid = (folder / GPU_FILE).read_text().strip()
+                if _UUID.fullmatch(gpu_uuid) and folder == self._folder(gpu_uuid):
+                    found.append(gpu_uuid)
+        return found
 
     # ---- start ------------------------------------------------------------------------
 
     def _start(self, gpu_uuid: str) -> MpsDaemon:
-        pipe_dir, log_dir = self._pipe_dir(gpu_uuid), self._log_dir(gpu_uuid)
-        _make_dir(pipe_dir)
-        _make_dir(log_dir)
-        _empty(pipe_dir)  # a dead daemon's pid file must not pass for the new one's
-        self._launch(gpu_uuid)
+        self._folder(gpu_uuid).mkdir(parents=True, exist_ok=True)
+        write_atomic(self._folder(gpu_uuid) / GPU_FILE, f"{gpu_uuid}\n".encode(), durable=False)
+        for path in (self._pipe_dir(gpu_uuid), self._log_dir(gpu_uuid)):
+            _make_dir(path, 0o755)
+        shm = self._shm_dir(gpu_uuid)
+        _make_dir(shm, 0o755)
+        if not is_mount_point(shm):
+            mount_tmpfs(shm, self.shm_size)
+        _empty(shm)  # a dead server's segments
+        _empty(self._pipe_dir(gpu_uuid))  # a dead daemon's pid file must not pass for this one's
+        flags = ["-d", *(["-multiuser-server"] if self.program.multiuser else [])]
+        self._launch(gpu_uuid, self._view(gpu_uuid, shm=True) + flags)
         pid = self._wait_for_pid(gpu_uuid)
         start_time = process_start_time(pid)
         if start_time is None:
-            raise MpsError(f"MPS daemon of GPU {gpu_uuid} exited at once; see {log_dir}")
-        daemon = MpsDaemon(gpu_uuid, pid, start_time, pipe_dir, log_dir)
+            raise MpsError(
+                f"MPS daemon of GPU {gpu_uuid} exited at once; see {self._log_dir(gpu_uuid)}"
+            )
+        daemon = self._daemon(gpu_uuid, pid, start_time, None)
         crash_point("mps-after-start")
         self._write_record(daemon)
         log.info("MPS daemon started", extra={"gpu": gpu_uuid, "pid": pid})
         return daemon
 
-    def _command(self, gpu_uuid: str) -> list[str]:
-        if self.backend == "nvml":
-            return [self.control, "-d"]
-        return [
+    def _view(self, gpu_uuid: str, *, shm: bool) -> list[str]:
+        """The control program's command line, run in the daemon's view."""
+        argv = [
             sys.executable,
             "-m",
-            STANDIN_MODULE,
-            "--pipe-dir",
+            VIEW_MODULE,
+            "--pipe",
             str(self._pipe_dir(gpu_uuid)),
-            "--log-dir",
+            "--log",
             str(self._log_dir(gpu_uuid)),
-            "--gpu",
-            gpu_uuid,
+            "--root",
+            str(self.program.driver_root),
         ]
+        if shm:
+            argv += ["--shm", str(self._shm_dir(gpu_uuid))]
+        return [*argv, "--", *self.program.command]
 
-    def _launch(self, gpu_uuid: str) -> None:
+    def _launch(self, gpu_uuid: str, command: list[str]) -> None:
         """Run the daemonizing command; it returns once the daemon runs on its own."""
-        command = self._command(gpu_uuid)
         # stderr goes to a file, not a pipe: a daemon that kept an inherited pipe open
         # would keep subprocess waiting for its end until the timeout.
         with tempfile.TemporaryFile() as stderr:
@@ -278,14 +394,17 @@ class MpsDaemons:
                     check=False,
                 )
             except (OSError, subprocess.TimeoutExpired) as err:
-                raise MpsError(f"MPS daemon of GPU {gpu_uuid}: {command[0]}: {err}") from err
+                raise MpsError(f"MPS daemon of GPU {gpu_uuid}: {self._name()}: {err}") from err
             if done.returncode != 0:
                 stderr.seek(0)
                 said = stderr.read(500).decode(errors="replace").strip()
                 raise MpsError(
-                    f"MPS daemon of GPU {gpu_uuid}: {' '.join(command[:3])} exited with "
+                    f"MPS daemon of GPU {gpu_uuid}: {self._name()} -d exited with "
                     f"status {done.returncode}: {said or 'no message'}"
                 )
+
+    def _name(self) -> str:
+        return Path(self.program.command[-1]).name
 
     def _wait_for_pid(self, gpu_uuid: str) -> int:
         # -d returns when the daemon has forked; it may write its pid file just after.
@@ -303,9 +422,51 @@ class MpsDaemons:
     def _environment(self, gpu_uuid: str) -> dict[str, str]:
         env = {name: value for name, value in os.environ.items() if name != CRASH_ENV}
         env["CUDA_VISIBLE_DEVICES"] = gpu_uuid
-        env["CUDA_MPS_PIPE_DIRECTORY"] = str(self._pipe_dir(gpu_uuid))
-        env["CUDA_MPS_LOG_DIRECTORY"] = str(self._log_dir(gpu_uuid))
+        env[GPU_ENV] = gpu_uuid
         return env
+
+    # ---- limits and commands ------------------------------------------------------------
+
+    def control(self, gpu_uuid: str, commands: Sequence[str]) -> list[str]:
+        """Send commands to the GPU's daemon through the control program; its output
+        lines."""
+        text = "".join(f"{command}\n" for command in commands)
+        try:
+            done = subprocess.run(
+                self._view(gpu_uuid, shm=False),
+                input=text.encode(),
+                env=self._environment(gpu_uuid),
+                capture_output=True,
+                timeout=CONTROL_TIMEOUT,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise MpsError(f"MPS daemon of GPU {gpu_uuid}: {self._name()}: {err}") from err
+        if done.returncode != 0:
+            said = done.stderr.decode(errors="replace").strip()[:500]
+            raise MpsError(
+                f"MPS daemon of GPU {gpu_uuid}: {commands[0].split()[0]}: {said or 'no message'}"
+            )
+        return done.stdout.decode(errors="replace").splitlines()
+
+    def _set_limits(self, daemon: MpsDaemon, limits: DaemonLimits) -> MpsDaemon:
+        listed = self.control(daemon.gpu_uuid, ["get_server_list"])
+        servers = [int(word) for line in listed for word in line.split() if word.isdigit()]
+        said = self.control(daemon.gpu_uuid, limits.commands(servers))
+        refused = [line for line in said if "error" in line.lower()]
+        if refused:
+            raise MpsError(f"MPS daemon of GPU {daemon.gpu_uuid} refused its limits: {refused[0]}")
+        updated = self._daemon(daemon.gpu_uuid, daemon.pid, daemon.start_time, limits)
+        self._write_record(updated)
+        log.info(
+            "MPS daemon limits set",
+            extra={
+                "gpu": daemon.gpu_uuid,
+                "memoryMiB": limits.memory_mib,
+                "threads": limits.thread_percentage,
+            },
+        )
+        return updated
 
     # ---- stop -------------------------------------------------------------------------
 
@@ -322,31 +483,18 @@ class MpsDaemons:
             log.info("MPS daemon stopped", extra={"gpu": gpu_uuid, "pid": daemon.pid})
         crash_point("mps-after-stop")
         _empty(self._pipe_dir(gpu_uuid))
-        (self.root / gpu_uuid / RECORD_FILE).unlink(missing_ok=True)
+        shm = self._shm_dir(gpu_uuid)
+        if is_mount_point(shm):
+            unmount(shm)
+        (self._folder(gpu_uuid) / RECORD_FILE).unlink(missing_ok=True)
         return daemon is not None
 
     def _quit(self, daemon: MpsDaemon) -> None:
         """Ask the daemon to exit; failures only log, the caller's kill follows."""
-        if self.backend == "simulated":
-            if not _write_fifo(daemon.pipe_dir / STANDIN_FIFO, b"quit\n"):
-                self._signal(daemon, signal.SIGTERM)  # its FIFO is gone: the other way
-            return
         try:
-            done = subprocess.run(
-                [self.control],
-                input=b"quit\n",
-                env=self._environment(daemon.gpu_uuid),
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                timeout=self.stop_timeout,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as err:
+            self.control(daemon.gpu_uuid, ["quit"])
+        except MpsError as err:
             log.warning("MPS quit failed", extra={"gpu": daemon.gpu_uuid, "error": str(err)})
-            return
-        if done.returncode != 0:
-            said = done.stderr.decode(errors="replace").strip()[:500]
-            log.warning("MPS quit refused", extra={"gpu": daemon.gpu_uuid, "error": said})
 
     def _wait_gone(self, daemon: MpsDaemon) -> bool:
         deadline = time.monotonic() + self.stop_timeout
@@ -359,24 +507,40 @@ class MpsDaemons:
     def _kill(self, daemon: MpsDaemon) -> None:
         # Checked just before the signal, so a pid reused since is never hit; the
         # window between the two is microseconds against pid reuse taking a full wrap.
-        self._signal(daemon, signal.SIGKILL)
-        self._wait_gone(daemon)
-
-    def _signal(self, daemon: MpsDaemon, signum: int) -> None:
         if self.alive(daemon):
             with suppress(ProcessLookupError):
-                os.kill(daemon.pid, signum)
+                os.kill(daemon.pid, signal.SIGKILL)
+        self._wait_gone(daemon)
 
     # ---- files ------------------------------------------------------------------------
 
+    def _folder(self, gpu_uuid: str) -> Path:
+        return self.root / folder_key(gpu_uuid)
+
     def _pipe_dir(self, gpu_uuid: str) -> Path:
-        return self.root / gpu_uuid / "pipe"
+        return self._folder(gpu_uuid) / "pipe"
 
     def _log_dir(self, gpu_uuid: str) -> Path:
-        return self.root / gpu_uuid / "log"
+        return self._folder(gpu_uuid) / "log"
+
+    def _shm_dir(self, gpu_uuid: str) -> Path:
+        return self._folder(gpu_uuid) / "shm"
+
+    def _daemon(
+        self, gpu_uuid: str, pid: int, start_time: int, limits: DaemonLimits | None
+    ) -> MpsDaemon:
+        return MpsDaemon(
+            gpu_uuid,
+            pid,
+            start_time,
+            self._pipe_dir(gpu_uuid),
+            self._log_dir(gpu_uuid),
+            self._shm_dir(gpu_uuid),
+            limits,
+        )
 
     def _read_record(self, gpu_uuid: str) -> MpsDaemon | None:
-        path = self.root / gpu_uuid / RECORD_FILE
+        path = self._folder(gpu_uuid) / RECORD_FILE
         try:
             doc = json.loads(path.read_bytes())
             return self._record(gpu_uuid, doc)
@@ -391,18 +555,31 @@ class MpsDaemons:
             return None
 
     def _record(self, gpu_uuid: str, doc: Mapping[str, object]) -> MpsDaemon:
-        pid, start_time = doc["pid"], doc["startTime"]
+        pid, start_time, limits = doc["pid"], doc["startTime"], doc.get("limits")
         if doc["gpu"] != gpu_uuid or not isinstance(pid, int) or not isinstance(start_time, int):
             raise ValueError("not a record of this GPU")
-        return MpsDaemon(
-            gpu_uuid, pid, start_time, self._pipe_dir(gpu_uuid), self._log_dir(gpu_uuid)
-        )
+        held = None
+        if isinstance(limits, dict):
+            memory, threads = limits["memoryMiB"], limits["threadPercentage"]
+            if not isinstance(memory, int) or not isinstance(threads, int):
+                raise ValueError("limits are not numbers")
+            held = DaemonLimits(memory, threads)
+        return self._daemon(gpu_uuid, pid, start_time, held)
 
     def _write_record(self, daemon: MpsDaemon) -> None:
-        doc = {"gpu": daemon.gpu_uuid, "pid": daemon.pid, "startTime": daemon.start_time}
+        doc: dict[str, object] = {
+            "gpu": daemon.gpu_uuid,
+            "pid": daemon.pid,
+            "startTime": daemon.start_time,
+        }
+        if daemon.limits is not None:
+            doc["limits"] = {
+                "memoryMiB": daemon.limits.memory_mib,
+                "threadPercentage": daemon.limits.thread_percentage,
+            }
         data = json.dumps(doc, sort_keys=True).encode() + b"\n"
         # Not durable: a reboot ends the daemon, and the record with it.
-        path = self.root / daemon.gpu_uuid / RECORD_FILE
+        path = self._folder(daemon.gpu_uuid) / RECORD_FILE
         write_atomic(path, data, crash_tag="mps-record", durable=False)
 
     @staticmethod
@@ -411,10 +588,66 @@ class MpsDaemons:
             raise MpsError(f"GPU UUID {gpu_uuid!r}: not a UUID MPS can be run for")
 
 
-def _make_dir(path: Path) -> None:
+# ---- the tmpfs ------------------------------------------------------------------------
+
+
+def is_mount_point(path: Path) -> bool:
+    """Whether something is mounted at ``path`` (this process's mount table)."""
+    target = str(path.absolute())
+    try:
+        table = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return False
+    # Field 5 is the mount point, with spaces and the like escaped as octal.
+    points = {_unescape(line.split()[4]) for line in table.splitlines() if len(line.split()) > 4}
+    return target in points
+
+
+def _unescape(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def mount_tmpfs(path: Path, size: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    options = f"size={size},mode=1777".encode()
+    if libc.mount(b"tmpfs", str(path).encode(), b"tmpfs", ctypes.c_ulong(_SHM_FLAGS), options):
+        errno = ctypes.get_errno()
+        raise MpsError(
+            f"mounting the MPS daemon's tmpfs at {path}: {os.strerror(errno)} "
+            "(the plugin needs CAP_SYS_ADMIN for MPS shares)"
+        )
+
+
+def unmount(path: Path) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    # Detached: a client still holding a segment open must not keep the stop waiting.
+    if libc.umount2(str(path).encode(), _MNT_DETACH):
+        errno = ctypes.get_errno()
+        log.warning(
+            "MPS tmpfs not unmounted", extra={"path": str(path), "error": os.strerror(errno)}
+        )
+
+
+def _half_of_memory() -> int:
+    """Half the node's memory, the most the tmpfs may take (NVIDIA sizes it so too)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024 // 2
+    except (OSError, ValueError, IndexError):
+        pass
+    return 2**30
+
+
+def folder_key(gpu_uuid: str) -> str:
+    """The GPU's folder name under ``<state dir>/mps``."""
+    return hashlib.sha256(gpu_uuid.encode()).hexdigest()[:12]
+
+
+def _make_dir(path: Path, mode: int) -> None:
     path.mkdir(parents=True, exist_ok=True)
-    # Exactly 0755 whatever the umask: containers of any user reach the daemon here.
-    path.chmod(0o755)
+    # Exactly this mode whatever the umask: containers of any user reach the daemon here.
+    path.chmod(mode)
 
 
 def _empty(directory: Path) -> None:
@@ -437,25 +670,10 @@ def _read_pid(path: Path) -> int | None:
     return int(text) if text.isdigit() and int(text) > 0 else None
 
 
-def _serves(pid: int, pipe_dir: Path) -> bool:
-    """Whether process ``pid`` was started for ``pipe_dir`` (its environment says so)."""
+def _serves(pid: int, gpu_uuid: str) -> bool:
+    """Whether process ``pid`` was started for this GPU (its environment says so)."""
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
         return False
-    return f"CUDA_MPS_PIPE_DIRECTORY={pipe_dir}".encode() in environ.split(b"\0")
-
-
-def _write_fifo(path: Path, data: bytes) -> bool:
-    """Write to a FIFO without blocking (a daemon that is gone has no reader on it);
-    whether the data went in."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:  # ENXIO: no reader; ENOENT: no FIFO
-        return False
-    try:
-        return os.write(fd, data) == len(data)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
+    return f"{GPU_ENV}={gpu_uuid}".encode() in environ.split(b"\0")

@@ -19,6 +19,7 @@ from drasil.api.kubelet.health.v1alpha1 import health_pb2_grpc as health_v1alpha
 from drasil.api.kubelet.pluginregistration import registration_pb2 as reg_pb
 from drasil.api.kubelet.pluginregistration import registration_pb2_grpc as reg_grpc
 from drasil.driver.cdi.claimspecs import delete_claim_spec
+from drasil.driver.cdi.driverfiles import DriverRoot, find_binary
 from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore, LoadOutcome, LoadResult
 from drasil.driver.discovery.nvml import NvmlLibrary
 from drasil.driver.files import FileLock
@@ -27,7 +28,7 @@ from drasil.driver.slices.publisher import PoolPublisher
 from drasil.kubeletplugin.dra import reconcile
 from drasil.kubeletplugin.dra.healthservice import HealthStreams, HealthV1, HealthV1alpha1
 from drasil.kubeletplugin.dra.migs import MigInstances
-from drasil.kubeletplugin.dra.mps import MpsDaemons
+from drasil.kubeletplugin.dra.mps import CONTROL_PROGRAM, DaemonProgram, MpsDaemons
 from drasil.kubeletplugin.dra.nodepool import NodeSlices
 from drasil.kubeletplugin.dra.prepare import Preparer
 from drasil.kubeletplugin.dra.registration import Registration
@@ -109,10 +110,11 @@ class KubeletPlugin:
         )
         self.preparer.effects = GpuEffects(
             self.lib,
-            MpsDaemons(self.opts.state_dir, backend=self.opts.backend),
+            MpsDaemons(self.opts.state_dir, program=mps_program(self.opts)),
             store=self.store,
             state_lock=self.preparer.state_lock,
             devices=self.devices,
+            pods=self.api,
         )
         self._recover_checkpoint()
         self._reconcile_migs()
@@ -293,3 +295,16 @@ class KubeletPlugin:
     def stop(self) -> None:
         """Stop serving; the checkpoint and the CDI specs of prepared claims stay."""
         self.node.stop(self._servers)
+
+
+def mps_program(opts: PluginOptions) -> DaemonProgram:
+    """The MPS control program of the plugin's backend: the stand-in, or the driver's
+    ``nvidia-cuda-mps-control`` run chrooted into the driver root (by its path there)."""
+    root = DriverRoot(host=opts.driver_root_host, local=opts.driver_root_local)
+    control = find_binary(root, CONTROL_PROGRAM) if opts.backend == "nvml" else None
+    return DaemonProgram.for_backend(
+        opts.backend,
+        control=control,
+        driver_root=opts.driver_root_local,
+        multiuser=opts.mps_multiuser,
+    )

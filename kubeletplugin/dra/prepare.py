@@ -218,6 +218,8 @@ class Preparer:
             return record.devices
         claim = self._read_claim(ref)
         plan = plan_prepare(claim, ref=ref, node=self.node)
+        if self.effects is not None:
+            self.effects.check(plan, claim)
         return self._carry_out(plan, claim, resumed=record is not None)
 
     def _carry_out(

@@ -2,19 +2,25 @@
 
 A share of a consumable GPU (``--gpu-sharing consumable``) is enforced by MPS: the GPU
 gets one MPS control daemon (``drasil.kubeletplugin.dra.mps``), started with its first
-share, and each share's CDI device carries its own limits (pinned memory, active
-threads) and the daemon's pipe and log directories. A claim whose config asks for
-time-slicing has its interval applied to the GPU.
+share, holding limits that cover every share on it; each share's CDI device carries
+its own, narrower limits (pinned memory, active threads), the daemon's pipe directory
+and its ``/dev/shm``. While the daemon runs the GPU is in compute mode
+EXCLUSIVE_PROCESS, so that only the MPS server can use it: a client that fails to
+reach MPS then fails ("all CUDA-capable devices are busy") instead of running without
+MPS and without limits. A claim whose config asks for time-slicing has its interval
+applied to the GPU.
 
-Both are node state that outlives a claim, so the checkpoint records them per GPU
+All of it is node state that outlives a claim, so the checkpoint records it per GPU
 (``gpus`` in ``api/checkpoint.py``), and ``settle`` undoes whatever no prepared claim
-needs any more: it stops a daemon after the last share, puts back the time slice the
-GPU had before the first time-sliced claim. It runs after every unprepare and at
-start, so a crash anywhere in between is settled by the next call or start.
+needs any more: it stops a daemon after the last share and puts back the compute mode
+the GPU had, puts back the time slice the GPU had before the first time-sliced claim.
+It runs after every unprepare and at start, so a crash anywhere in between is settled
+by the next call or start.
 
 Order in prepare (after the claim is recorded ``PrepareStarted``, so its devices
-are held): the time slice is recorded as it was, then set, then recorded as set;
-the daemon is started (or found running), then recorded.
+are held): a GPU setting is recorded as it was, then set, then recorded as set (the
+time slice; the compute mode before the daemon's start); the daemon is started (or
+found running), given its limits, then recorded.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import logging
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import replace
+from typing import Any, Protocol
 
 from drasil.api.checkpoint import GpuRecord, MpsDaemonRecord
 from drasil.driver.cdi.spec import ContainerEdits
@@ -30,15 +37,52 @@ from drasil.driver.checkpoint import CheckpointStore
 from drasil.driver.claims.plan import DevicePlan, PreparePlan
 from drasil.driver.claims.sharing import MPS, time_slice_of
 from drasil.driver.devices import Device
-from drasil.driver.discovery.nvml import DeviceHandle, NvmlError, NvmlLibrary, nvml_session
+from drasil.driver.discovery.nvml import (
+    COMPUTE_MODE_EXCLUSIVE_PROCESS,
+    DeviceHandle,
+    NvmlError,
+    NvmlLibrary,
+    nvml_session,
+)
 from drasil.driver.files import crash_point
-from drasil.kubeletplugin.dra.mps import MpsDaemon, MpsDaemons, MpsError, share_edits
+from drasil.kubeletplugin.dra.mps import (
+    CLIENT_LIMIT,
+    CONTAINER_SHM_DIR,
+    DaemonLimits,
+    MpsDaemon,
+    MpsDaemons,
+    MpsError,
+    share_edits,
+    share_limits_of,
+)
 
 log = logging.getLogger(__name__)
 
 
 class ShareError(Exception):
     """A GPU change a claim needs that could not be made; the claim's error."""
+
+
+class PodReader(Protocol):
+    """Reads a Pod by name (the KubeApi); None when there is none."""
+
+    def get_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None: ...
+
+
+def shm_conflict(pod: Mapping[str, Any]) -> str | None:
+    """What in a Pod mounts its own ``/dev/shm``, or None. An MPS share's containers get
+    the daemon's ``/dev/shm`` through CDI, which would silently take the place of the
+    Pod's volume there; so such a Pod is refused, by name."""
+    spec = pod.get("spec") or {}
+    for kind in ("initContainers", "containers"):
+        for container in spec.get(kind) or []:
+            for mount in container.get("volumeMounts") or []:
+                if str(mount.get("mountPath", "")).rstrip("/") == CONTAINER_SHM_DIR:
+                    return (
+                        f'container "{container.get("name")}" mounts volume '
+                        f'"{mount.get("name")}" at {CONTAINER_SHM_DIR}'
+                    )
+    return None
 
 
 class GpuEffects:
@@ -52,7 +96,9 @@ class GpuEffects:
         store: CheckpointStore,
         state_lock: Callable[[], AbstractContextManager[None]],
         devices: Mapping[str, Device],
+        pods: PodReader | None = None,
     ) -> None:
+        self.pods = pods
         self.lib = lib
         self.daemons = daemons
         self.store = store
@@ -61,6 +107,31 @@ class GpuEffects:
         self._handles: dict[str, DeviceHandle] = {}
 
     # ---- prepare ----------------------------------------------------------------------
+
+    def check(self, plan: PreparePlan, claim: Mapping[str, Any]) -> None:
+        """Before anything is recorded: the claim's Pods can use its MPS shares (none
+        brings its own ``/dev/shm``)."""
+        if self.pods is None or not any(d.share_limits is not None for d in plan.devices):
+            return
+        reserved = (claim.get("status") or {}).get("reservedFor") or []
+        namespace = (claim.get("metadata") or {}).get("namespace", "")
+        for consumer in reserved:
+            if consumer.get("resource") != "pods" or consumer.get("apiGroup"):
+                continue
+            name = str(consumer.get("name", ""))
+            try:
+                pod = self.pods.get_pod(namespace, name)
+            except Exception as err:  # the check is a courtesy: never a reason to fail
+                log.warning("Pod not read", extra={"pod": f"{namespace}/{name}", "error": str(err)})
+                continue
+            conflict = shm_conflict(pod) if pod is not None else None
+            if conflict:
+                raise ShareError(
+                    f"Pod {namespace}/{name}: {conflict}; its MPS share gives every "
+                    f"container the MPS daemon's {CONTAINER_SHM_DIR}, which MPS clients "
+                    "must share with the daemon: remove that volume mount, or ask for a "
+                    "whole GPU"
+                )
 
     def apply(self, plan: PreparePlan) -> PreparePlan:
         """Make the GPU changes the plan's devices need; the plan with share edits."""
@@ -72,23 +143,20 @@ class GpuEffects:
                 self._set_time_slice(gpu, time_slice)
             limits = device.share_limits
             if limits is not None:
-                daemon = self._daemon(gpu)
-                edits = share_edits(
-                    daemon,
-                    memory_limit_bytes=limits.memory_bytes,
-                    thread_percentage=limits.thread_percentage,
-                    gpu_uuid=gpu,
-                )
-                devices[index] = _with_edits(device, edits)
+                share = share_limits_of(limits.memory_bytes, limits.thread_percentage)
+                self._check_client_limit(gpu)
+                self._set_compute_mode(gpu)
+                daemon = self._daemon(gpu, share)
+                devices[index] = _with_edits(device, share_edits(daemon, share))
         if devices == list(plan.devices):
             return plan
         crash_point("prepare-after-share")
         spec = replace(plan.spec, devices=tuple(d.cdi for d in devices))
         return replace(plan, devices=tuple(devices), spec=spec)
 
-    def _daemon(self, gpu: str) -> MpsDaemon:
+    def _daemon(self, gpu: str, limits: DaemonLimits) -> MpsDaemon:
         try:
-            daemon = self.daemons.ensure(gpu)
+            daemon = self.daemons.ensure(gpu, limits)
         except (OSError, MpsError) as err:
             raise ShareError(f"GPU {gpu}: the MPS control daemon did not start: {err}") from err
         record = MpsDaemonRecord(
@@ -96,12 +164,44 @@ class GpuEffects:
             start_time=daemon.start_time,
             pipe_dir=str(daemon.pipe_dir),
             log_dir=str(daemon.log_dir),
+            shm_dir=str(daemon.shm_dir),
+            memory_mib=daemon.limits.memory_mib if daemon.limits else None,
+            thread_percentage=daemon.limits.thread_percentage if daemon.limits else None,
         )
         with self.state_lock():
             current = self.store.gpus().get(gpu) or GpuRecord()
             if current.mps != record:
                 self.store.set_gpu(gpu, current.model_copy(update={"mps": record}))
         return daemon
+
+    def _check_client_limit(self, gpu: str) -> None:
+        """MPS serves at most ``CLIENT_LIMIT`` clients per GPU; the published memory
+        policy keeps shares below it, this catches whatever got past (a policy
+        changed under prepared claims)."""
+        shares = self._shares_on(gpu)
+        if shares > CLIENT_LIMIT:
+            raise ShareError(
+                f"GPU {gpu} has {shares} MPS shares prepared; MPS serves at most "
+                f"{CLIENT_LIMIT} clients per GPU"
+            )
+
+    def _set_compute_mode(self, gpu: str) -> None:
+        """EXCLUSIVE_PROCESS before the GPU's daemon starts, the mode before recorded
+        first (so a crash in between is put back by ``settle``)."""
+        with self.state_lock():
+            current = self.store.gpus().get(gpu) or GpuRecord()
+            if current.compute_mode == COMPUTE_MODE_EXCLUSIVE_PROCESS:
+                return
+            if current.previous_compute_mode is None:
+                before = self._nvml(gpu, "reading its compute mode", self.lib.device_compute_mode)
+                current = current.model_copy(update={"previous_compute_mode": before})
+                self.store.set_gpu(gpu, current)
+        self._write_compute_mode(gpu, COMPUTE_MODE_EXCLUSIVE_PROCESS)
+        with self.state_lock():
+            current = self.store.gpus().get(gpu) or GpuRecord()
+            update = {"compute_mode": COMPUTE_MODE_EXCLUSIVE_PROCESS}
+            self.store.set_gpu(gpu, current.model_copy(update=update))
+        log.info("compute mode set to EXCLUSIVE_PROCESS", extra={"gpu": gpu})
 
     def _set_time_slice(self, gpu: str, interval: int) -> None:
         with self.state_lock():
@@ -123,9 +223,10 @@ class GpuEffects:
     def resume(self) -> None:
         """At start: daemons of GPUs with prepared MPS shares run again (a node restart
         or an OOM kill may have taken them), then ``settle``."""
-        for gpu in sorted(self._needed()[0]):
+        for gpu, limits in sorted(self._share_limits().items()):
             try:
-                self._daemon(gpu)
+                self._set_compute_mode(gpu)
+                self._daemon(gpu, limits)
             except ShareError as err:
                 log.error("MPS daemon not restarted", extra={"gpu": gpu, "error": str(err)})
         self.settle()
@@ -141,6 +242,14 @@ class GpuEffects:
                 crash_point("settle-after-stop")
                 updated = updated.model_copy(update={"mps": None})
                 done.append(f"stopped the MPS daemon of GPU {gpu}")
+            if record.compute_mode is not None and gpu not in mps_needed:
+                self.daemons.stop(gpu)  # not before the daemon is gone: it holds the GPU
+                previous = record.previous_compute_mode or 0
+                self._write_compute_mode(gpu, previous)
+                updated = updated.model_copy(
+                    update={"mps": None, "compute_mode": None, "previous_compute_mode": None}
+                )
+                done.append(f"restored compute mode {previous} of GPU {gpu}")
             if record.time_slice is not None and gpu not in slices_needed:
                 previous = record.previous_time_slice or 0
                 self._write_time_slice(gpu, previous)
@@ -174,6 +283,51 @@ class GpuEffects:
                 elif time_slice_of(held.sharing) is not None:
                     slices.add(device.uuid)
         return mps, slices
+
+    def _shares_on(self, gpu: str) -> int:
+        """How many MPS shares prepared claims hold on the GPU."""
+        with self.state_lock():
+            records = dict(self.store.claims())
+        return sum(
+            1
+            for record in records.values()
+            for held in record.devices
+            if held.sharing == MPS
+            and (device := self.devices.get(held.device_name)) is not None
+            and device.uuid == gpu
+        )
+
+    def _share_limits(self) -> dict[str, DaemonLimits]:
+        """Per GPU with prepared MPS shares, the limits its daemon held (at start, for
+        daemons that must run again); the whole GPU where none were recorded."""
+        mps, _ = self._needed()
+        with self.state_lock():
+            gpus = dict(self.store.gpus())
+        limits: dict[str, DaemonLimits] = {}
+        for gpu in mps:
+            record = gpus.get(gpu, GpuRecord()).mps
+            if record and record.memory_mib and record.thread_percentage:
+                limits[gpu] = DaemonLimits(record.memory_mib, record.thread_percentage)
+            else:
+                memory = next(
+                    (d.capacity.get("memory", 0) for d in self.devices.values() if d.uuid == gpu), 0
+                )
+                limits[gpu] = DaemonLimits(max(1, memory // 2**20), 100)
+        return limits
+
+    def _nvml(self, gpu: str, what: str, call: Callable[[DeviceHandle], int]) -> int:
+        try:
+            with nvml_session(self.lib):
+                return call(self._handle(gpu))
+        except NvmlError as err:
+            raise ShareError(f"GPU {gpu}: {what}: {err}") from err
+
+    def _write_compute_mode(self, gpu: str, mode: int) -> None:
+        try:
+            with nvml_session(self.lib):
+                self.lib.device_set_compute_mode(self._handle(gpu), mode)
+        except NvmlError as err:
+            raise ShareError(f"GPU {gpu}: setting compute mode {mode}: {err}") from err
 
     def _read_time_slice(self, gpu: str) -> int:
         try:

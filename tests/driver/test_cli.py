@@ -261,7 +261,7 @@ def test_discover_consumable_marks_shared_gpus() -> None:
     assert lines[1].split()[7] == "yes"
     assert (
         "shared by capacity: gpu-0, gpu-1: computePercent 0 to 100 in steps of 1 (default 0), "
-        "memory 1Gi to 80Gi in steps of 1Gi (default 80Gi)"
+        "memory 2Gi to 80Gi in steps of 1Gi (default 80Gi)"
     ) in lines
     code, text = run(*argv)
     assert "SHARED" not in text

@@ -214,7 +214,8 @@ def test_the_library_has_the_soname_and_every_symbol() -> None:
         "nvmlGpuInstanceGetComputeInstances", "nvmlGpuInstanceGetComputeInstanceById",
         "nvmlComputeInstanceGetInfo_v2", "nvmlComputeInstanceDestroy", "nvmlEventSetCreate",
         "nvmlDeviceRegisterEvents", "nvmlDeviceGetSupportedEventTypes", "nvmlEventSetWait_v2",
-        "nvmlEventSetFree", "mockNvmlInitCount", "mockNvmlReset",
+        "nvmlEventSetFree", "nvmlDeviceGetComputeMode", "nvmlDeviceSetComputeMode",
+        "mockNvmlInitCount", "mockNvmlReset",
     }  # fmt: skip
     assert wanted <= exported, sorted(wanted - exported)
 
@@ -355,6 +356,38 @@ def test_arguments_are_checked(mock_node: MockNodeFactory, mock_nvml_lib: ctypes
         assert _code(err) == pynvml.NVML_ERROR_INVALID_ARGUMENT
     finally:
         pynvml.nvmlShutdown()
+
+
+def test_compute_mode_arguments_are_checked(
+    mock_node: MockNodeFactory, mock_nvml_lib: ctypes.CDLL
+) -> None:
+    mock_node("a100-40gb-mig:1")
+    lib = mock_nvml_lib
+    pynvml.nvmlInit()
+    try:
+        gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
+        mode = ctypes.c_uint(99)
+        assert lib.nvmlDeviceGetComputeMode(gpu, None) == pynvml.NVML_ERROR_INVALID_ARGUMENT
+        not_a_handle = ctypes.c_void_p(16)
+        assert lib.nvmlDeviceGetComputeMode(not_a_handle, ctypes.byref(mode)) == 2
+        assert lib.nvmlDeviceSetComputeMode(not_a_handle, ctypes.c_uint(0)) == 2
+        for bad in (ctypes.c_uint(pynvml.NVML_COMPUTEMODE_COUNT), ctypes.c_int(-1)):
+            assert lib.nvmlDeviceSetComputeMode(gpu, bad) == pynvml.NVML_ERROR_INVALID_ARGUMENT
+        assert pynvml.nvmlDeviceGetComputeMode(gpu) == pynvml.NVML_COMPUTEMODE_DEFAULT
+        pynvml.nvmlDeviceSetComputeMode(gpu, pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
+        assert lib.nvmlDeviceGetComputeMode(gpu, ctypes.byref(mode)) == pynvml.NVML_SUCCESS
+        assert mode.value == pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+        # A MIG device has none of its own.
+        mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 0)
+        with pytest.raises(pynvml.NVMLError) as err:
+            pynvml.nvmlDeviceGetComputeMode(mig)
+        assert _code(err) == pynvml.NVML_ERROR_NOT_SUPPORTED
+        with pytest.raises(pynvml.NVMLError) as err:
+            pynvml.nvmlDeviceSetComputeMode(mig, pynvml.NVML_COMPUTEMODE_DEFAULT)
+        assert _code(err) == pynvml.NVML_ERROR_NOT_SUPPORTED
+    finally:
+        pynvml.nvmlShutdown()
+    assert lib.nvmlDeviceGetComputeMode(gpu, ctypes.byref(mode)) == 1  # UNINITIALIZED
 
 
 # -- MIG ----------------------------------------------------------------------------------

@@ -8,6 +8,10 @@ mode is off, per-device event registration, the capability nodes in ``/proc``.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -19,7 +23,17 @@ from mocknvml_fixture import MockNodeFactory, mock_node, mock_nvml_lib
 from drasil.driver.devices import Device, DeviceType, MigPlacement
 from drasil.driver.discovery.health import HealthTracker, XidWatcher
 from drasil.driver.discovery.nodedevices import discover
-from drasil.driver.discovery.nvml import NO_INSTANCE, Placement, PynvmlLibrary
+from drasil.driver.discovery.nvml import (
+    COMPUTE_MODE_DEFAULT,
+    COMPUTE_MODE_EXCLUSIVE_PROCESS,
+    COMPUTE_MODE_PROHIBITED,
+    NO_INSTANCE,
+    NVML_ERROR_INVALID_ARGUMENT,
+    NvmlNotSupported,
+    NvmlQueryError,
+    Placement,
+    PynvmlLibrary,
+)
 from drasil.driver.discovery.simulated import FakeNvml
 from drasil.kubeletplugin.dra.migs import MigError, MigInstances
 from e2e import mocknvml
@@ -183,6 +197,156 @@ def test_static_mig_names_keep_the_media_extensions(mock_node: MockNodeFactory) 
     (mig,) = [d for d in discover(lib, node_name=NODE).devices if d.type == DeviceType.MIG]
     assert mig.attributes["profile"] == "1g.10gb+me"
     assert mig.name == f"gpu-0-mig-1g10gbme-{made.gpu_instance_id}-0"
+
+
+# ---- compute mode ------------------------------------------------------------------------
+
+
+def test_the_compute_mode_is_set_and_read_back(mock_node: MockNodeFactory) -> None:
+    node = mock_node("h100-80gb:2", node_name=NODE)
+    lib = adapter(node)
+    lib.init()
+    try:
+        first, second = lib.device_handle_by_index(0), lib.device_handle_by_index(1)
+        assert lib.device_compute_mode(first) == COMPUTE_MODE_DEFAULT
+        lib.device_set_compute_mode(first, COMPUTE_MODE_EXCLUSIVE_PROCESS)
+        assert lib.device_compute_mode(first) == COMPUTE_MODE_EXCLUSIVE_PROCESS
+        assert lib.device_compute_mode(second) == COMPUTE_MODE_DEFAULT
+        with pytest.raises(ValueError, match="must be one of") as bad:
+            lib.device_set_compute_mode(first, 4)
+        assert isinstance(bad.value, NvmlQueryError)
+        assert bad.value.code == NVML_ERROR_INVALID_ARGUMENT
+        assert lib.device_compute_mode(first) == COMPUTE_MODE_EXCLUSIVE_PROCESS
+    finally:
+        lib.shutdown()
+    entry = json.loads(node.state_file.read_text())["gpus"][node.gpus[0].uuid]
+    assert entry["computeMode"] == COMPUTE_MODE_EXCLUSIVE_PROCESS
+
+
+def test_a_mig_device_has_no_compute_mode_of_its_own(mock_node: MockNodeFactory) -> None:
+    lib = adapter(mock_node("a100-40gb-mig:1", node_name=NODE))
+    lib.init()
+    try:
+        gpu = lib.device_handle_by_index(0)
+        mig = lib.device_mig_device_handle_by_index(gpu, 0)
+        with pytest.raises(NvmlNotSupported):
+            lib.device_compute_mode(mig)
+        with pytest.raises(NvmlNotSupported):
+            lib.device_set_compute_mode(mig, COMPUTE_MODE_EXCLUSIVE_PROCESS)
+        # The GPU's own is there, and a MIG-enabled GPU keeps its instances.
+        lib.device_set_compute_mode(gpu, COMPUTE_MODE_PROHIBITED)
+        assert lib.device_compute_mode(gpu) == COMPUTE_MODE_PROHIBITED
+        assert len(lib.gpu_instances(gpu)) == 4
+    finally:
+        lib.shutdown()
+
+
+def test_the_simulated_backend_and_the_mock_share_the_compute_mode(
+    mock_node: MockNodeFactory,
+) -> None:
+    # An L4 has no MIG: its state file entry exists only for its compute policy.
+    node = mock_node("h100-80gb:1,l4:1", node_name=NODE)
+    simulated, lib = fake(node), adapter(node)
+    l4 = simulated.device_handle_by_index(1)
+    simulated.device_set_compute_mode(l4, COMPUTE_MODE_EXCLUSIVE_PROCESS)
+    simulated.device_set_time_slice(l4, 1)
+    lib.init()
+    try:
+        assert lib.device_compute_mode(lib.device_handle_by_index(1)) == 3
+        assert lib.device_compute_mode(lib.device_handle_by_index(0)) == 0
+        lib.device_set_compute_mode(lib.device_handle_by_index(0), COMPUTE_MODE_PROHIBITED)
+    finally:
+        lib.shutdown()
+    assert simulated.device_compute_mode(simulated.device_handle_by_index(0)) == 2
+    # What the mock wrote keeps the L4's entry readable, and what it does not manage.
+    assert simulated.device_compute_mode(l4) == COMPUTE_MODE_EXCLUSIVE_PROCESS
+    assert simulated.device_time_slice(l4) == 1
+    simulated.device_set_compute_mode(l4, COMPUTE_MODE_DEFAULT)
+    lib.init()
+    try:
+        assert lib.device_compute_mode(lib.device_handle_by_index(1)) == 0
+    finally:
+        lib.shutdown()
+
+
+# A plugin process on the mock: reads GPU 0's compute mode, then restores the default.
+RESTORE = """import ctypes, sys
+ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)
+from drasil.driver.discovery.nvml import PynvmlLibrary
+lib = PynvmlLibrary()
+lib.init()
+gpu = lib.device_handle_by_index(0)
+print(lib.device_compute_mode(gpu))
+lib.device_set_compute_mode(gpu, 0)
+lib.shutdown()
+"""
+
+
+def test_a_plugin_on_the_mock_sees_what_the_simulated_backend_set(
+    mock_node: MockNodeFactory,
+) -> None:
+    node = mock_node("l4:2", node_name=NODE)
+    # The simulated backend as a plugin runs it (strict init), in this process.
+    simulated = FakeNvml(
+        node.gpus, state_file=node.state_file, boot_id=node.boot_id, strict_init=True
+    )
+    simulated.init()
+    try:
+        gpu = simulated.device_handle_by_index(0)
+        simulated.device_set_compute_mode(gpu, COMPUTE_MODE_EXCLUSIVE_PROCESS)
+        done = subprocess.run(
+            [sys.executable, "-c", RESTORE, str(mocknvml.compiled_mock())],
+            env={**os.environ, **node.env()},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        assert done.stdout.strip() == str(COMPUTE_MODE_EXCLUSIVE_PROCESS)
+        assert simulated.device_compute_mode(gpu) == COMPUTE_MODE_DEFAULT
+    finally:
+        simulated.shutdown()
+
+
+def test_a_reboot_resets_the_compute_mode_on_the_mock(mock_node: MockNodeFactory) -> None:
+    node = mock_node("h100-80gb:1", node_name=NODE)
+    lib = adapter(node)
+    lib.init()
+    try:
+        lib.device_set_compute_mode(lib.device_handle_by_index(0), COMPUTE_MODE_EXCLUSIVE_PROCESS)
+    finally:
+        lib.shutdown()
+    mocknvml.reboot(node)
+    lib.init()
+    try:
+        assert lib.device_compute_mode(lib.device_handle_by_index(0)) == COMPUTE_MODE_DEFAULT
+    finally:
+        lib.shutdown()
+    simulated = fake(node)
+    assert simulated.device_compute_mode(simulated.device_handle_by_index(0)) == 0
+    assert "computeMode" not in json.loads(node.state_file.read_text())["gpus"][node.gpus[0].uuid]
+
+
+def test_a_bad_compute_mode_in_the_state_file_is_damage_to_the_mock(
+    mock_node: MockNodeFactory,
+) -> None:
+    node = mock_node("a100-40gb-mig:1", node_name=NODE)
+    lib = adapter(node)
+    lib.init()
+    try:
+        gpu = lib.device_handle_by_index(0)
+        lib.device_set_compute_mode(gpu, COMPUTE_MODE_EXCLUSIVE_PROCESS)
+        lib.destroy_compute_instance(gpu, 2, 0)
+        doc = json.loads(node.state_file.read_text())
+        doc["gpus"][node.gpus[0].uuid]["computeMode"] = 9
+        node.state_file.write_text(json.dumps(doc))
+        # Damaged: the GPU starts from its profile, as the simulated backend does.
+        assert lib.device_compute_mode(gpu) == COMPUTE_MODE_DEFAULT
+        assert len(lib.compute_instances(gpu, 2)) == 1
+    finally:
+        lib.shutdown()
+    simulated = fake(node)
+    assert simulated.device_compute_mode(simulated.device_handle_by_index(0)) == 0
 
 
 # ---- XID events --------------------------------------------------------------------------

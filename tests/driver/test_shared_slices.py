@@ -88,9 +88,16 @@ def test_unknown_sharing_mode_is_refused() -> None:
 
 def test_memory_policy_rounds_down_and_refuses_tiny_gpus() -> None:
     # The default is the maximum: a claim that names no amount takes the whole GPU.
-    assert memory_policy(81559 * 2**20) == CapacityPolicy(79 * GiB, GiB, GiB, 79 * GiB)
+    # The minimum keeps the shares that fit within MPS's 48 clients: 79 GiB / 48 -> 2 GiB.
+    assert memory_policy(81559 * 2**20) == CapacityPolicy(79 * GiB, 2 * GiB, GiB, 79 * GiB)
+    assert memory_policy(48 * GiB) == CapacityPolicy(48 * GiB, GiB, GiB, 48 * GiB)
+    assert memory_policy(49 * GiB) == CapacityPolicy(49 * GiB, 2 * GiB, GiB, 49 * GiB)
     assert memory_policy(2 * GiB) == CapacityPolicy(2 * GiB, GiB, GiB, 2 * GiB)
     assert memory_policy(2 * GiB - 1) is None
+    for gib in (2, 24, 48, 49, 80, 141, 192):
+        policy = memory_policy(gib * GiB)
+        assert policy is not None
+        assert policy.maximum // policy.minimum <= 48
 
 
 # -- slices ---------------------------------------------------------------------------
@@ -112,7 +119,7 @@ def test_shareable_device_json() -> None:
             "value": "80Gi",
             "requestPolicy": {
                 "default": "80Gi",
-                "validRange": {"min": "1Gi", "max": "80Gi", "step": "1Gi"},
+                "validRange": {"min": "2Gi", "max": "80Gi", "step": "1Gi"},
             },
         },
     }
@@ -242,3 +249,17 @@ def test_switching_sharing_or_changing_a_policy_republishes() -> None:
     policy = changed[0]["spec"]["devices"][0]["capacity"]["memory"]["requestPolicy"]
     policy["default"] = "2Gi"
     assert plan_publish(desired=changed, existing=_stored(consumable)).writes == 1
+
+
+def test_gpus_older_than_volta_stay_exclusive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MPS before Volta does not hold a client to its limits: no shares of such a GPU."""
+    lib = simulated_library("l4:2", node_name="n")
+    real = lib.device_cuda_compute_capability
+
+    def capability(handle: object) -> tuple[int, int]:
+        major, minor = real(handle)  # type: ignore[arg-type]
+        return (6, 1) if lib.device_minor_number(handle) == 0 else (major, minor)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(lib, "device_cuda_compute_capability", capability)
+    result = discover(lib, node_name="n", gpu_sharing="consumable")
+    assert _shareable(result) == ["gpu-1"]

@@ -32,7 +32,8 @@ from drasil.driver.devices import CapacityPolicy, Device
 from drasil.driver.discovery.nodedevices import discover
 from drasil.driver.discovery.nvml import NvmlLibrary
 from drasil.driver.discovery.simulated import simulated_library
-from drasil.kubeletplugin.dra.mps import MpsDaemons, process_start_time
+from drasil.kubeletplugin.dra import mpsstandin
+from drasil.kubeletplugin.dra.mps import DaemonProgram, MpsDaemons, process_start_time
 from drasil.kubeletplugin.dra.prepare import Preparer
 from drasil.kubeletplugin.dra.shares import GpuEffects
 
@@ -78,7 +79,7 @@ def preparer(root: Path) -> Preparer:
     )
     p.effects = GpuEffects(
         library(root),
-        MpsDaemons(state, backend="simulated"),
+        MpsDaemons(state, program=DaemonProgram.for_backend("simulated")),
         store=store,
         state_lock=p.state_lock,
         devices=p.devices,
@@ -89,7 +90,7 @@ def preparer(root: Path) -> Preparer:
 @pytest.fixture
 def root(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path
-    MpsDaemons(tmp_path / "state", backend="simulated").sweep(keep=())
+    MpsDaemons(tmp_path / "state", program=DaemonProgram.for_backend("simulated")).sweep(keep=())
 
 
 def share_claim(root: Path, uid: str, memory: str, *, configs: tuple[Any, ...] = ()) -> Any:
@@ -123,6 +124,12 @@ def daemon_pids(root: Path) -> list[int]:
     return pids
 
 
+def compute_mode(root: Path, index: int) -> int:
+    lib = library(root)
+    lib.init()
+    return lib.device_compute_mode(lib.device_handle_by_index(index))
+
+
 def gpu_records(root: Path) -> dict[str, Any]:
     state = read_state(root / "state" / CHECKPOINT_DIR)
     return {} if state is None else {u: g.model_dump(mode="json") for u, g in state.gpus.items()}
@@ -143,17 +150,29 @@ def test_shares_run_one_daemon_with_their_own_limits_until_the_last_goes(root: P
     gpu = p.devices["gpu-0"].uuid
     assert gpu_records(root)[gpu]["mps"]["pid"] == pid
     env_a, env_b = spec_env(root, UID_A), spec_env(root, UID_B)
-    assert env_a["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{gpu}=20480M"
+    assert env_a["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
     assert env_a["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
     assert env_b["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
     spec = json.loads(spec_file(root, UID_A).read_text())
-    mounts = spec["devices"][0]["containerEdits"]["mounts"]
-    assert {m["containerPath"] for m in mounts} == {"/tmp/nvidia-mps", "/tmp/nvidia-log"}
+    mounts = {m["containerPath"]: m for m in spec["devices"][0]["containerEdits"]["mounts"]}
+    assert set(mounts) == {"/tmp/nvidia-mps", "/dev/shm"}
+    # The daemon holds the larger share's limits; a client can only narrow them.
+    record = gpu_records(root)[gpu]["mps"]
+    assert (record["memoryMib"], record["threadPercentage"]) == (40960, 50)
+    pipe, shm = Path(mounts["/tmp/nvidia-mps"]["hostPath"]), Path(mounts["/dev/shm"]["hostPath"])
+    with mpsstandin.connect_client(pipe, shm, pinned="0=20480M", threads="25") as client:
+        assert (client.memory, client.threads) == ("20480M", "25.0")
+    with mpsstandin.connect_client(pipe, shm) as unset:
+        assert (unset.memory, unset.threads) == ("40960M", "50.0")
+    # EXCLUSIVE_PROCESS while the daemon runs, the GPU's own mode after.
+    assert compute_mode(root, 0) == 3
+    assert gpu_records(root)[gpu]["previousComputeMode"] == 0
     assert p.unprepare(a) == ""
     assert daemon_pids(root) == [pid]
     assert p.unprepare(b) == ""
     assert daemon_pids(root) == []
     assert gpu_records(root) == {}
+    assert compute_mode(root, 0) == 0
 
 
 def mps(percentage: int) -> dict[str, Any]:
@@ -269,6 +288,7 @@ def test_a_crashed_share_unprepared_instead_leaves_no_daemon(root: Path, point: 
     assert p.unprepare(ref) == ""
     assert daemon_pids(root) == []
     assert gpu_records(root) == {}
+    assert compute_mode(root, 0) == 0
 
 
 @pytest.mark.parametrize(
@@ -283,6 +303,58 @@ def test_an_unprepare_after_a_crash_stops_the_daemon_once(root: Path, point: str
     assert p.unprepare(ref) == ""
     assert daemon_pids(root) == []
     assert gpu_records(root) == {}
+    assert compute_mode(root, 0) == 0
+
+
+def test_a_gpu_in_another_compute_mode_gets_it_back(root: Path) -> None:
+    lib = library(root)
+    lib.init()
+    lib.device_set_compute_mode(lib.device_handle_by_index(0), 2)  # PROHIBITED, say
+    p = preparer(root)
+    ref = share_claim(root, UID_A, "20Gi")
+    assert p.prepare(ref).error == ""
+    assert compute_mode(root, 0) == 3
+    assert p.unprepare(ref) == ""
+    assert compute_mode(root, 0) == 2
+
+
+def test_a_crash_between_compute_mode_and_daemon_is_put_back_at_start(root: Path) -> None:
+    ref = share_claim(root, UID_A, "20Gi")
+    crashed(root, "prepare", ref, "prepare-after-started")
+    p = preparer(root)
+    assert p.prepare(ref).error == ""
+    assert p.unprepare(ref) == ""
+    assert compute_mode(root, 0) == 0
+
+
+class Pods:
+    def __init__(self, pods: dict[str, Any]) -> None:
+        self.pods = pods
+
+    def get_pod(self, namespace: str, name: str) -> Any:
+        return self.pods.get(f"{namespace}/{name}")
+
+
+def pod_with(mounts: list[dict[str, str]]) -> dict[str, Any]:
+    container = {"name": "c", "image": "x", "volumeMounts": mounts}
+    return {"metadata": {"name": "p"}, "spec": {"containers": [container]}}
+
+
+def test_a_pod_with_its_own_dev_shm_is_refused_by_name(root: Path) -> None:
+    p = preparer(root)
+    assert p.effects is not None
+    ref = share_claim(root, UID_A, "20Gi")
+    claim = json.loads(next((root / "claims").glob("*.json")).read_text())
+    claim.setdefault("status", {})["reservedFor"] = [{"resource": "pods", "name": "p", "uid": "u"}]
+    FileClaims(root / "claims").put(claim)
+    p.effects.pods = Pods({"ml/p": pod_with([{"name": "dshm", "mountPath": "/dev/shm/"}])})
+    error = p.prepare(ref).error
+    assert 'Pod ml/p: container "c" mounts volume "dshm" at /dev/shm' in error
+    assert "remove that volume mount" in error
+    assert daemon_pids(root) == []
+    assert gpu_records(root) == {}
+    p.effects.pods = Pods({"ml/p": pod_with([{"name": "data", "mountPath": "/data"}])})
+    assert p.prepare(ref).error == ""
 
 
 def test_only_an_unprepare_that_may_leave_gpu_state_settles(

@@ -59,7 +59,15 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/* The nvml backend needs the devices; the simulated one needs nothing of the host's. */}}
 {{- define "drasil.pluginPrivileged" -}}
-{{- if and (eq .Values.backend "nvml") .Values.nvml.privileged -}}true{{- end -}}
+{{- if and (eq .Values.backend "nvml") .Values.nvml.privileged -}}true
+{{- else if and (eq .Values.mode "dra") (eq .Values.gpuSharing "consumable") -}}true
+{{- end -}}
+{{- end -}}
+
+{{/* MPS shares: the plugin mounts each MPS daemon's tmpfs under its state dir, and
+     the host (the runtime that mounts it into clients) must see it. */}}
+{{- define "drasil.pluginMountsShm" -}}
+{{- if and (eq .Values.mode "dra") (eq .Values.gpuSharing "consumable") -}}true{{- end -}}
 {{- end -}}
 
 {{/* Overrides of the in-cluster API server address (apiServer.host/port). */}}
