@@ -25,9 +25,9 @@ Where the daemon runs: a process of its own session, outside the plugin's proces
 tree, in a mount namespace of its own set up by ``drasil.kubeletplugin.dra.mpsview``
 (the tmpfs over ``/dev/shm``; on a driver root other than ``/``, chrooted into it so
 the driver's own binaries run against the driver's own libc and find
-``nvidia-cuda-mps-server`` on ``PATH``). It outlives the plugin: a plugin that is
-killed, restarted or upgraded finds it again. docs/sharing.md says why a process and
-not a Pod, and what that asks of how the plugin is run.
+``nvidia-cuda-mps-server`` on ``PATH``). It outlives a plugin process that is killed,
+restarted or upgraded, which finds it again; in a container it still ends with the
+container (docs/sharing.md: a Pod of its own is the planned fix).
 
 Limits are held by the daemon, not only by the client's environment, which a client
 can unset: after each start and each new share the daemon's defaults are set
