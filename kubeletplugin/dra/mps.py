@@ -58,7 +58,6 @@ tmpfs still mounted).
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 import logging
@@ -79,6 +78,14 @@ from typing import Final
 
 from drasil.driver.cdi.spec import ContainerEdits, Mount
 from drasil.driver.files import CRASH_ENV, FileLock, crash_point, write_atomic
+from drasil.kubeletplugin.dra.mpsview import (
+    MS_NODEV,
+    MS_NOEXEC,
+    MS_NOSUID,
+    ViewError,
+    mount,
+    unmount_detached,
+)
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +114,6 @@ _MIB: Final = 2**20
 # GPU UUIDs become directory names: letters, digits and dashes only (GPU-…, MIG-…).
 _UUID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]*")
 _POLL: Final = 0.02
-_MNT_DETACH: Final = 2
-_SHM_FLAGS: Final = 2 | 4 | 8  # MS_NOSUID | MS_NODEV | MS_NOEXEC
 
 
 class MpsError(Exception):
@@ -608,24 +613,20 @@ def _unescape(field: str) -> str:
 
 
 def mount_tmpfs(path: Path, size: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    options = f"size={size},mode=1777".encode()
-    if libc.mount(b"tmpfs", str(path).encode(), b"tmpfs", ctypes.c_ulong(_SHM_FLAGS), options):
-        errno = ctypes.get_errno()
+    try:
+        mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, f"size={size},mode=1777")
+    except ViewError as err:
         raise MpsError(
-            f"mounting the MPS daemon's tmpfs at {path}: {os.strerror(errno)} "
-            "(the plugin needs CAP_SYS_ADMIN for MPS shares)"
-        )
+            f"the MPS daemon's tmpfs: {err} (the plugin needs CAP_SYS_ADMIN for MPS shares)"
+        ) from err
 
 
 def unmount(path: Path) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
     # Detached: a client still holding a segment open must not keep the stop waiting.
-    if libc.umount2(str(path).encode(), _MNT_DETACH):
-        errno = ctypes.get_errno()
-        log.warning(
-            "MPS tmpfs not unmounted", extra={"path": str(path), "error": os.strerror(errno)}
-        )
+    try:
+        unmount_detached(path)
+    except ViewError as err:
+        log.warning("MPS tmpfs not unmounted", extra={"path": str(path), "error": str(err)})
 
 
 def _half_of_memory() -> int:

@@ -43,6 +43,8 @@ MS_REC: Final = 16384
 MS_PRIVATE: Final = 1 << 18
 MS_NOSUID: Final = 2
 MS_NODEV: Final = 4
+MS_NOEXEC: Final = 8
+MNT_DETACH: Final = 2
 PIPE_IN_ROOT: Final = "/tmp/nvidia-mps"
 LOG_IN_ROOT: Final = "/tmp/nvidia-log"
 
@@ -61,7 +63,8 @@ def _check(result: int, what: str) -> None:
         raise ViewError(f"{what}: {os.strerror(errno)}")
 
 
-def _mount(source: str, target: Path, fstype: str | None, flags: int, data: str = "") -> None:
+def mount(source: str, target: Path, fstype: str | None, flags: int, data: str = "") -> None:
+    """mount(2); ``ViewError`` with the system's reason."""
     _check(
         _libc().mount(
             source.encode(),
@@ -72,6 +75,12 @@ def _mount(source: str, target: Path, fstype: str | None, flags: int, data: str 
         ),
         f"mount {source} on {target}",
     )
+
+
+def unmount_detached(target: Path) -> None:
+    """umount2(2) with MNT_DETACH: whoever still holds a file there keeps it, the mount
+    goes; ``ViewError`` with the system's reason."""
+    _check(_libc().umount2(str(target).encode(), MNT_DETACH), f"unmount {target}")
 
 
 def private_namespace() -> None:
@@ -87,7 +96,7 @@ def private_namespace() -> None:
 def bind(source: Path, target: Path) -> None:
     if not target.is_dir():
         raise ViewError(f"bind {source} on {target}: {target} is not a directory")
-    _mount(str(source), target, None, MS_BIND)
+    mount(str(source), target, None, MS_BIND)
 
 
 def _arguments(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -114,7 +123,7 @@ def enter(args: argparse.Namespace) -> tuple[str, str]:
         return str(args.pipe), str(args.log)
     private_namespace()
     tmp = root / "tmp"
-    _mount("tmpfs", tmp, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=1777")
+    mount("tmpfs", tmp, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=1777")
     for name, source in (("nvidia-mps", args.pipe), ("nvidia-log", args.log)):
         (tmp / name).mkdir()
         bind(source, tmp / name)

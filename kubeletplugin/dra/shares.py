@@ -29,7 +29,7 @@ import logging
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from drasil.api.checkpoint import GpuRecord, MpsDaemonRecord
 from drasil.driver.cdi.spec import ContainerEdits
@@ -57,6 +57,7 @@ from drasil.kubeletplugin.dra.mps import (
 )
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 class ShareError(Exception):
@@ -182,7 +183,9 @@ class GpuEffects:
         if shares > CLIENT_LIMIT:
             raise ShareError(
                 f"GPU {gpu} has {shares} MPS shares prepared; MPS serves at most "
-                f"{CLIENT_LIMIT} clients per GPU"
+                f"{CLIENT_LIMIT} clients per GPU: kubelet retries this claim, which is "
+                "prepared once other shares of the GPU are gone (or ask for more memory, "
+                "so that fewer shares fit one GPU)"
             )
 
     def _set_compute_mode(self, gpu: str) -> None:
@@ -237,17 +240,19 @@ class GpuEffects:
         done: list[str] = []
         for gpu, record in dict(self.store.gpus()).items():
             updated = record
-            if record.mps is not None and gpu not in mps_needed:
+            mps_set = record.mps is not None or record.compute_mode is not None
+            if mps_set and gpu not in mps_needed:
+                # The daemon first: while it runs it holds the GPU in EXCLUSIVE_PROCESS.
                 self.daemons.stop(gpu)
                 crash_point("settle-after-stop")
                 updated = updated.model_copy(update={"mps": None})
-                done.append(f"stopped the MPS daemon of GPU {gpu}")
+                if record.mps is not None:
+                    done.append(f"stopped the MPS daemon of GPU {gpu}")
             if record.compute_mode is not None and gpu not in mps_needed:
-                self.daemons.stop(gpu)  # not before the daemon is gone: it holds the GPU
                 previous = record.previous_compute_mode or 0
                 self._write_compute_mode(gpu, previous)
                 updated = updated.model_copy(
-                    update={"mps": None, "compute_mode": None, "previous_compute_mode": None}
+                    update={"compute_mode": None, "previous_compute_mode": None}
                 )
                 done.append(f"restored compute mode {previous} of GPU {gpu}")
             if record.time_slice is not None and gpu not in slices_needed:
@@ -315,7 +320,8 @@ class GpuEffects:
                 limits[gpu] = DaemonLimits(max(1, memory // 2**20), 100)
         return limits
 
-    def _nvml(self, gpu: str, what: str, call: Callable[[DeviceHandle], int]) -> int:
+    def _nvml(self, gpu: str, what: str, call: Callable[[DeviceHandle], _T]) -> _T:
+        """One NVML call on the GPU in a session of its own; its failure is the claim's."""
         try:
             with nvml_session(self.lib):
                 return call(self._handle(gpu))
@@ -323,25 +329,21 @@ class GpuEffects:
             raise ShareError(f"GPU {gpu}: {what}: {err}") from err
 
     def _write_compute_mode(self, gpu: str, mode: int) -> None:
-        try:
-            with nvml_session(self.lib):
-                self.lib.device_set_compute_mode(self._handle(gpu), mode)
-        except NvmlError as err:
-            raise ShareError(f"GPU {gpu}: setting compute mode {mode}: {err}") from err
+        self._nvml(
+            gpu,
+            f"setting compute mode {mode}",
+            lambda handle: self.lib.device_set_compute_mode(handle, mode),
+        )
 
     def _read_time_slice(self, gpu: str) -> int:
-        try:
-            with nvml_session(self.lib):
-                return self.lib.device_time_slice(self._handle(gpu))
-        except NvmlError as err:
-            raise ShareError(f"GPU {gpu}: reading its time slice: {err}") from err
+        return self._nvml(gpu, "reading its time slice", self.lib.device_time_slice)
 
     def _write_time_slice(self, gpu: str, interval: int) -> None:
-        try:
-            with nvml_session(self.lib):
-                self.lib.device_set_time_slice(self._handle(gpu), interval)
-        except NvmlError as err:
-            raise ShareError(f"GPU {gpu}: setting time slice {interval}: {err}") from err
+        self._nvml(
+            gpu,
+            f"setting time slice {interval}",
+            lambda handle: self.lib.device_set_time_slice(handle, interval),
+        )
 
     def _handle(self, gpu: str) -> DeviceHandle:
         if gpu not in self._handles:

@@ -243,9 +243,9 @@ def test_the_daemon_holds_the_largest_share_and_clients_only_narrow_it(
     assert daemons.ensure(GPU_A, SHARE).limits == DaemonLimits(40960, 50)  # never shrinks
     assert mpsstandin.control(pipe, "get_default_device_pinned_mem_limit 0") == "40960M"
     # A restarted plugin that finds the daemon without a record sets its limits again.
-    (state := pipe.parent / RECORD_FILE).unlink()
+    (record := pipe.parent / RECORD_FILE).unlink()
     assert MpsDaemons(pipe.parents[2], program=SIMULATED).ensure(GPU_A, SHARE).limits == SHARE
-    assert not state.exists() or json.loads(state.read_text())["limits"]["memoryMiB"] == 20480
+    assert json.loads(record.read_text())["limits"]["memoryMiB"] == 20480
 
 
 def test_a_client_that_does_not_see_the_daemons_shm_cannot_connect(
