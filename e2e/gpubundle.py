@@ -89,7 +89,11 @@ def main():
         known = sorted(os.listdir(os.path.join(HERE, "wheels")))
         sys.stderr.write("gpu-check: no wheels for %s (the bundle has %s)\\n" % (tag, known))
         return 2
-    sys.path[:0] = [os.path.join(HERE, "src"), binary, os.path.join(HERE, "lib", "pure")]
+    paths = [os.path.join(HERE, "src"), binary, os.path.join(HERE, "lib", "pure")]
+    sys.path[:0] = paths
+    # The programs the check starts with this interpreter (the MPS step's mpsview) too.
+    given = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join(paths + given)
     from drasil.kubeletplugin.gpucheck import compat
 
     compat.install()

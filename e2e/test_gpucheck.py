@@ -31,8 +31,8 @@ STEPS = (
     "CDI spec",
     "nvidia-ctk",
     "sandbox probe",
-    "MPS share",
     "unprepare",
+    "MPS share",
     "dynamic MIG",
 )
 

@@ -112,7 +112,9 @@ _DT_STRTAB: Final = 5
 _DT_SONAME: Final = 14
 _PT_LOAD: Final = 1
 _PT_DYNAMIC: Final = 2
+_PT_INTERP: Final = 3
 MAX_ELF_HEADERS: Final = 256
+_Segment = tuple[int, int, int, int, int]  # type, file offset, address, file size, memory size
 
 
 def elf_soname(path: Path) -> str | None:
@@ -125,7 +127,26 @@ def elf_soname(path: Path) -> str | None:
         return None
 
 
-def _soname(head: bytes, f: BinaryIO) -> str | None:
+def elf_interpreter(path: Path) -> str | None:
+    """The ``PT_INTERP`` of an executable, the loader the kernel opens by that path
+    (``/lib64/ld-linux-x86-64.so.2``); ``None`` if it names none (static, a script) or
+    is not ELF."""
+    try:
+        with path.open("rb") as f:
+            found = _headers(f.read(1 << 16), f)
+            if found is None:
+                return None
+            interp = next((s for s in found[2] if s[0] == _PT_INTERP), None)
+            if interp is None:
+                return None
+            f.seek(interp[1])
+            return f.read(min(interp[3], 4096)).split(b"\0", 1)[0].decode() or None
+    except (OSError, struct.error, ValueError):
+        return None
+
+
+def _headers(head: bytes, f: BinaryIO) -> tuple[bool, str, list[_Segment]] | None:
+    """Width, byte order and program headers of an ELF file; None if not ELF."""
     if head[:4] != b"\x7fELF" or head[4] not in (1, 2) or head[5] not in (1, 2):
         return None
     wide, order = head[4] == 2, "<" if head[5] == 1 else ">"
@@ -143,7 +164,14 @@ def _soname(head: bytes, f: BinaryIO) -> str | None:
         )
     if phnum > MAX_ELF_HEADERS:
         return None
-    segments = [_segment(f, order, wide, phoff + i * phentsize) for i in range(phnum)]
+    return wide, order, [_segment(f, order, wide, phoff + i * phentsize) for i in range(phnum)]
+
+
+def _soname(head: bytes, f: BinaryIO) -> str | None:
+    found = _headers(head, f)
+    if found is None:
+        return None
+    wide, order, segments = found
     dynamic = next((s for s in segments if s[0] == _PT_DYNAMIC), None)
     if dynamic is None:
         return None
@@ -170,7 +198,7 @@ def _u16(order: str, data: bytes, offset: int) -> int:
     return _unpack(order + "H", data, offset)
 
 
-def _segment(f: BinaryIO, order: str, wide: bool, at: int) -> tuple[int, int, int, int, int]:
+def _segment(f: BinaryIO, order: str, wide: bool, at: int) -> _Segment:
     f.seek(at)
     if wide:
         kind, _flags, offset, vaddr, _paddr, filesz, memsz = struct.unpack(

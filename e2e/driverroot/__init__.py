@@ -74,6 +74,10 @@ DEFAULT_OLD_VERSION = "570.172.08"
 # What the fake NVML and libcuda say the CUDA driver version is (13.0), unless
 # FAKE_CUDA_DRIVER_VERSION says otherwise at run time.
 CUDA_DRIVER_VERSION = 13000
+# The real driver's libraries need glibc's libdl.so.2 and libpthread.so.0 (seen in
+# 580.159.04's libcuda.so and libnvidia-ml.so); a container image brings them, a CDI spec
+# never does. The fakes need them too, so a sandbox that lacks them fails here as on a GPU.
+GLIBC_NEEDED = ("-Wl,--no-as-needed", "-l:libdl.so.2", "-l:libpthread.so.0")
 
 MULTIARCH_LIB_DIR = "/usr/lib/x86_64-linux-gnu"
 FIRMWARE_DIR = "/lib/firmware/nvidia"
@@ -222,7 +226,7 @@ class FakeRoot:
 def _cache_key(version: str) -> str:
     """Changes whenever anything that decides the compiled libraries changes."""
     h = hashlib.sha256()
-    h.update(f"{version}\0{compiler()}\0{CUDA_DRIVER_VERSION}\0".encode())
+    h.update(f"{version}\0{compiler()}\0{CUDA_DRIVER_VERSION}\0{GLIBC_NEEDED}\0".encode())
     for lib in ALL_LIBRARIES:
         h.update(f"{lib.name}\0{lib.soname}\0{lib.source}\0{lib.fixed_name}\0".encode())
     for source in sorted({lib.source for lib in ALL_LIBRARIES}):
@@ -255,6 +259,7 @@ def compiled_libraries(version: str) -> Path:
                 "-o",
                 str(work / name),
                 str(SOURCES / lib.source),
+                *GLIBC_NEEDED,
             ]
             compile_c(cmd, error=DriverRootError)
 

@@ -120,6 +120,9 @@ class MockRoot:
             f"--dev-root={self.dev_root}",
             f"--node-name={self.node.node_name}",
             f"--proc-root={self.node.proc_root}",
+            # The fake root's MPS programs are stubs, and the fake libcuda no MPS
+            # client: the MPS step runs on a GPU only (its verdict is unit-tested).
+            "--no-mps",
         ]
 
 

@@ -25,9 +25,21 @@ class ClaimFileError(ValueError):
     """The claim file is not a ResourceClaim with an allocation."""
 
 
-def make_claim(*, driver: str, pool: str, device: str, uid: str | None = None) -> dict[str, Any]:
-    """An allocated ResourceClaim of one device, as the API server would return it."""
-    result = {"request": REQUEST, "driver": driver, "pool": pool, "device": device}
+def make_claim(
+    *,
+    driver: str,
+    pool: str,
+    device: str,
+    uid: str | None = None,
+    consumed: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """An allocated ResourceClaim of one device, as the API server would return it;
+    with ``consumed`` (capacity name to quantity), a share of it: a ``shareID`` and the
+    ``consumedCapacity`` the scheduler counted."""
+    result: dict[str, Any] = {"request": REQUEST, "driver": driver, "pool": pool, "device": device}
+    if consumed is not None:
+        result["shareID"] = str(uuid.uuid4())
+        result["consumedCapacity"] = dict(consumed)
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",

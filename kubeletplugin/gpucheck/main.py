@@ -28,12 +28,20 @@ from drasil.driver.cdi.claimspecs import read_claim_spec
 from drasil.driver.devices import Device, DeviceType
 from drasil.driver.discovery.nodedevices import discover
 from drasil.driver.slices.build import build_slices, validate_slice
+from drasil.kubeletplugin.dra.mps import CONTROL_PROGRAM
 from drasil.kubeletplugin.dra.prepare import Preparer
-from drasil.kubeletplugin.gpucheck import cdicheck, claim, compare, mig, probe, runtime, sandbox
+from drasil.kubeletplugin.gpucheck import (
+    cdicheck,
+    claim,
+    compare,
+    mig,
+    mpsshare,
+    probe,
+    runtime,
+    sandbox,
+)
 from drasil.kubeletplugin.gpucheck.node import DRIVER, NodeUnderCheck, make_preparer, open_node
 from drasil.kubeletplugin.gpucheck.report import Report, fail, judged, ok, skipped, with_details
-
-MPS_SKIP = "MPS check not yet implemented (issue 28)"
 
 
 @dataclass
@@ -50,6 +58,7 @@ class State:
     cdi_devices: tuple[str, ...] = ()
     spec: Mapping[str, Any] | None = None
     preparer: Preparer | None = None
+    full_sms: int | None = None  # the claimed GPU's multiprocessors, as CUDA saw them
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -66,6 +75,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--nvidia-cdi-hook-path", help="the hook the specs name")
     p.add_argument("--dev-root", default="/dev", help="where the GPUs' device nodes are")
     p.add_argument("--python", default=sys.executable, help="the probe's interpreter")
+    p.add_argument(
+        "--no-mps",
+        action="store_true",
+        help="skip the MPS step (it sets compute mode EXCLUSIVE_PROCESS while it runs)",
+    )
     p.add_argument(
         "--proc-root", default="/proc", help="where the driver's /proc entries are (MIG)"
     )
@@ -216,6 +230,8 @@ def step_sandbox(s: State) -> None:
         return
     seen = json.loads(outcome.stdout.strip().splitlines()[-1])
     problems = probe_problems(seen, expected)
+    devices = (seen.get("cuda") or {}).get("devices") or [{}]
+    s.full_sms = devices[0].get("multiprocessors")
     hooks = f"hooks applied: {', '.join(plan.hooks_applied) or 'none'}; not applied: " + (
         ", ".join(plan.hooks_not_applied) or "none"
     )
@@ -246,7 +262,22 @@ def probe_problems(seen: Mapping[str, Any], expected: str) -> list[str]:
 
 
 def step_mps(s: State) -> None:
-    s.report.add(skipped("MPS share", MPS_SKIP))
+    assert s.node is not None
+    if s.args.no_mps:
+        s.report.add(skipped(mpsshare.STEP, "--no-mps"))
+        return
+    program = mpsshare.control_program(s.node)
+    if program is None:
+        where = f"in driver root {s.node.root.host}" + (
+            " or on PATH" if s.node.root.host == "/" else ""
+        )
+        s.report.add(skipped(mpsshare.STEP, f"{CONTROL_PROGRAM} not found {where}"))
+        return
+    found = runtime.probe_runtime(s.args.python)
+    step = mpsshare.mps_step(
+        s.node, work=s.work / "mps", python=found.executable, full_sms=s.full_sms, program=program
+    )
+    s.report.add(step)
 
 
 def step_unprepare(s: State) -> None:
@@ -276,9 +307,11 @@ STEPS = (
     ("CDI spec", step_schema, ("spec",)),
     ("nvidia-ctk", step_ctk, ("spec",)),
     ("sandbox probe", step_sandbox, ("spec",)),
-    ("MPS share", step_mps, ()),
     # After any prepare that got as far as the checkpoint: it cleans up a failed one too.
     ("unprepare", step_unprepare, ("preparer",)),
+    # Its own claim, after the whole GPU's is gone (a share and the whole GPU never
+    # stand together on one GPU).
+    (mpsshare.STEP, step_mps, ("node",)),
     ("dynamic MIG", step_mig, ("node",)),
 )
 

@@ -17,7 +17,9 @@ from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore
 from drasil.driver.devices import Device
 from drasil.driver.discovery.nvml import NvmlLibrary, PynvmlLibrary
 from drasil.kubeletplugin.dra.migs import MigInstances
+from drasil.kubeletplugin.dra.mps import DaemonProgram, MpsDaemons
 from drasil.kubeletplugin.dra.prepare import Preparer
+from drasil.kubeletplugin.dra.shares import GpuEffects
 from drasil.kubeletplugin.gpucheck.claim import FileClaims
 
 DRIVER = "gpu.drasil.dev"
@@ -84,16 +86,19 @@ def make_preparer(
     work: Path,
     *,
     migs: bool = False,
+    mps: DaemonProgram | None = None,
 ) -> Preparer:
     """The plugin's Preparer over ``work``; ``migs``: may cut MIG instances (dynamic
-    MIG only). No ``effects``: no MPS daemon, no time slice, no GPU setting changes."""
+    MIG only). Without ``mps`` no ``effects``: no MPS daemon, no time slice, no GPU
+    setting changes; with it, the plugin's ``GpuEffects`` running that MPS program (the
+    MPS step: a daemon, and compute mode EXCLUSIVE_PROCESS while it runs)."""
     state, cdi = work / "state", work / "cdi"
     state.mkdir(parents=True, exist_ok=True)
     cdi.mkdir(parents=True, exist_ok=True)
     os.chmod(work, 0o755)  # the sandbox's bind sources (metadata files) live here
     store = CheckpointStore(state / CHECKPOINT_DIR)
     store.load()
-    return Preparer(
+    preparer = Preparer(
         driver=DRIVER,
         pool=node.name,
         devices=devices,
@@ -104,3 +109,12 @@ def make_preparer(
         node_edits=node_edits(node),
         migs=MigInstances(node.lib, state_dir=state) if migs else None,
     )
+    if mps is not None:
+        preparer.effects = GpuEffects(
+            node.lib,
+            MpsDaemons(state, program=mps),
+            store=store,
+            state_lock=preparer.state_lock,
+            devices=devices,
+        )
+    return preparer

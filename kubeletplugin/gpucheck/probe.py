@@ -5,6 +5,11 @@ thing in the sandbox that the CDI spec did not put there; it imports nothing but
 standard library (and nothing of drasil: the sandbox holds no drasil). It loads
 ``libcuda.so.1`` and ``libnvidia-ml.so.1`` by SONAME, through the links and library
 path the spec's hooks stand for, and prints one JSON object: what CUDA and NVML see.
+
+``--client MIB`` (the MPS step) makes it a CUDA client instead: a context on device 0
+(under MPS, through the daemon the spec's pipe directory leads to), then what the
+context may use: free memory, multiprocessors, and whether ``MIB`` + 256 MiB can be
+allocated (it must not be, under a share of ``MIB``) while 256 MiB can.
 """
 
 from __future__ import annotations
@@ -16,6 +21,9 @@ from typing import Any
 
 NAME_LEN = 256
 NVML_UUID_LEN = 96
+MULTIPROCESSOR_COUNT = 16  # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+OVER_MIB = 256
+_MIB = 1 << 20
 
 
 def _fn(lib: ctypes.CDLL, *names: str) -> Any:
@@ -51,7 +59,52 @@ def _cuda_device(lib: ctypes.CDLL, ordinal: int) -> dict[str, Any]:
         raw = ctypes.create_string_buffer(16)
         if uuid_fn(raw, dev) == 0:
             found["uuid"] = _cuda_uuid(raw.raw)
+    if rc == 0 and (sms := _multiprocessors(lib, dev)) is not None:
+        found["multiprocessors"] = sms
     return found
+
+
+def _multiprocessors(lib: ctypes.CDLL, dev: ctypes.c_int) -> int | None:
+    """The device's SM count; under MPS, what the active thread percentage leaves."""
+    attribute = _fn(lib, "cuDeviceGetAttribute")
+    value = ctypes.c_int(0)
+    if attribute is None or attribute(ctypes.byref(value), MULTIPROCESSOR_COUNT, dev) != 0:
+        return None
+    return value.value
+
+
+def _allocates(lib: ctypes.CDLL, mib: int) -> int:
+    """cuMemAlloc of ``mib`` MiB (freed again): its return code."""
+    alloc, free = _fn(lib, "cuMemAlloc_v2", "cuMemAlloc"), _fn(lib, "cuMemFree_v2", "cuMemFree")
+    pointer = ctypes.c_uint64(0)
+    rc = int(alloc(ctypes.byref(pointer), ctypes.c_size_t(mib * _MIB)))
+    if rc == 0 and free is not None:
+        free(pointer)
+    return rc
+
+
+def client(limit_mib: int) -> dict[str, Any]:
+    """A CUDA client's view of what it may use (``--client``)."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as err:
+        return {"error": f"dlopen libcuda.so.1: {err}"}
+    out: dict[str, Any] = {"cuInit": lib.cuInit(0)}
+    dev, ctx = ctypes.c_int(0), ctypes.c_void_p()
+    if out["cuInit"] != 0 or lib.cuDeviceGet(ctypes.byref(dev), 0) != 0:
+        return out
+    out["multiprocessors"] = _multiprocessors(lib, dev)
+    create = _fn(lib, "cuCtxCreate_v2", "cuCtxCreate")
+    out["cuCtxCreate"] = create(ctypes.byref(ctx), 0, dev)
+    if out["cuCtxCreate"] != 0:
+        return out
+    free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    info = _fn(lib, "cuMemGetInfo_v2", "cuMemGetInfo")
+    out["cuMemGetInfo"] = info(ctypes.byref(free), ctypes.byref(total))
+    out["freeMiB"], out["totalMiB"] = free.value // _MIB, total.value // _MIB
+    out["allocSmall"] = _allocates(lib, OVER_MIB)
+    out["allocOverLimit"] = _allocates(lib, limit_mib + OVER_MIB)
+    return out
 
 
 def cuda() -> dict[str, Any]:
@@ -104,6 +157,10 @@ def _nvml_uuid(lib: ctypes.CDLL, index: int) -> str:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["--client"]:
+        json.dump({"client": client(int(sys.argv[2]))}, sys.stdout)
+        sys.stdout.write("\n")
+        return 0
     json.dump({"cuda": cuda(), "nvml": nvml()}, sys.stdout)
     sys.stdout.write("\n")
     return 0

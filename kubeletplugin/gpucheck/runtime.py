@@ -2,7 +2,12 @@
 the CDI spec does not give. The host's python3 runs a short query that imports what
 the probe imports (ctypes, json) and prints the files it maps; those, its standard
 library, the ELF interpreter, the links on the way to each and each shared object's
-SONAME link make a ``Runtime`` the sandbox binds read-only at the same paths."""
+SONAME link make a ``Runtime`` the sandbox binds read-only at the same paths.
+
+With it goes the rest of glibc beside the libc it maps (``GLIBC``): a container image
+brings its own C library, and the driver's libraries link against parts of it the
+interpreter may not map (580.159.04's ``libcuda.so`` needs ``libdl.so.2``, its
+``libnvidia-ml.so`` ``libpthread.so.0``; a CDI spec never carries them)."""
 
 from __future__ import annotations
 
@@ -10,9 +15,8 @@ import json
 import os
 import subprocess
 from pathlib import Path
-from typing import Literal
 
-from drasil.driver.cdi.ldcache import elf_soname
+from drasil.driver.cdi.ldcache import elf_interpreter, elf_soname
 from drasil.kubeletplugin.gpucheck.sandbox import Link, Runtime
 
 _RUNTIME_QUERY = (
@@ -44,23 +48,6 @@ def symlink_chain(path: str) -> tuple[list[Link], str]:
     return links, done
 
 
-def _interpreter(executable: str) -> str | None:
-    """The ELF program interpreter (PT_INTERP) the kernel opens by its path."""
-    data = Path(executable).read_bytes()[:65536]
-    if data[:4] != b"\x7fELF" or data[4] != 2:  # 64-bit only
-        return None
-    order: Literal["little", "big"] = "little" if data[5] == 1 else "big"
-    phoff = int.from_bytes(data[32:40], order)
-    phentsize = int.from_bytes(data[54:56], order)
-    for i in range(int.from_bytes(data[56:58], order)):
-        at = phoff + i * phentsize
-        if int.from_bytes(data[at : at + 4], order) == 3:  # PT_INTERP
-            offset = int.from_bytes(data[at + 8 : at + 16], order)
-            size = int.from_bytes(data[at + 32 : at + 40], order)
-            return data[offset : offset + size].rstrip(b"\0").decode()
-    return None
-
-
 def soname_link(path: str) -> Link | None:
     """``libffi.so.8 -> libffi.so.8.1.2`` beside a mapped file: the loader asks for the
     SONAME, ``/proc/self/maps`` names the file."""
@@ -71,6 +58,20 @@ def soname_link(path: str) -> Link | None:
     if not soname or soname == os.path.basename(path):
         return None
     return Link(os.path.join(os.path.dirname(path), soname), os.path.basename(path), "runtime")
+
+
+# glibc's libraries by SONAME, as an image's /usr/lib has them.
+GLIBC = ("libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1")
+
+
+def glibc_files(mapped: list[str]) -> list[str]:
+    """The ``GLIBC`` libraries beside the mapped ``libc.so.6`` (the paths the loader
+    asks for, links and all), those that exist."""
+    libc = next((m for m in mapped if os.path.basename(m).startswith("libc.so")), None)
+    if libc is None:
+        return []
+    folder = os.path.dirname(libc)
+    return [p for name in GLIBC if os.path.exists(p := os.path.join(folder, name))]
 
 
 def probe_runtime(python: str) -> Runtime:
@@ -86,8 +87,8 @@ def probe_runtime(python: str) -> Runtime:
     found = json.loads(done.stdout)
     links: list[Link] = []
     files = [m for m in found["maps"] if os.path.isfile(m) and m != executable]
-    interpreter = _interpreter(executable)
-    for path in [*([interpreter] if interpreter else []), *files]:
+    interpreter = elf_interpreter(Path(executable))
+    for path in [*([interpreter] if interpreter else []), *files, *glibc_files(files)]:
         chain, real = symlink_chain(path)
         links += chain
         if real != executable and real not in files:

@@ -212,9 +212,15 @@ def _hooks(edits: Sequence[Mapping[str, Any]]) -> _Hooks:
 
 
 def build_plan(
-    spec: Mapping[str, Any], devices: Iterable[str], runtime: Runtime, *, probe_source: str
+    spec: Mapping[str, Any],
+    devices: Iterable[str],
+    runtime: Runtime,
+    *,
+    probe_source: str,
+    probe_args: Sequence[str] = (),
 ) -> Plan:
-    """What the sandbox of a container given ``devices`` of ``spec`` holds."""
+    """What the sandbox of a container given ``devices`` of ``spec`` holds; the probe
+    runs with ``probe_args``."""
     edits = container_edits(spec, devices)
     hooks = _hooks(edits)
     env = _env(edits)
@@ -236,7 +242,7 @@ def build_plan(
         nodes=tuple(_nodes(edits) + runtime_nodes),
         links=tuple(list(runtime.links) + hooks.links),
         env=env,
-        argv=(runtime.executable, "-I", "-S", PROBE_PATH),
+        argv=(runtime.executable, "-I", "-S", PROBE_PATH, *probe_args),
         hooks_applied=tuple(hooks.applied),
         hooks_not_applied=tuple(hooks.not_applied),
     )

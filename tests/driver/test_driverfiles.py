@@ -28,7 +28,7 @@ from drasil.driver.cdi.driverfiles import (
     find_driver_files,
     root_driver_version,
 )
-from drasil.driver.cdi.ldcache import elf_soname, parse_ld_cache, read_ld_cache
+from drasil.driver.cdi.ldcache import elf_interpreter, elf_soname, parse_ld_cache, read_ld_cache
 from drasil.driver.cdi.spec import CdiSpecError, validate_spec
 from drasil.driver.discovery.simulated import simulated_library
 
@@ -163,6 +163,14 @@ def test_soname_of_a_shared_object_and_of_other_files(debian: Root, tmp_path: Pa
     (tmp_path / "cut").write_bytes(lib.read_bytes()[:70])
     assert elf_soname(tmp_path / "cut") is None
     assert elf_soname(tmp_path / "missing") is None
+
+
+def test_a_shared_object_or_a_text_file_names_no_loader(debian: Root, tmp_path: Path) -> None:
+    # A program's PT_INTERP (test_mpsview.py reads one); libraries and scripts have none.
+    assert elf_interpreter(debian.path / DEBIAN.lstrip("/") / f"libcuda.so.{VERSION}") is None
+    (tmp_path / "text").write_text("#!/bin/sh\n")
+    assert elf_interpreter(tmp_path / "text") is None
+    assert elf_interpreter(tmp_path / "missing") is None
 
 
 # --- the files ----------------------------------------------------------------------------

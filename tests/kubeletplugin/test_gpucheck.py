@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from drasil.kubeletplugin.gpucheck import compare, report, sandbox
+from drasil.kubeletplugin.gpucheck import claim, compare, mpsshare, report, runtime, sandbox
 from drasil.kubeletplugin.gpucheck.cdicheck import compare_with_ctk, spec_problems
 from drasil.kubeletplugin.gpucheck.main import probe_problems
 
@@ -292,3 +292,66 @@ def test_the_probe_must_see_exactly_the_claimed_gpu() -> None:
         "CUDA: dlopen libcuda.so.1: not found",
         "NVML: nvmlInit_v2 returned 9",
     ]
+
+
+# ---- the MPS step ------------------------------------------------------------------------
+
+# What a client of a 4Gi / 25% share saw on an H100 80GB (driver 580.159.04), with its
+# env and with the limit variables unset: the daemon holds both.
+H100_CLIENT = {
+    "cuInit": 0,
+    "multiprocessors": 32,
+    "cuCtxCreate": 0,
+    "cuMemGetInfo": 0,
+    "freeMiB": 3951,
+    "totalMiB": 81079,
+    "allocSmall": 0,
+    "allocOverLimit": 2,
+}
+
+
+def test_a_client_held_to_its_share_has_no_problem() -> None:
+    assert mpsshare.client_problems(H100_CLIENT, full_sms=132, what="client") == []
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"freeMiB": 80900}, "80900 MiB free, over the share's 4096 MiB"),
+        ({"allocOverLimit": 0}, "allocating 4352 MiB returned 0, not out of memory"),
+        ({"allocSmall": 2}, "256 MiB not allocated"),
+        ({"multiprocessors": 132}, "132 of 132 multiprocessors, over 25%"),
+        ({"cuCtxCreate": 999}, "no CUDA context"),
+        ({"error": "the client exited 127: sandbox: ..."}, "the client exited 127"),
+    ],
+)
+def test_a_client_past_its_share_is_named(change: dict[str, Any], named: str) -> None:
+    problems = mpsshare.client_problems({**H100_CLIENT, **change}, full_sms=132, what="client")
+    assert len(problems) == 1
+    assert named in problems[0]
+
+
+def test_a_share_claim_carries_a_share_id_and_what_it_consumed() -> None:
+    made = claim.make_claim(
+        driver="gpu.drasil.dev", pool="n", device="gpu-0", consumed={"memory": "4Gi"}
+    )
+    result = made["status"]["allocation"]["devices"]["results"][0]
+    assert result["consumedCapacity"] == {"memory": "4Gi"}
+    assert result["shareID"]
+    whole = claim.make_claim(driver="gpu.drasil.dev", pool="n", device="gpu-0")
+    assert "shareID" not in whole["status"]["allocation"]["devices"]["results"][0]
+
+
+def test_the_probe_gets_its_arguments_after_the_script() -> None:
+    p = sandbox.build_plan(
+        SPEC, ["uid-gpu-0"], RUNTIME, probe_source="/src/probe.py", probe_args=("--client", "1")
+    )
+    assert p.argv[-3:] == (sandbox.PROBE_PATH, "--client", "1")
+
+
+def test_glibc_comes_along_from_beside_the_mapped_libc(tmp_path: Path) -> None:
+    for name in ("libc.so.6", "libdl.so.2", "libpthread.so.0"):
+        (tmp_path / name).write_bytes(b"")
+    found = runtime.glibc_files([str(tmp_path / "libc.so.6"), "/usr/lib/libffi.so.8"])
+    assert found == [str(tmp_path / n) for n in ("libc.so.6", "libdl.so.2", "libpthread.so.0")]
+    assert runtime.glibc_files(["/usr/lib/libffi.so.8"]) == []
