@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from drasil.kubeletplugin.options import parse_options
+from drasil.kubeletplugin.options import PluginOptions, parse_options
 from e2e import paths
 from e2e.chart import (
     CHART,
@@ -102,6 +102,9 @@ def test_template_renders_both_daemons_as_documented(values_file: Path | None) -
     if dra:
         expected += ["rbac.authorization.k8s.io/v1/ClusterRole"]
         expected += ["rbac.authorization.k8s.io/v1/ClusterRoleBinding"]
+        if values["gpuSharing"] == "consumable":  # the MPS daemon Pods, in its namespace
+            expected += ["rbac.authorization.k8s.io/v1/Role"]
+            expected += ["rbac.authorization.k8s.io/v1/RoleBinding"]
     if controller:
         expected += [
             "apps/v1/Deployment",
@@ -257,7 +260,7 @@ def test_daemonset_command_line_is_accepted_by_the_plugin(values_file: Path | No
     values = load_values(values_file)
     plugin = values["kubeletPlugin"]
     container = _plugin_container(render(namespace="ns", values_file=values_file))
-    downward = {"spec.nodeName": "node-1", "metadata.uid": "uid-1"}
+    downward = {"spec.nodeName": "node-1", "metadata.uid": "uid-1", "metadata.namespace": "ns"}
     env = {
         e["name"]: downward[e["valueFrom"]["fieldRef"]["fieldPath"]]
         for e in container["env"]
@@ -289,11 +292,30 @@ def test_daemonset_command_line_is_accepted_by_the_plugin(values_file: Path | No
         assert str(opts.registrar_dir) == plugin["registrarDir"]
         assert opts.gpu_sharing == values["gpuSharing"]
         assert opts.mps_multiuser == values["mps"]["multiUser"]
+        _check_mps_daemon_pods(opts, values, container["image"])
     else:
         assert str(opts.device_plugins_dir) == plugin["devicePluginsDir"]
         assert opts.resource_name == plugin["devicePlugin"]["resourceName"]
         assert opts.time_slicing_replicas == plugin["devicePlugin"]["timeSlicingReplicas"]
         assert opts.mig_strategy == plugin["devicePlugin"]["migStrategy"]
+
+
+def _check_mps_daemon_pods(opts: PluginOptions, values: dict[str, Any], image: str) -> None:
+    """Shared GPUs: each MPS daemon in a Pod of the plugin's image, namespace,
+    tolerations and priority (docs/sharing.md); whole GPUs need none."""
+    if values["gpuSharing"] != "consumable":
+        assert opts.mps_daemon_image is None
+        return
+    plugin = values["kubeletPlugin"]
+    assert opts.mps_daemon_image == image  # the plugin's own
+    assert opts.pod_namespace == "ns"
+    pod = opts.mps_daemon_pod
+    assert pod["imagePullPolicy"] == values["image"]["pullPolicy"]
+    assert pod.get("tolerations", []) == plugin["tolerations"]
+    assert pod.get("priorityClassName", "") == plugin["priorityClassName"]
+    assert pod["resources"] == values["mps"]["resources"]
+    secrets = values["image"]["pullSecrets"]
+    assert pod.get("imagePullSecrets", []) == [{"name": s} for s in secrets]
 
 
 @pytest.mark.parametrize("values_file", VALUES_PARAMS)
@@ -329,7 +351,7 @@ def test_controller_runs_non_root_read_only_with_leader_election(
     assert opts.leader.enabled is ctl["leaderElect"]
     if ctl["leaderElect"]:
         # The Role grants get/update on exactly this Lease.
-        role = one(objs, "Role")
+        (role,) = [r for r in by_kind(objs, "Role") if "controller" in r["metadata"]["name"]]
         (named,) = [r for r in role["rules"] if r.get("resourceNames")]
         assert named["resourceNames"] == [opts.leader.name]
         assert opts.leader.namespace == "drasil-system"

@@ -14,6 +14,7 @@ local cluster needs are e2e.chart.local_node_values (all ordinary chart values).
 from __future__ import annotations
 
 import functools
+import json
 import secrets
 import urllib.request
 from collections.abc import Iterator
@@ -23,6 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
+from drasil.kubeletplugin.dra import mpsstandin
+from drasil.kubeletplugin.dra.mps import folder_key
 from e2e import versions
 from e2e.chart import CHART, LocalNode, crd_exists, helm, local_node_values
 from e2e.cluster.host import free_ports
@@ -361,3 +364,165 @@ def test_install_in_device_plugin_mode_advertises_gpus_to_kubelet(
         _helm(kubeconfig, "uninstall", release, f"--namespace={namespace}", "--wait")
     # The plugin is gone: kubelet counts none of its devices as allocatable.
     node.wait_extended_resource(INSTALL_RESOURCE, allocatable=0, timeout=TIMEOUT)
+
+
+# --- MPS daemons in Pods of their own -------------------------------------------------
+
+SHARED_CLASS = "install-shared.drasil.dev"
+MPS_DAEMONS = f"app.kubernetes.io/component=mps-daemon,drasil.dev/driver={DRIVER}"
+
+
+@pytest.fixture
+def shared_class(kube: Kube) -> Iterator[str]:
+    selector = f'device.driver == "{DRIVER}" && device.allowMultipleAllocations'
+    kube.delete(RESOURCE, "DeviceClass", SHARED_CLASS)
+    kube.create(
+        {
+            "apiVersion": RESOURCE,
+            "kind": "DeviceClass",
+            "metadata": {"name": SHARED_CLASS},
+            "spec": {"selectors": [{"cel": {"expression": selector}}]},
+        }
+    )
+    yield SHARED_CLASS
+    kube.delete(RESOURCE, "DeviceClass", SHARED_CLASS)
+
+
+def _mps_client(kube: Kube, namespace: str, node: Node, command: str) -> str:
+    """A Pod of the probe image (it has ``mps-client``) with a 4Gi share of gpu-0."""
+    name = f"mps-{secrets.token_hex(3)}"
+    request = {
+        "deviceClassName": SHARED_CLASS,
+        "selectors": [{"cel": {"expression": f'device.attributes["{DRIVER}"].minor == 0'}}],
+        "capacity": {"requests": {"memory": "4Gi"}},
+    }
+    claims = template(kube, namespace, name=name, requests=[{"name": "gpu", "exactly": request}])
+    spec = {
+        "nodeSelector": {"kubernetes.io/hostname": node.name},
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 1,
+        "automountServiceAccountToken": False,
+        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": claims}],
+        "containers": [
+            {
+                "name": "c",
+                "image": versions.PROBE_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["sh", "-c", command],
+                "resources": {"claims": [{"name": "gpu"}]},
+            }
+        ],
+    }
+    kube.create(
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}, namespace
+    )
+    return name
+
+
+def _connected(kube: Kube, namespace: str, name: str) -> str:
+    def said() -> Any:
+        pod = _pod(kube, namespace, name)
+        log = (
+            kube.core.read_namespaced_pod_log(name, namespace)
+            if pod.status.phase != "Pending"
+            else ""
+        )
+        return log if "MPS: connected" in log else NotYet({"phase": pod.status.phase, "log": log})
+
+    log: str = wait_for(said, timeout=TIMEOUT, what=f"{name} connected to its MPS daemon")
+    return log
+
+
+def _daemon_pods(kube: Kube, namespace: str) -> list[Any]:
+    return list(kube.core.list_namespaced_pod(namespace, label_selector=MPS_DAEMONS).items)
+
+
+def _still_held(kube: Kube, namespace: str, held: str, daemon: Any, pipe: Path) -> None:
+    """The daemon Pod is the one it was and the held client is still its client."""
+    (now,) = _daemon_pods(kube, namespace)
+    assert (now.metadata.uid, now.status.phase) == (daemon.metadata.uid, "Running")
+    assert int(mpsstandin.control(pipe, "get_client_count")) >= 1
+    client = _pod(kube, namespace, held)
+    assert client.status.phase == "Running"
+    assert "lost" not in kube.core.read_namespaced_pod_log(held, namespace)
+
+
+def _new_share_connects(kube: Kube, namespace: str, node: Node) -> None:
+    name = _mps_client(kube, namespace, node, "mps-client; sleep 3600")
+    _connected(kube, namespace, name)
+    _delete_pod(kube, namespace, name)
+
+
+def _replaced(kube: Kube, namespace: str, release: str, old: str) -> Any:
+    def ready() -> Any:
+        pods = _plugin_pods(kube, namespace, release)
+        fresh = [p for p in pods if p.metadata.uid != old]
+        done = len(pods) == 1 and fresh and _ready(fresh[0])
+        return fresh[0] if done else NotYet([(p.metadata.name, p.status.phase) for p in pods])
+
+    return wait_for(ready, timeout=TIMEOUT, what="a new plugin Pod ready")
+
+
+def _compute_mode(state_dir: Path, gpu: str) -> int:
+    path = state_dir / "simulated-gpus.json"
+    state = json.loads(path.read_text()) if path.exists() else {}
+    return int(((state.get("gpus") or {}).get(gpu) or {}).get("computeMode", 0))
+
+
+def test_an_mps_daemon_pod_outlives_plugin_restarts_and_updates_with_its_client(
+    kube: Kube,
+    kubeconfig: Path,
+    namespace: str,
+    node: Node,
+    local_image: LocalImage,
+    shared_class: str,
+    tmp_path: Path,
+) -> None:
+    """gpuSharing consumable under the chart: each GPU's MPS daemon runs in a Pod the
+    plugin creates on its node; killing the plugin Pod and a `helm upgrade` that rolls
+    it leave that Pod and its connected client alone, and the last share's end
+    removes it and puts the compute mode back."""
+    release = f"mps{secrets.token_hex(2)}"
+    values, _ = _values(node, local_image, kubeconfig)
+    values.update(gpuSharing="consumable", controller={"enabled": False})
+    values["validatingAdmissionPolicy"] = {"enabled": False}
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    common = [f"--namespace={namespace}", f"--timeout={TIMEOUT}s", "--wait"]
+    state_dir = node.plugins_dir / DRIVER
+    _helm(kubeconfig, "install", release, str(CHART), "-f", str(values_file), *common)
+    try:
+        (plugin,) = _plugin_pods(kube, namespace, release)
+        held = _mps_client(kube, namespace, node, "mps-client --hold")
+        _connected(kube, namespace, held)
+        (daemon,) = _daemon_pods(kube, namespace)
+        gpu = daemon.metadata.annotations["drasil.dev/gpu"]
+        assert daemon.spec.node_name == node.name
+        assert daemon.spec.host_pid is True
+        assert not daemon.metadata.owner_references  # not the plugin Pod's: it outlives it
+        assert _compute_mode(state_dir, gpu) == 3  # EXCLUSIVE_PROCESS
+        pipe = state_dir / "mps" / folder_key(gpu) / "pipe"
+
+        # (a) The plugin Pod killed (no grace): the DaemonSet's new Pod adopts the daemon.
+        kube.core.delete_namespaced_pod(plugin.metadata.name, namespace, grace_period_seconds=0)
+        plugin = _replaced(kube, namespace, release, plugin.metadata.uid)
+        _still_held(kube, namespace, held, daemon, pipe)
+        _new_share_connects(kube, namespace, node)
+
+        # (b) An upgrade that rolls the DaemonSet.
+        roll = ["--set", "kubeletPlugin.podAnnotations.rolled=yes"]
+        _helm(kubeconfig, "upgrade", release, str(CHART), "-f", str(values_file), *roll, *common)
+        _replaced(kube, namespace, release, plugin.metadata.uid)
+        _still_held(kube, namespace, held, daemon, pipe)
+        _new_share_connects(kube, namespace, node)
+
+        # The last share goes: so do the daemon's Pod and the compute mode.
+        _delete_pod(kube, namespace, held)
+        wait_for(
+            lambda: not _daemon_pods(kube, namespace) or NotYet("the MPS daemon Pod is left"),
+            timeout=TIMEOUT,
+            what="the MPS daemon Pod deleted after the last share",
+        )
+        assert _compute_mode(state_dir, gpu) == 0
+    finally:
+        _helm(kubeconfig, "uninstall", release, f"--namespace={namespace}", "--wait")

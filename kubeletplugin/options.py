@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from drasil.driver.endpoints import parse_addr
 from drasil.driver.logs import LOG_FORMATS, LogFormat
@@ -22,6 +24,9 @@ CDI_HOOKS = ("enabled", "disabled")
 # Where the image carries NVIDIA's nvidia-cdi-hook (Dockerfile), copied to the node
 # when no --nvidia-cdi-hook-path is given.
 BUNDLED_CDI_HOOK = "/opt/drasil/bin/nvidia-cdi-hook"
+# What --mps-daemon-pod may set, in the Pod's spec and in its container.
+MPS_DAEMON_POD_FIELDS = ("tolerations", "priorityClassName", "imagePullSecrets")
+MPS_DAEMON_CONTAINER_FIELDS = ("imagePullPolicy", "resources")
 
 
 # reStructuredText's inline literal, as docstrings write it: ``--mode``.
@@ -59,6 +64,11 @@ class PluginOptions:
     gpu_sharing: str = "exclusive"
     # MPS daemons of shared GPUs serve clients of every user (docs/sharing.md).
     mps_multiuser: bool = False
+    # Set: each MPS daemon runs in a Pod of this image in pod_namespace, shaped by
+    # mps_daemon_pod (docs/sharing.md#where-the-daemon-runs); None: a host process.
+    mps_daemon_image: str | None = None
+    mps_daemon_pod: Mapping[str, Any] = field(default_factory=dict)
+    pod_namespace: str | None = None
     simulated_state: Path | None = None
     # The NVIDIA driver's files (docs/kubelet-plugin.md#the-drivers-files). None: not
     # given, which for the simulated backend means "no driver files in specs".
@@ -188,6 +198,24 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "and newer); without it MPS serves one user at a time and the others wait",
     )
     p.add_argument(
+        "--mps-daemon-image",
+        default=env.get("MPS_DAEMON_IMAGE"),
+        help="env MPS_DAEMON_IMAGE; run each MPS daemon in a Pod of this image (the "
+        "plugin's own) on this node, in --pod-namespace, so that it outlives the plugin's "
+        "Pod; without it each daemon is a process of the plugin's host",
+    )
+    p.add_argument(
+        "--mps-daemon-pod",
+        default=env.get("MPS_DAEMON_POD", "{}"),
+        help="env MPS_DAEMON_POD; JSON fields of each MPS daemon Pod: tolerations, "
+        "priorityClassName, imagePullSecrets, imagePullPolicy, resources",
+    )
+    p.add_argument(
+        "--pod-namespace",
+        default=env.get("POD_NAMESPACE"),
+        help="env POD_NAMESPACE; the plugin's namespace, where its MPS daemon Pods go",
+    )
+    p.add_argument(
         "--simulated-state",
         default=env.get("SIMULATED_STATE"),
         help="simulated backend: the file its GPUs keep MIG state in "
@@ -274,6 +302,9 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
     ):
         if value and not value.startswith("/"):
             raise OptionsError(f"{flag}: {value!r} is not an absolute path")
+    daemon_pod = _daemon_pod(ns.mps_daemon_pod)
+    if ns.mps_daemon_image and not ns.pod_namespace:
+        raise OptionsError("--mps-daemon-image needs --pod-namespace (or env POD_NAMESPACE)")
     if ns.time_slicing_replicas < 1:
         raise OptionsError(f"--time-slicing-replicas: {ns.time_slicing_replicas} is less than 1")
     return PluginOptions(
@@ -298,6 +329,9 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         mig_mode=ns.mig_mode,
         gpu_sharing=ns.gpu_sharing,
         mps_multiuser=ns.mps_multiuser,
+        mps_daemon_image=ns.mps_daemon_image or None,
+        mps_daemon_pod=daemon_pod,
+        pod_namespace=ns.pod_namespace or None,
         simulated_state=Path(ns.simulated_state) if ns.simulated_state else None,
         nvidia_driver_root=ns.nvidia_driver_root or None,
         container_driver_root=Path(ns.container_driver_root) if ns.container_driver_root else None,
@@ -306,3 +340,21 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         bundled_cdi_hook=Path(env.get("DRASIL_BUNDLED_CDI_HOOK", BUNDLED_CDI_HOOK)),
         proc_root=Path(ns.proc_root),
     )
+
+
+def _daemon_pod(text: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(text)
+    except ValueError as err:
+        raise OptionsError(f"--mps-daemon-pod: not JSON: {err}") from None
+    if not isinstance(doc, dict):
+        raise OptionsError(f"--mps-daemon-pod: {text!r} is not a JSON object")
+    allowed = MPS_DAEMON_POD_FIELDS + MPS_DAEMON_CONTAINER_FIELDS
+    unknown = sorted(set(doc) - set(allowed))
+    if unknown:
+        # The rest of the Pod (node, command, mounts, privileges) is the plugin's own.
+        raise OptionsError(
+            f"--mps-daemon-pod: unknown fields {', '.join(unknown)}; "
+            f"allowed: {', '.join(sorted(allowed))}"
+        )
+    return doc

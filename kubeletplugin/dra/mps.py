@@ -19,15 +19,17 @@ the SHA-256 of the GPU's UUID, short because a Unix socket's path, here the daem
   the node's memory), the daemon's ``/dev/shm`` and each client's: the MPS server's
   shared-memory segments are there, and a client that does not see them cannot
   connect;
-- ``daemon.json``: our record of the daemon, ``{"gpu", "pid", "startTime", "limits"}``.
+- ``daemon.json``: our record of the daemon, ``{"gpu", "pid", "startTime", "limits"}``
+  and, for a daemon in a Pod, ``"pod"`` and ``"podUID"``.
 
-Where the daemon runs: a process of its own session, outside the plugin's process
-tree, in a mount namespace of its own set up by ``drasil.kubeletplugin.dra.mpsview``
-(the tmpfs over ``/dev/shm``; on a driver root other than ``/``, chrooted into it so
-the driver's own binaries run against the driver's own libc and find
-``nvidia-cuda-mps-server`` on ``PATH``). It outlives a plugin process that is killed,
-restarted or upgraded, which finds it again; in a container it still ends with the
-container (docs/sharing.md: a Pod of its own is the planned fix).
+Where the daemon runs is the launcher's (``DaemonLauncher``): ``ProcessLauncher``
+starts a process of its own session, outside the plugin's process tree, which outlives
+a plugin process that is killed, restarted or upgraded; under the chart
+``drasil.kubeletplugin.dra.mpspods.PodLauncher`` starts a Pod of its own on the node,
+which outlives the plugin's Pod. Either way it runs in a mount namespace of its own set
+up by ``drasil.kubeletplugin.dra.mpsview`` (the tmpfs over ``/dev/shm``; on a driver
+root other than ``/``, chrooted into it so the driver's own binaries run against the
+driver's own libc and find ``nvidia-cuda-mps-server`` on ``PATH``).
 
 Limits are held by the daemon, not only by the client's environment, which a client
 can unset: after each start and each new share the daemon's defaults are set
@@ -37,16 +39,17 @@ each server already running. One daemon serves all the GPU's shares, so its limi
 the largest share's (``DaemonLimits.covering``): a client that drops its variables
 gets at most that, and exactly its own when the GPU's shares are of one size.
 
-A daemon is identified by its pid together with its start time (``/proc/<pid>/stat``
-field 22), because a pid alone may name an unrelated process by now. One whose record
-was lost (a crash right after the start) is adopted when the pid file in its pipe
-directory names a live process started for this GPU (``DRASIL_MPS_GPU`` in its
-environment).
+A host process is identified by its pid together with its start time
+(``/proc/<pid>/stat`` field 22), because a pid alone may name an unrelated process by
+now; a Pod by its name and UID. One whose record was lost (a crash right after the
+start) is adopted: a process when the pid file in its pipe directory names a live
+process started for this GPU (``DRASIL_MPS_GPU`` in its environment), a Pod by its
+name.
 
 Backends: ``nvml`` runs the driver's ``nvidia-cuda-mps-control``; ``simulated`` runs
 ``drasil.kubeletplugin.dra.mpsstandin``, which takes the same arguments, environment and
 commands. Either way a stop is ``quit`` through the control program, and a daemon that
-does not obey within ``stop_timeout`` is killed.
+does not obey within the stop timeout is killed (its Pod deleted).
 
 Every change runs under one lock (threads, and a ``FileLock`` on ``mps.lock`` in the
 state dir for a second plugin instance during a rolling update).
@@ -70,11 +73,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 from drasil.driver.cdi.spec import ContainerEdits, Mount
 from drasil.driver.files import CRASH_ENV, FileLock, crash_point, write_atomic
@@ -171,6 +174,15 @@ class MpsDaemon:
     log_dir: Path
     shm_dir: Path
     limits: DaemonLimits | None = None
+    # The Pod it runs in (the Pod launcher, drasil.kubeletplugin.dra.mpspods); None for
+    # a process of the plugin's host. Its start_time is then 0: the plugin does not
+    # see the node's PID namespace, and the Pod's UID is what tells it apart.
+    pod: str | None = None
+    pod_uid: str | None = None
+
+    @property
+    def launched(self) -> Launched:
+        return Launched(self.pid, self.start_time, self.pod, self.pod_uid)
 
 
 def process_start_time(pid: int) -> int | None:
@@ -241,6 +253,162 @@ class DaemonProgram:
         return cls((control or CONTROL_PROGRAM,), driver_root, multiuser)
 
 
+@dataclass(frozen=True)
+class Launched:
+    """How a launcher knows a daemon again: its pid as the node sees it, and what makes
+    that pid this daemon's (the process's start time, or the Pod's name and UID)."""
+
+    pid: int
+    start_time: int = 0
+    pod: str | None = None
+    pod_uid: str | None = None
+
+
+@dataclass(frozen=True)
+class DaemonSpot:
+    """One GPU's daemon as a launcher needs it: the GPU, the control program's name
+    (for messages), its directories, and whether it answers a control command now."""
+
+    gpu_uuid: str
+    program: str
+    pipe_dir: Path
+    log_dir: Path
+    answers: Callable[[], bool]
+
+
+class DaemonLauncher(Protocol):
+    """Where the daemons run: processes on the plugin's host (``ProcessLauncher``), or
+    Pods of their own (``drasil.kubeletplugin.dra.mpspods.PodLauncher``). ``MpsDaemons``
+    keeps the directories, the tmpfs, the record and the limits either way.
+    """
+
+    # Whether the control program runs with -f (its container lives as long as it)
+    # rather than -d (it forks and the launching command returns).
+    foreground: bool
+
+    def launch(self, spot: DaemonSpot, command: Sequence[str], env: Mapping[str, str]) -> Launched:
+        """Start the daemon; return once it runs on its own (``MpsError`` if it does not)."""
+        ...
+
+    def adopt(self, spot: DaemonSpot, *, ready: bool = True) -> Launched | None:
+        """The GPU's daemon running without a record of ours (a crash before the
+        record, a record lost), or None; with ``ready`` False one still starting is
+        taken as it is (to be stopped)."""
+        ...
+
+    def alive(self, launched: Launched) -> bool:
+        """Whether that daemon still runs."""
+        ...
+
+    def end(self, spot: DaemonSpot, launched: Launched) -> None:
+        """After ``quit``: wait until the daemon is gone, forcing it after the stop timeout."""
+        ...
+
+    def others(self) -> list[str]:
+        """GPUs with a daemon of this launcher's whatever the state dir says (the sweep's)."""
+        ...
+
+
+class ProcessLauncher:
+    """Each daemon a process of its own session on the plugin's host, started with -d;
+    known by its pid and start time, adopted by its pid file and environment."""
+
+    foreground = False
+
+    def __init__(
+        self, *, start_timeout: float = START_TIMEOUT, stop_timeout: float = STOP_TIMEOUT
+    ) -> None:
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+
+    def launch(self, spot: DaemonSpot, command: Sequence[str], env: Mapping[str, str]) -> Launched:
+        """Run the daemonizing command; it returns once the daemon runs on its own."""
+        environment = {name: value for name, value in os.environ.items() if name != CRASH_ENV}
+        self._run(spot, command, environment | dict(env))
+        pid = self._wait_for_pid(spot)
+        start_time = process_start_time(pid)
+        if start_time is None:
+            raise MpsError(f"MPS daemon of GPU {spot.gpu_uuid} exited at once; see {spot.log_dir}")
+        return Launched(pid, start_time)
+
+    def _run(self, spot: DaemonSpot, command: Sequence[str], env: Mapping[str, str]) -> None:
+        # stderr goes to a file, not a pipe: a daemon that kept an inherited pipe open
+        # would keep subprocess waiting for its end until the timeout.
+        with tempfile.TemporaryFile() as stderr:
+            try:
+                done = subprocess.run(
+                    list(command),
+                    env=dict(env),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=stderr,
+                    timeout=self.start_timeout,
+                    start_new_session=True,
+                    check=False,
+                )
+            except (OSError, subprocess.TimeoutExpired) as err:
+                raise MpsError(f"MPS daemon of GPU {spot.gpu_uuid}: {spot.program}: {err}") from err
+            if done.returncode != 0:
+                stderr.seek(0)
+                said = stderr.read(500).decode(errors="replace").strip()
+                raise MpsError(
+                    f"MPS daemon of GPU {spot.gpu_uuid}: {spot.program} -d exited with "
+                    f"status {done.returncode}: {said or 'no message'}"
+                )
+
+    def _wait_for_pid(self, spot: DaemonSpot) -> int:
+        # -d returns when the daemon has forked; it may write its pid file just after.
+        pid_file = spot.pipe_dir / PID_FILE
+        deadline = time.monotonic() + self.start_timeout
+        while (pid := read_pid(pid_file)) is None:
+            if time.monotonic() > deadline:
+                raise MpsError(
+                    f"MPS daemon of GPU {spot.gpu_uuid} wrote no {PID_FILE} within "
+                    f"{self.start_timeout:g}s; see {spot.log_dir}"
+                )
+            time.sleep(_POLL)
+        return pid
+
+    def adopt(self, spot: DaemonSpot, *, ready: bool = True) -> Launched | None:
+        """The daemon the pid file names, if it runs for this GPU (-d returned: ready)."""
+        pid = read_pid(spot.pipe_dir / PID_FILE)
+        if pid is None or not _serves(pid, spot.gpu_uuid):
+            return None
+        start_time = process_start_time(pid)
+        return None if start_time is None else Launched(pid, start_time)
+
+    def alive(self, launched: Launched) -> bool:
+        """Same pid, same start time: a pid alone may name an unrelated process by now."""
+        return launched.pod is None and process_start_time(launched.pid) == launched.start_time
+
+    def end(self, spot: DaemonSpot, launched: Launched) -> None:
+        if not self._wait_gone(launched):
+            log.warning(
+                "MPS daemon did not quit; killing it",
+                extra={"gpu": spot.gpu_uuid, "pid": launched.pid},
+            )
+            self._kill(launched)
+
+    def others(self) -> list[str]:
+        return []  # a process daemon always has its folder in the state dir
+
+    def _wait_gone(self, launched: Launched) -> bool:
+        deadline = time.monotonic() + self.stop_timeout
+        while self.alive(launched):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(_POLL)
+        return True
+
+    def _kill(self, launched: Launched) -> None:
+        # Checked just before the signal, so a pid reused since is never hit; the
+        # window between the two is microseconds against pid reuse taking a full wrap.
+        if self.alive(launched):
+            with suppress(ProcessLookupError):
+                os.kill(launched.pid, signal.SIGKILL)
+        self._wait_gone(launched)
+
+
 class MpsDaemons:
     """The node's MPS control daemons, one per shared GPU, changed under one lock."""
 
@@ -249,14 +417,16 @@ class MpsDaemons:
         state_dir: Path,
         *,
         program: DaemonProgram,
+        launcher: DaemonLauncher | None = None,
         start_timeout: float = START_TIMEOUT,
         stop_timeout: float = STOP_TIMEOUT,
         shm_size: int | None = None,
     ) -> None:
         self.root = state_dir.absolute() / "mps"
         self.program = program
-        self.start_timeout = start_timeout
-        self.stop_timeout = stop_timeout
+        self.launcher: DaemonLauncher = launcher or ProcessLauncher(
+            start_timeout=start_timeout, stop_timeout=stop_timeout
+        )
         self.shm_size = shm_size or _half_of_memory()
         self._thread_lock = threading.Lock()
         self._file_lock = state_dir / "mps.lock"
@@ -288,8 +458,8 @@ class MpsDaemons:
             return self._stop(gpu_uuid)
 
     def alive(self, record: MpsDaemon) -> bool:
-        """Whether the recorded process still runs (same pid, same start time)."""
-        return process_start_time(record.pid) == record.start_time
+        """Whether the recorded daemon still runs (same process, or same Pod)."""
+        return self.launcher.alive(record.launched)
 
     def sweep(self, keep: Iterable[str]) -> list[str]:
         """Stop the daemons of GPUs not in ``keep`` (orphans of a crash, at start);
@@ -304,39 +474,34 @@ class MpsDaemons:
 
     # ---- finding a daemon -------------------------------------------------------------
 
-    def _find(self, gpu_uuid: str) -> MpsDaemon | None:
+    def _find(self, gpu_uuid: str, *, ready: bool = True) -> MpsDaemon | None:
         record = self._read_record(gpu_uuid)
         if record is not None and self.alive(record):
             return record
-        adopted = self._adopt(gpu_uuid)
-        if adopted is not None:
-            log.info("adopted an MPS daemon", extra={"gpu": gpu_uuid, "pid": adopted.pid})
-            self._write_record(adopted)
-        return adopted
-
-    def _adopt(self, gpu_uuid: str) -> MpsDaemon | None:
-        """The daemon the pid file names, if it runs for this GPU. Its limits are not
-        known, so they are set again."""
-        pid = _read_pid(self._pipe_dir(gpu_uuid) / PID_FILE)
-        if pid is None or not _serves(pid, gpu_uuid):
+        # Its limits are not known, so they are set again.
+        adopted = self.launcher.adopt(self._spot(gpu_uuid), ready=ready)
+        if adopted is None:
             return None
-        start_time = process_start_time(pid)
-        if start_time is None:
-            return None
-        return self._daemon(gpu_uuid, pid, start_time, None)
+        daemon = self._daemon(gpu_uuid, adopted, None)
+        log.info(
+            "adopted an MPS daemon",
+            extra={"gpu": gpu_uuid, "pid": adopted.pid, "pod": adopted.pod},
+        )
+        self._write_record(daemon)
+        return daemon
 
     def _known_gpus(self) -> list[str]:
+        found = set(self.launcher.others())
         try:
             folders = sorted(entry for entry in self.root.iterdir() if entry.is_dir())
         except FileNotFoundError:
-            return []
-        found = []
+            folders = []
         for folder in folders:
             with suppress(OSError):
                 gpu_uuid = (folder / GPU_FILE).read_text().strip()
                 if _UUID.fullmatch(gpu_uuid) and folder == self._folder(gpu_uuid):
-                    found.append(gpu_uuid)
-        return found
+                    found.add(gpu_uuid)
+        return sorted(gpu for gpu in found if _UUID.fullmatch(gpu))
 
     # ---- start ------------------------------------------------------------------------
 
@@ -351,18 +516,17 @@ class MpsDaemons:
             mount_tmpfs(shm, self.shm_size)
         _empty(shm)  # a dead server's segments
         _empty(self._pipe_dir(gpu_uuid))  # a dead daemon's pid file must not pass for this one's
-        flags = ["-d", *(["-multiuser-server"] if self.program.multiuser else [])]
-        self._launch(gpu_uuid, self._view(gpu_uuid, shm=True) + flags)
-        pid = self._wait_for_pid(gpu_uuid)
-        start_time = process_start_time(pid)
-        if start_time is None:
-            raise MpsError(
-                f"MPS daemon of GPU {gpu_uuid} exited at once; see {self._log_dir(gpu_uuid)}"
-            )
-        daemon = self._daemon(gpu_uuid, pid, start_time, None)
+        mode = "-f" if self.launcher.foreground else "-d"
+        flags = [mode, *(["-multiuser-server"] if self.program.multiuser else [])]
+        env = {"CUDA_VISIBLE_DEVICES": gpu_uuid, GPU_ENV: gpu_uuid}
+        command = self._view(gpu_uuid, shm=True) + flags
+        launched = self.launcher.launch(self._spot(gpu_uuid), command, env)
+        daemon = self._daemon(gpu_uuid, launched, None)
         crash_point("mps-after-start")
         self._write_record(daemon)
-        log.info("MPS daemon started", extra={"gpu": gpu_uuid, "pid": pid})
+        log.info(
+            "MPS daemon started", extra={"gpu": gpu_uuid, "pid": launched.pid, "pod": launched.pod}
+        )
         return daemon
 
     def _view(self, gpu_uuid: str, *, shm: bool) -> list[str]:
@@ -382,47 +546,25 @@ class MpsDaemons:
             argv += ["--shm", str(self._shm_dir(gpu_uuid))]
         return [*argv, "--", *self.program.command]
 
-    def _launch(self, gpu_uuid: str, command: list[str]) -> None:
-        """Run the daemonizing command; it returns once the daemon runs on its own."""
-        # stderr goes to a file, not a pipe: a daemon that kept an inherited pipe open
-        # would keep subprocess waiting for its end until the timeout.
-        with tempfile.TemporaryFile() as stderr:
-            try:
-                done = subprocess.run(
-                    command,
-                    env=self._environment(gpu_uuid),
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=stderr,
-                    timeout=self.start_timeout,
-                    start_new_session=True,
-                    check=False,
-                )
-            except (OSError, subprocess.TimeoutExpired) as err:
-                raise MpsError(f"MPS daemon of GPU {gpu_uuid}: {self._name()}: {err}") from err
-            if done.returncode != 0:
-                stderr.seek(0)
-                said = stderr.read(500).decode(errors="replace").strip()
-                raise MpsError(
-                    f"MPS daemon of GPU {gpu_uuid}: {self._name()} -d exited with "
-                    f"status {done.returncode}: {said or 'no message'}"
-                )
+    def _spot(self, gpu_uuid: str) -> DaemonSpot:
+        return DaemonSpot(
+            gpu_uuid,
+            self._name(),
+            self._pipe_dir(gpu_uuid),
+            self._log_dir(gpu_uuid),
+            lambda: self._answers(gpu_uuid),
+        )
+
+    def _answers(self, gpu_uuid: str) -> bool:
+        """Whether the daemon takes a control command now (a harmless one)."""
+        try:
+            self.control(gpu_uuid, ["get_server_list"])
+        except MpsError:
+            return False
+        return True
 
     def _name(self) -> str:
         return Path(self.program.command[-1]).name
-
-    def _wait_for_pid(self, gpu_uuid: str) -> int:
-        # -d returns when the daemon has forked; it may write its pid file just after.
-        pid_file = self._pipe_dir(gpu_uuid) / PID_FILE
-        deadline = time.monotonic() + self.start_timeout
-        while (pid := _read_pid(pid_file)) is None:
-            if time.monotonic() > deadline:
-                raise MpsError(
-                    f"MPS daemon of GPU {gpu_uuid} wrote no {PID_FILE} within "
-                    f"{self.start_timeout:g}s; see {self._log_dir(gpu_uuid)}"
-                )
-            time.sleep(_POLL)
-        return pid
 
     def _environment(self, gpu_uuid: str) -> dict[str, str]:
         env = {name: value for name, value in os.environ.items() if name != CRASH_ENV}
@@ -461,7 +603,7 @@ class MpsDaemons:
         refused = [line for line in said if "error" in line.lower()]
         if refused:
             raise MpsError(f"MPS daemon of GPU {daemon.gpu_uuid} refused its limits: {refused[0]}")
-        updated = self._daemon(daemon.gpu_uuid, daemon.pid, daemon.start_time, limits)
+        updated = replace(daemon, limits=limits)
         self._write_record(updated)
         log.info(
             "MPS daemon limits set",
@@ -476,16 +618,16 @@ class MpsDaemons:
     # ---- stop -------------------------------------------------------------------------
 
     def _stop(self, gpu_uuid: str) -> bool:
-        daemon = self._find(gpu_uuid)
+        # Not waiting for one still starting (a Pod whose image cannot be pulled): it
+        # is ended all the same.
+        daemon = self._find(gpu_uuid, ready=False)
         if daemon is not None:
             self._quit(daemon)
-            if not self._wait_gone(daemon):
-                log.warning(
-                    "MPS daemon did not quit; killing it",
-                    extra={"gpu": gpu_uuid, "pid": daemon.pid},
-                )
-                self._kill(daemon)
-            log.info("MPS daemon stopped", extra={"gpu": gpu_uuid, "pid": daemon.pid})
+            self.launcher.end(self._spot(gpu_uuid), daemon.launched)
+            log.info(
+                "MPS daemon stopped",
+                extra={"gpu": gpu_uuid, "pid": daemon.pid, "pod": daemon.pod},
+            )
         crash_point("mps-after-stop")
         _empty(self._pipe_dir(gpu_uuid))
         shm = self._shm_dir(gpu_uuid)
@@ -495,27 +637,11 @@ class MpsDaemons:
         return daemon is not None
 
     def _quit(self, daemon: MpsDaemon) -> None:
-        """Ask the daemon to exit; failures only log, the caller's kill follows."""
+        """Ask the daemon to exit; failures only log, the launcher's force follows."""
         try:
             self.control(daemon.gpu_uuid, ["quit"])
         except MpsError as err:
             log.warning("MPS quit failed", extra={"gpu": daemon.gpu_uuid, "error": str(err)})
-
-    def _wait_gone(self, daemon: MpsDaemon) -> bool:
-        deadline = time.monotonic() + self.stop_timeout
-        while self.alive(daemon):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(_POLL)
-        return True
-
-    def _kill(self, daemon: MpsDaemon) -> None:
-        # Checked just before the signal, so a pid reused since is never hit; the
-        # window between the two is microseconds against pid reuse taking a full wrap.
-        if self.alive(daemon):
-            with suppress(ProcessLookupError):
-                os.kill(daemon.pid, signal.SIGKILL)
-        self._wait_gone(daemon)
 
     # ---- files ------------------------------------------------------------------------
 
@@ -531,17 +657,17 @@ class MpsDaemons:
     def _shm_dir(self, gpu_uuid: str) -> Path:
         return self._folder(gpu_uuid) / "shm"
 
-    def _daemon(
-        self, gpu_uuid: str, pid: int, start_time: int, limits: DaemonLimits | None
-    ) -> MpsDaemon:
+    def _daemon(self, gpu_uuid: str, launched: Launched, limits: DaemonLimits | None) -> MpsDaemon:
         return MpsDaemon(
             gpu_uuid,
-            pid,
-            start_time,
+            launched.pid,
+            launched.start_time,
             self._pipe_dir(gpu_uuid),
             self._log_dir(gpu_uuid),
             self._shm_dir(gpu_uuid),
             limits,
+            launched.pod,
+            launched.pod_uid,
         )
 
     def _read_record(self, gpu_uuid: str) -> MpsDaemon | None:
@@ -553,7 +679,7 @@ class MpsDaemons:
             return None
         except (OSError, ValueError, KeyError, TypeError) as err:
             # Only ever written atomically by us; a bad one is ignored, and the pid
-            # file still leads to a running daemon.
+            # file (or the Pod's name) still leads to a running daemon.
             log.warning(
                 "unreadable MPS daemon record", extra={"path": str(path), "error": str(err)}
             )
@@ -563,13 +689,16 @@ class MpsDaemons:
         pid, start_time, limits = doc["pid"], doc["startTime"], doc.get("limits")
         if doc["gpu"] != gpu_uuid or not isinstance(pid, int) or not isinstance(start_time, int):
             raise ValueError("not a record of this GPU")
+        pod, pod_uid = doc.get("pod"), doc.get("podUID")
+        if not isinstance(pod, str | None) or not isinstance(pod_uid, str | None):
+            raise ValueError("the Pod's name and UID are not strings")
         held = None
         if isinstance(limits, dict):
             memory, threads = limits["memoryMiB"], limits["threadPercentage"]
             if not isinstance(memory, int) or not isinstance(threads, int):
                 raise ValueError("limits are not numbers")
             held = DaemonLimits(memory, threads)
-        return self._daemon(gpu_uuid, pid, start_time, held)
+        return self._daemon(gpu_uuid, Launched(pid, start_time, pod, pod_uid), held)
 
     def _write_record(self, daemon: MpsDaemon) -> None:
         doc: dict[str, object] = {
@@ -577,6 +706,8 @@ class MpsDaemons:
             "pid": daemon.pid,
             "startTime": daemon.start_time,
         }
+        if daemon.pod is not None:
+            doc |= {"pod": daemon.pod, "podUID": daemon.pod_uid}
         if daemon.limits is not None:
             doc["limits"] = {
                 "memoryMiB": daemon.limits.memory_mib,
@@ -663,7 +794,7 @@ def _empty(directory: Path) -> None:
             entry.unlink(missing_ok=True)
 
 
-def _read_pid(path: Path) -> int | None:
+def read_pid(path: Path) -> int | None:
     try:
         text = path.read_text().strip()
     except OSError:

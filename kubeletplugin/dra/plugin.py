@@ -28,7 +28,14 @@ from drasil.driver.slices.publisher import PoolPublisher
 from drasil.kubeletplugin.dra import reconcile
 from drasil.kubeletplugin.dra.healthservice import HealthStreams, HealthV1, HealthV1alpha1
 from drasil.kubeletplugin.dra.migs import MigInstances
-from drasil.kubeletplugin.dra.mps import CONTROL_PROGRAM, DaemonProgram, MpsDaemons
+from drasil.kubeletplugin.dra.mps import (
+    CONTROL_PROGRAM,
+    DaemonLauncher,
+    DaemonProgram,
+    MpsDaemons,
+    ProcessLauncher,
+)
+from drasil.kubeletplugin.dra.mpspods import DaemonPods, KubePods, PodLauncher
 from drasil.kubeletplugin.dra.nodepool import NodeSlices
 from drasil.kubeletplugin.dra.prepare import Preparer
 from drasil.kubeletplugin.dra.registration import Registration
@@ -110,7 +117,11 @@ class KubeletPlugin:
         )
         self.preparer.effects = GpuEffects(
             self.lib,
-            MpsDaemons(self.opts.state_dir, program=mps_program(self.opts)),
+            MpsDaemons(
+                self.opts.state_dir,
+                program=mps_program(self.opts),
+                launcher=mps_launcher(self.opts, self.api),
+            ),
             store=self.store,
             state_lock=self.preparer.state_lock,
             devices=self.devices,
@@ -308,3 +319,21 @@ def mps_program(opts: PluginOptions) -> DaemonProgram:
         driver_root=opts.driver_root_local,
         multiuser=opts.mps_multiuser,
     )
+
+
+def mps_launcher(opts: PluginOptions, api: KubeApi) -> DaemonLauncher:
+    """Daemons in Pods of their own where an image for them is given (the chart), so
+    they outlive the plugin's Pod; else processes of the plugin's host."""
+    if opts.mps_daemon_image is None or opts.pod_namespace is None:
+        return ProcessLauncher()
+    pods = DaemonPods(
+        namespace=opts.pod_namespace,
+        node=opts.node_name,
+        driver=opts.driver_name,
+        image=opts.mps_daemon_image,
+        state_dir=opts.state_dir,
+        driver_root_host=opts.driver_root_host,
+        driver_root_local=opts.driver_root_local,
+        overrides=opts.mps_daemon_pod,
+    )
+    return PodLauncher(KubePods(api), pods)

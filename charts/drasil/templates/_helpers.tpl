@@ -91,3 +91,17 @@ nvml.driverRoot where that is set and nvidiaDriverRoot is left at its default "/
 {{- $root -}}
 {{- end -}}
 {{- end -}}
+
+{{- /* The fields of each MPS daemon Pod the plugin takes from the chart (--mps-daemon-pod):
+       the plugin Pod's tolerations, priority and pull settings, the daemon's resources. */ -}}
+{{- define "drasil.mpsDaemonPod" -}}
+{{- $plugin := .Values.kubeletPlugin -}}
+{{- $pod := dict "imagePullPolicy" .Values.image.pullPolicy -}}
+{{- with $plugin.tolerations }}{{ $_ := set $pod "tolerations" . }}{{ end -}}
+{{- with $plugin.priorityClassName }}{{ $_ := set $pod "priorityClassName" . }}{{ end -}}
+{{- with .Values.mps.resources }}{{ $_ := set $pod "resources" . }}{{ end -}}
+{{- $secrets := list -}}
+{{- range .Values.image.pullSecrets }}{{ $secrets = append $secrets (dict "name" .) }}{{ end -}}
+{{- with $secrets }}{{ $_ := set $pod "imagePullSecrets" . }}{{ end -}}
+{{- toJson $pod -}}
+{{- end -}}
