@@ -49,20 +49,25 @@ def local_image(node: Node) -> LocalImage:
     return image
 
 
-@pytest.fixture
-def device_class(kube: Kube) -> Iterator[str]:
-    selector = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "gpu"'
-    kube.delete(RESOURCE, "DeviceClass", CLASS)
+def _device_class(kube: Kube, name: str, selector: str) -> Iterator[str]:
+    """A DeviceClass of one CEL selector, there for the test and deleted after it."""
+    kube.delete(RESOURCE, "DeviceClass", name)
     kube.create(
         {
             "apiVersion": RESOURCE,
             "kind": "DeviceClass",
-            "metadata": {"name": CLASS},
+            "metadata": {"name": name},
             "spec": {"selectors": [{"cel": {"expression": selector}}]},
         }
     )
-    yield CLASS
-    kube.delete(RESOURCE, "DeviceClass", CLASS)
+    yield name
+    kube.delete(RESOURCE, "DeviceClass", name)
+
+
+@pytest.fixture
+def device_class(kube: Kube) -> Iterator[str]:
+    selector = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "gpu"'
+    yield from _device_class(kube, CLASS, selector)
 
 
 @pytest.fixture
@@ -375,17 +380,7 @@ MPS_DAEMONS = f"app.kubernetes.io/component=mps-daemon,drasil.dev/driver={DRIVER
 @pytest.fixture
 def shared_class(kube: Kube) -> Iterator[str]:
     selector = f'device.driver == "{DRIVER}" && device.allowMultipleAllocations'
-    kube.delete(RESOURCE, "DeviceClass", SHARED_CLASS)
-    kube.create(
-        {
-            "apiVersion": RESOURCE,
-            "kind": "DeviceClass",
-            "metadata": {"name": SHARED_CLASS},
-            "spec": {"selectors": [{"cel": {"expression": selector}}]},
-        }
-    )
-    yield SHARED_CLASS
-    kube.delete(RESOURCE, "DeviceClass", SHARED_CLASS)
+    yield from _device_class(kube, SHARED_CLASS, selector)
 
 
 def _mps_client(kube: Kube, namespace: str, node: Node, command: str) -> str:

@@ -273,9 +273,8 @@ def step_mps(s: State) -> None:
         )
         s.report.add(skipped(mpsshare.STEP, f"{CONTROL_PROGRAM} not found {where}"))
         return
-    found = runtime.probe_runtime(s.args.python)
     step = mpsshare.mps_step(
-        s.node, work=s.work / "mps", python=found.executable, full_sms=s.full_sms, program=program
+        s.node, work=s.work / "mps", python=s.args.python, full_sms=s.full_sms, program=program
     )
     s.report.add(step)
 
