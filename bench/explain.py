@@ -40,8 +40,8 @@ from drasil.driver.cel.selectors import (
     compile_selector,
 )
 from drasil.driver.cel.values import Quantity, Semver
-from drasil.driver.discovery.nodedevices import discover
-from drasil.driver.discovery.simulated import simulated_library
+from drasil.driver.nvidia.nodedevices import discover
+from drasil.driver.nvidia.simulated import simulated_library
 from drasil.driver.slices.build import JsonObject, build_slices
 
 DRIVER = "gpu.drasil.dev"

@@ -56,13 +56,13 @@ from drasil.api.checkpoint import PreparedDevice
 from drasil.api.kubelet.dra.v1 import dra_pb2 as v1
 from drasil.api.kubelet.dra.v1 import dra_pb2_grpc as v1_grpc
 from drasil.driver.cdi.claimspecs import spec_path
-from drasil.driver.cdi.driveredits import NodeEdits, control_edits
-from drasil.driver.cdi.driverfiles import DriverRoot
 from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore
 from drasil.driver.claims.plan import ClaimRef
-from drasil.driver.discovery.nodedevices import DiscoveryResult, discover
-from drasil.driver.discovery.simulated import simulated_library
 from drasil.driver.kubeapi import KubeApi, load_api_client
+from drasil.driver.nvidia.driveredits import NodeEdits, control_edits
+from drasil.driver.nvidia.driverfiles import DriverRoot
+from drasil.driver.nvidia.nodedevices import DiscoveryResult, discover
+from drasil.driver.nvidia.simulated import simulated_library
 from drasil.kubeletplugin.dra.prepare import Preparer
 from drasil.kubeletplugin.sockets import UnixSocketServer
 from e2e import binaries

@@ -49,8 +49,8 @@ from typing import Any, cast
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
-from drasil.driver.discovery.simulated import parse_profile_spec
 from drasil.driver.explain.fromapi import explain_fetched, fetch_inputs
+from drasil.driver.nvidia.simulated import parse_profile_spec
 from e2e import chart
 from e2e.cluster.control_plane import Cluster
 from e2e.cluster.fleet import DEFAULT_FLEET_PROFILE, DRIVER, Fleet

@@ -14,15 +14,10 @@ from typing import TextIO
 import yaml
 
 from drasil.api.limits import MAX_FILE_BYTES, allow_nesting
-from drasil.driver.cdi.driverfiles import DriverRoot, load_nvml
 from drasil.driver.claims.configcheck import validate_config_document
 from drasil.driver.devices import CapacityPolicy, Device, Version
 from drasil.driver.discovery.backends import BACKENDS, open_backend
 from drasil.driver.discovery.health import FAULT_FILE, read_faults, write_faults
-from drasil.driver.discovery.nodedevices import GPU_SHARING, MIG_MODES, DiscoveryResult, discover
-from drasil.driver.discovery.nvml import NvmlError, NvmlLibrary
-from drasil.driver.discovery.partitions import ExistingMig, existing_mig_instances
-from drasil.driver.discovery.simulated import ProfileSpecError
 from drasil.driver.explain.claims import render_table
 from drasil.driver.explain.fromapi import ClaimNotFound, explain_from_api
 from drasil.driver.kubeapi import (
@@ -32,7 +27,12 @@ from drasil.driver.kubeapi import (
     checked_name,
     load_user_api_client,
 )
-from drasil.driver.nodecheck import check_device_nodes, check_driver, check_hook, report
+from drasil.driver.nvidia.driverfiles import DriverRoot, load_nvml
+from drasil.driver.nvidia.nodecheck import check_device_nodes, check_driver, check_hook, report
+from drasil.driver.nvidia.nodedevices import GPU_SHARING, MIG_MODES, DiscoveryResult, discover
+from drasil.driver.nvidia.nvml import NvmlError, NvmlLibrary
+from drasil.driver.nvidia.partitions import ExistingMig, existing_mig_instances
+from drasil.driver.nvidia.simulated import ProfileSpecError
 from drasil.driver.slices.build import build_slices, quantity
 
 DEFAULT_DRIVER = "gpu.drasil.dev"

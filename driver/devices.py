@@ -15,10 +15,32 @@ from types import MappingProxyType
 
 
 class DeviceType(StrEnum):
-    """The value of the ``type`` attribute; DeviceClasses select on it."""
+    """The value of the ``type`` attribute; DeviceClasses select on it.
+
+    Each vendor has types of its own, so a class written for one vendor's type never
+    matches another vendor's device (``gpu`` has always meant an NVIDIA GPU).
+    """
 
     GPU = "gpu"
     MIG = "mig"
+    AMDGPU = "amdgpu"
+    AMDGPU_PARTITION = "amdgpu-partition"
+
+    @property
+    def vendor(self) -> Vendor:
+        """Whose device this type is."""
+        return (
+            Vendor.AMD
+            if self in (DeviceType.AMDGPU, DeviceType.AMDGPU_PARTITION)
+            else Vendor.NVIDIA
+        )
+
+
+class Vendor(StrEnum):
+    """The GPU vendors drasil has a backend for (``--vendors``)."""
+
+    NVIDIA = "nvidia"
+    AMD = "amd"
 
 
 @dataclass(frozen=True)
@@ -137,6 +159,11 @@ class Device:
     binds_to_node: bool = False
     binding_conditions: tuple[str, ...] = ()
     binding_failure_conditions: tuple[str, ...] = ()
+
+    @property
+    def vendor(self) -> Vendor:
+        """Whose device this is (from its type)."""
+        return self.type.vendor
 
     def __post_init__(self) -> None:
         # Devices are shared between threads (publisher, prepare, health); make the

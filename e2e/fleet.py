@@ -38,9 +38,9 @@ from typing import Any
 from kubernetes import client, config
 
 from drasil.driver.discovery.health import HealthTracker
-from drasil.driver.discovery.nodedevices import discover
-from drasil.driver.discovery.simulated import simulated_library
 from drasil.driver.kubeapi import KubeApi
+from drasil.driver.nvidia.nodedevices import discover
+from drasil.driver.nvidia.simulated import simulated_library
 from drasil.driver.slices.publisher import PoolPublisher
 from drasil.kubeletplugin.dra.nodepool import NodeSlices
 

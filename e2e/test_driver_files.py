@@ -25,9 +25,9 @@ from typing import Any
 
 import pytest
 
-from drasil.driver.cdi.driveredits import driver_edits
-from drasil.driver.cdi.driverfiles import DriverRoot, find_driver_files
 from drasil.driver.cdi.spec import common_edits_dict, validate_spec
+from drasil.driver.nvidia.driveredits import driver_edits
+from drasil.driver.nvidia.driverfiles import DriverRoot, find_driver_files
 from drasil.kubeletplugin.gpucheck import cdicheck
 from e2e import versions
 from e2e.cluster.node import Node

@@ -34,7 +34,7 @@ from e2e.image.run import resolve_in
 
 USER = "65532:65532"
 HOOK = "/opt/drasil/bin/nvidia-cdi-hook"
-# The hooks drasil's CDI specs use (driver/cdi/driveredits.py), as NVIDIA's generator.
+# The hooks drasil's CDI specs use (driver/nvidia/driveredits.py), as NVIDIA's generator.
 HOOK_COMMANDS = (
     "create-symlinks",
     "update-ldcache",

@@ -16,11 +16,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
-from drasil.driver.cdi.driveredits import NodeEdits, control_edits
-from drasil.driver.cdi.driverfiles import DriverRoot, load_nvml, root_driver_version
-from drasil.driver.discovery.nvml import NvmlError, NvmlLibrary
 from drasil.driver.files import write_atomic
-from drasil.driver.nodecheck import Check, check_device_nodes, check_driver, check_hook
+from drasil.driver.nvidia.driveredits import NodeEdits, control_edits
+from drasil.driver.nvidia.driverfiles import DriverRoot, load_nvml, root_driver_version
+from drasil.driver.nvidia.nodecheck import Check, check_device_nodes, check_driver, check_hook
+from drasil.driver.nvidia.nvml import NvmlError, NvmlLibrary
 from drasil.kubeletplugin.options import PluginOptions
 
 log = logging.getLogger(__name__)

@@ -11,10 +11,10 @@ from dataclasses import replace
 
 from drasil.api.limits import allow_nesting
 from drasil.driver.discovery.backends import open_backend
-from drasil.driver.discovery.nvml import NvmlError
-from drasil.driver.discovery.simulated import ProfileSpecError
 from drasil.driver.kubeapi import KubeApi, KubeconfigError, load_api_client
 from drasil.driver.logs import setup_logging
+from drasil.driver.nvidia.nvml import NvmlError
+from drasil.driver.nvidia.simulated import ProfileSpecError
 from drasil.kubeletplugin.deviceplugin.plugin import DevicePluginServer
 from drasil.kubeletplugin.deviceplugin.resources import DevicePluginConfigError
 from drasil.kubeletplugin.dra.plugin import KubeletPlugin

@@ -28,10 +28,11 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from drasil.api.kubelet import names
 from drasil.driver.devices import CounterSet, Device
-from drasil.driver.discovery.health import FAULT_FILE, FaultFileWatcher, HealthTracker, XidWatcher
-from drasil.driver.discovery.nodedevices import discover
-from drasil.driver.discovery.nvml import NvmlError, NvmlLibrary
+from drasil.driver.discovery.health import FAULT_FILE, FaultFileWatcher, HealthTracker
 from drasil.driver.endpoints import HealthCheck, serve_http
+from drasil.driver.nvidia.nodedevices import discover
+from drasil.driver.nvidia.nvml import NvmlError, NvmlLibrary
+from drasil.driver.nvidia.xid import XidWatcher
 from drasil.kubeletplugin.options import PluginOptions
 
 log = logging.getLogger(__name__)

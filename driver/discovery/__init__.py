@@ -1,8 +1,8 @@
-"""What GPUs a node has, and whether they are healthy.
+"""What GPUs a node has and whether they are healthy, across vendors.
 
-``nvml`` is our small NVML Protocol with the pynvml adapter; ``simulated`` is the
-fake NVML fed by ``gpucatalog`` (GPU models with the numbers real hardware reports);
-``backends`` picks one; ``nodedevices`` turns what NVML reports into ``Device``
-objects with stable names; ``health`` tracks XID events and injected faults. Used by
-the node daemon (both modes) and by ``drasil discover``.
+``backends`` opens the vendor backends a node runs (NVIDIA's from
+``drasil.driver.nvidia``, AMD's from ``drasil.driver.amd``, real or simulated) and
+merges their devices; ``health`` tracks device health over every source (the vendors'
+error events, injected faults). Used by the node daemon (both modes) and by
+``drasil discover``.
 """

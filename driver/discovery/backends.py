@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from drasil.driver.discovery.nvml import NvmlLibrary, PynvmlLibrary
-from drasil.driver.discovery.simulated import simulated_library
+from drasil.driver.nvidia.nvml import NvmlLibrary, PynvmlLibrary
+from drasil.driver.nvidia.simulated import simulated_library
 
 BACKENDS = ("nvml", "simulated")
 

@@ -31,10 +31,10 @@ import grpc
 from drasil.api.kubelet import names
 from drasil.api.kubelet.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from drasil.api.kubelet.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
-from drasil.driver.cdi.driveredits import without_env
 from drasil.driver.cdi.spec import ENV_NVIDIA_VISIBLE_DEVICES
 from drasil.driver.cdi.staticspec import write_device_spec
-from drasil.driver.discovery.nvml import NvmlLibrary
+from drasil.driver.nvidia.driveredits import without_env
+from drasil.driver.nvidia.nvml import NvmlLibrary
 from drasil.kubeletplugin.deviceplugin.resources import Resource, plan_resources, socket_name
 from drasil.kubeletplugin.deviceplugin.service import OPTIONS, DevicePluginService
 from drasil.kubeletplugin.driverroot import log_readiness, node_edits, readiness

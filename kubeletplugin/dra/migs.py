@@ -31,7 +31,8 @@ from pathlib import Path
 
 from drasil.api.checkpoint import ClaimRecord, MigRecord, MigState
 from drasil.driver.devices import CharDevice, Device, MigPlacement
-from drasil.driver.discovery.nvml import (
+from drasil.driver.files import FileLock, crash_point
+from drasil.driver.nvidia.nvml import (
     DeviceHandle,
     GpuInstance,
     MigMode,
@@ -44,7 +45,6 @@ from drasil.driver.discovery.nvml import (
     Placement,
     nvml_session,
 )
-from drasil.driver.files import FileLock, crash_point
 
 log = logging.getLogger(__name__)
 

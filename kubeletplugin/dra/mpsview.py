@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from drasil.driver.cdi.ldcache import elf_interpreter
+from drasil.driver.nvidia.ldcache import elf_interpreter
 
 CLONE_NEWNS: Final = 0x00020000
 MS_BIND: Final = 4096

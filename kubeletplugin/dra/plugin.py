@@ -19,11 +19,11 @@ from drasil.api.kubelet.health.v1alpha1 import health_pb2_grpc as health_v1alpha
 from drasil.api.kubelet.pluginregistration import registration_pb2 as reg_pb
 from drasil.api.kubelet.pluginregistration import registration_pb2_grpc as reg_grpc
 from drasil.driver.cdi.claimspecs import delete_claim_spec
-from drasil.driver.cdi.driverfiles import DriverRoot, find_binary
 from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore, LoadOutcome, LoadResult
-from drasil.driver.discovery.nvml import NvmlLibrary
 from drasil.driver.files import FileLock
 from drasil.driver.kubeapi import KubeApi
+from drasil.driver.nvidia.driverfiles import DriverRoot, find_binary
+from drasil.driver.nvidia.nvml import NvmlLibrary
 from drasil.driver.slices.publisher import PoolPublisher
 from drasil.kubeletplugin.dra import reconcile
 from drasil.kubeletplugin.dra.healthservice import HealthStreams, HealthV1, HealthV1alpha1

@@ -45,8 +45,6 @@ from drasil.driver.cdi.claimspecs import (
     sweep_claim_spec_temps,
     write_claim_spec,
 )
-from drasil.driver.cdi.driveredits import NodeEdits
-from drasil.driver.cdi.driverfiles import DriverFilesError
 from drasil.driver.cdi.metadata import METADATA_DIR, delete_claim_metadata, write_claim_metadata
 from drasil.driver.cdi.spec import CdiSpecError, ContainerEdits
 from drasil.driver.checkpoint import CheckpointStore
@@ -61,6 +59,8 @@ from drasil.driver.claims.plan import (
 )
 from drasil.driver.devices import Device, MigPlacement
 from drasil.driver.files import FileLock, LockTimeoutError, crash_point
+from drasil.driver.nvidia.driveredits import NodeEdits
+from drasil.driver.nvidia.driverfiles import DriverFilesError
 from drasil.kubeletplugin.dra.migs import MigError, MigInstances, creating_record
 from drasil.kubeletplugin.dra.shares import GpuEffects, ShareError
 

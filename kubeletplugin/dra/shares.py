@@ -37,14 +37,14 @@ from drasil.driver.checkpoint import CheckpointStore
 from drasil.driver.claims.plan import DevicePlan, PreparePlan
 from drasil.driver.claims.sharing import MPS, time_slice_of
 from drasil.driver.devices import Device
-from drasil.driver.discovery.nvml import (
+from drasil.driver.files import crash_point
+from drasil.driver.nvidia.nvml import (
     COMPUTE_MODE_EXCLUSIVE_PROCESS,
     DeviceHandle,
     NvmlError,
     NvmlLibrary,
     nvml_session,
 )
-from drasil.driver.files import crash_point
 from drasil.kubeletplugin.dra.mps import (
     CLIENT_LIMIT,
     CONTAINER_SHM_DIR,

@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from drasil.driver.devices import Device, DeviceType, Version
-from drasil.driver.discovery.nodedevices import driver_version_semver
-from drasil.driver.discovery.nvml import NvmlLibrary, NvmlNotSupported
+from drasil.driver.nvidia.nodedevices import driver_version_semver
+from drasil.driver.nvidia.nvml import NvmlLibrary, NvmlNotSupported
 
 MIB = 2**20
 PCI_ATTRIBUTE = "resource.kubernetes.io/pciBusID"

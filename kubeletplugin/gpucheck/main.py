@@ -26,7 +26,7 @@ from typing import Any
 
 from drasil.driver.cdi.claimspecs import read_claim_spec
 from drasil.driver.devices import Device, DeviceType
-from drasil.driver.discovery.nodedevices import discover
+from drasil.driver.nvidia.nodedevices import discover
 from drasil.driver.slices.build import build_slices, validate_slice
 from drasil.kubeletplugin.dra.mps import CONTROL_PROGRAM
 from drasil.kubeletplugin.dra.prepare import Preparer

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from drasil.driver.cdi.claimspecs import read_claim_spec
 from drasil.driver.devices import Device
-from drasil.driver.discovery.nodedevices import discover
-from drasil.driver.discovery.nvml import NvmlLibrary, NvmlNotSupported
+from drasil.driver.nvidia.nodedevices import discover
+from drasil.driver.nvidia.nvml import NvmlLibrary, NvmlNotSupported
 from drasil.kubeletplugin.gpucheck import claim
 from drasil.kubeletplugin.gpucheck.node import DRIVER, NodeUnderCheck, make_preparer
 from drasil.kubeletplugin.gpucheck.report import Step, fail, judged, skipped

@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from drasil.driver.cdi.claimspecs import read_claim_spec
-from drasil.driver.cdi.driverfiles import find_binary
 from drasil.driver.devices import Device, DeviceType
-from drasil.driver.discovery.nodedevices import discover
-from drasil.driver.discovery.nvml import (
+from drasil.driver.nvidia.driverfiles import find_binary
+from drasil.driver.nvidia.nodedevices import discover
+from drasil.driver.nvidia.nvml import (
     COMPUTE_MODE_EXCLUSIVE_PROCESS,
     COMPUTE_MODE_NAMES,
     nvml_session,

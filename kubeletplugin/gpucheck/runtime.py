@@ -16,7 +16,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from drasil.driver.cdi.ldcache import elf_interpreter, elf_soname
+from drasil.driver.nvidia.ldcache import elf_interpreter, elf_soname
 from drasil.kubeletplugin.gpucheck.sandbox import Link, Runtime
 
 _RUNTIME_QUERY = (

@@ -57,7 +57,6 @@ LAYOUT: dict[str, set[str]] = {
         "files",
         "apierrors",
         "kubeapi",
-        "nodecheck",
         "keptalive",
         "logs",
         "cdi/",
@@ -66,6 +65,8 @@ LAYOUT: dict[str, set[str]] = {
         "discovery/",
         "explain/",
         "slices/",
+        "nvidia/",
+        "amd/",
     },
     "kubeletplugin": {
         "driverroot",

@@ -26,8 +26,8 @@ from drasil.driver.cel.selectors import (
     scheduler_error,
     slice_devices,
 )
-from drasil.driver.discovery.nodedevices import discover
-from drasil.driver.discovery.simulated import simulated_library
+from drasil.driver.nvidia.nodedevices import discover
+from drasil.driver.nvidia.simulated import simulated_library
 from drasil.driver.slices.build import build_slices
 
 DRIVER = "gpu.drasil.dev"

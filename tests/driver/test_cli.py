@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from drasil.driver.cli import main
-from drasil.driver.discovery.nvml import Placement
-from drasil.driver.discovery.simulated import mig_uuid, simulated_library
+from drasil.driver.nvidia.nvml import Placement
+from drasil.driver.nvidia.simulated import mig_uuid, simulated_library
 from drasil.driver.slices.build import validate_slice
 
 

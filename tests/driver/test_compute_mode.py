@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from drasil.driver.discovery.nvml import (
+from drasil.driver.nvidia.nvml import (
     COMPUTE_MODE_DEFAULT,
     COMPUTE_MODE_EXCLUSIVE_PROCESS,
     COMPUTE_MODE_EXCLUSIVE_THREAD,
@@ -28,7 +28,7 @@ from drasil.driver.discovery.nvml import (
     PynvmlLibrary,
     check_compute_mode,
 )
-from drasil.driver.discovery.simulated import (
+from drasil.driver.nvidia.simulated import (
     COMPUTE_MODE_CALLS,
     FakeNvml,
     StateFileError,

@@ -27,8 +27,8 @@ from drasil.driver.claims.plan import (
     metadata_attributes,
     plan_prepare,
 )
-from drasil.driver.discovery.nodedevices import NUMA_NODE_ATTRIBUTE, discover
-from drasil.driver.discovery.simulated import simulated_library
+from drasil.driver.nvidia.nodedevices import NUMA_NODE_ATTRIBUTE, discover
+from drasil.driver.nvidia.simulated import simulated_library
 
 DRIVER = "gpu.drasil.dev"
 NODE = "node-a"

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from drasil.driver.devices import CharDevice, DeviceType, Version
-from drasil.driver.discovery.nodedevices import (
+from drasil.driver.nvidia.nodedevices import (
     NUMA_NODE_ATTRIBUTE,
     PCI_BUS_ID_ATTRIBUTE,
     PCIE_ROOT_ATTRIBUTE,
@@ -24,7 +24,7 @@ from drasil.driver.discovery.nodedevices import (
     mig_profile_name,
     normalize_pci_bus_id,
 )
-from drasil.driver.discovery.nvml import (
+from drasil.driver.nvidia.nvml import (
     DeviceAttributes,
     NvmlNotFound,
     NvmlQueryError,
@@ -32,7 +32,7 @@ from drasil.driver.discovery.nvml import (
     PynvmlLibrary,
     sysfs_pcie_root,
 )
-from drasil.driver.discovery.simulated import FakeNvml, simulated_gpus, simulated_library
+from drasil.driver.nvidia.simulated import FakeNvml, simulated_gpus, simulated_library
 
 GiB = 2**30
 MiB = 2**20

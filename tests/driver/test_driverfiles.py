@@ -21,16 +21,16 @@ import pytest
 from cdicheck import assert_valid_cdi
 
 from drasil.driver.cdi.claimspecs import ClaimDevice, ClaimSpecRequest, build_claim_spec
-from drasil.driver.cdi.driveredits import NodeEdits, control_edits, driver_edits
-from drasil.driver.cdi.driverfiles import (
+from drasil.driver.cdi.spec import CdiSpecError, validate_spec
+from drasil.driver.nvidia.driveredits import NodeEdits, control_edits, driver_edits
+from drasil.driver.nvidia.driverfiles import (
     DriverFilesError,
     DriverRoot,
     find_driver_files,
     root_driver_version,
 )
-from drasil.driver.cdi.ldcache import elf_interpreter, elf_soname, parse_ld_cache, read_ld_cache
-from drasil.driver.cdi.spec import CdiSpecError, validate_spec
-from drasil.driver.discovery.simulated import simulated_library
+from drasil.driver.nvidia.ldcache import elf_interpreter, elf_soname, parse_ld_cache, read_ld_cache
+from drasil.driver.nvidia.simulated import simulated_library
 
 VERSION = "580.95.05"
 NEWER = "590.44.01"
@@ -282,8 +282,8 @@ def test_a_claim_spec_with_the_driver_is_valid_cdi(
 ) -> None:
     lib = simulated_library("h100-80gb:1", node_name="n")
     files = find_driver_files(debian.root, VERSION)
-    from drasil.driver.cdi.driveredits import merged
-    from drasil.driver.discovery.nodedevices import discover
+    from drasil.driver.nvidia.driveredits import merged
+    from drasil.driver.nvidia.nodedevices import discover
 
     device = discover(lib, node_name="n").devices[0]
     common = merged(
@@ -332,7 +332,7 @@ def test_bad_hooks_are_refused_naming_the_field(hook: dict[str, object], field: 
 def test_files_are_found_once_and_again_after_the_driver_changed(
     debian: Root, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from drasil.driver.cdi import driveredits
+    from drasil.driver.nvidia import driveredits
 
     scans: list[str] = []
     real = driveredits.find_driver_files
@@ -381,7 +381,7 @@ def test_nvml_is_loaded_from_the_root_and_found_by_its_soname(debian: Root) -> N
     code = (
         "import ctypes, sys\n"
         "from pathlib import Path\n"
-        "from drasil.driver.cdi.driverfiles import DriverRoot, load_nvml\n"
+        "from drasil.driver.nvidia.driverfiles import DriverRoot, load_nvml\n"
         "path = load_nvml(DriverRoot(host='/', local=Path(sys.argv[1])))\n"
         "lib = ctypes.CDLL('libnvidia-ml.so.1')\n"
         "print(path, lib.drasil_stub())\n"
@@ -396,6 +396,6 @@ def test_nvml_is_loaded_from_the_root_and_found_by_its_soname(debian: Root) -> N
 
 
 def test_a_root_without_nvml_loads_nothing(tmp_path: Path) -> None:
-    from drasil.driver.cdi.driverfiles import load_nvml
+    from drasil.driver.nvidia.driverfiles import load_nvml
 
     assert load_nvml(DriverRoot(host="/", local=tmp_path)) is None

@@ -20,15 +20,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from drasil.driver.devices import CounterSet, Device, DeviceType
-from drasil.driver.discovery.nodedevices import DiscoveryResult, discover
-from drasil.driver.discovery.nvml import (
+from drasil.driver.nvidia.nodedevices import DiscoveryResult, discover
+from drasil.driver.nvidia.nvml import (
     NvmlInsufficientResources,
     NvmlNotSupported,
     NvmlResetRequired,
     Placement,
 )
-from drasil.driver.discovery.partitions import placement_device_name
-from drasil.driver.discovery.simulated import FakeNvml, simulated_gpus, simulated_library
+from drasil.driver.nvidia.partitions import placement_device_name
+from drasil.driver.nvidia.simulated import FakeNvml, simulated_gpus, simulated_library
 from drasil.driver.slices.build import (
     MAX_CONSUMED_COUNTER_SETS,
     MAX_CONSUMED_COUNTERS_PER_SLICE,

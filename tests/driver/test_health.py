@@ -12,21 +12,20 @@ import pytest
 
 from drasil.driver.devices import Device, DeviceType
 from drasil.driver.discovery.health import (
-    BENIGN_XIDS,
     FaultFileWatcher,
     HealthTracker,
-    XidWatcher,
     read_faults,
     write_faults,
 )
-from drasil.driver.discovery.nodedevices import discover
-from drasil.driver.discovery.nvml import (
+from drasil.driver.nvidia.nodedevices import discover
+from drasil.driver.nvidia.nvml import (
     EVENT_TYPE_XID_CRITICAL_ERROR,
     NO_INSTANCE,
     EventData,
     Placement,
 )
-from drasil.driver.discovery.simulated import FakeNvml, simulated_library
+from drasil.driver.nvidia.simulated import FakeNvml, simulated_library
+from drasil.driver.nvidia.xid import BENIGN_XIDS, XidWatcher
 
 NODE = "n1"
 DEADLINE = 20.0

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from drasil.driver.discovery.gpucatalog import (
+from drasil.driver.nvidia.gpucatalog import (
     MEMORY_SLICES,
     PROFILES,
     GpuModel,
@@ -18,8 +18,8 @@ from drasil.driver.discovery.gpucatalog import (
     MigProfile,
     gpu_instance_id_at,
 )
-from drasil.driver.discovery.nodedevices import mig_profile_name
-from drasil.driver.discovery.nvml import DeviceAttributes, Placement
+from drasil.driver.nvidia.nodedevices import mig_profile_name
+from drasil.driver.nvidia.nvml import DeviceAttributes, Placement
 
 # nvidia-smi mig -lgipp, per profile id: "{0,1,2,3,4,5,6}:1" and so on.
 LGIPP = {

@@ -23,8 +23,8 @@ import pytest
 from mocknvml_fixture import MockNodeFactory, mock_node, mock_nvml_lib
 
 from drasil.driver.devices import CharDevice, Device
-from drasil.driver.discovery.nodedevices import discover
-from drasil.driver.discovery.nvml import (
+from drasil.driver.nvidia.nodedevices import discover
+from drasil.driver.nvidia.nvml import (
     EVENT_TYPE_XID_CRITICAL_ERROR,
     NO_INSTANCE,
     NvmlInsufficientResources,
@@ -35,7 +35,7 @@ from drasil.driver.discovery.nvml import (
     Placement,
     PynvmlLibrary,
 )
-from drasil.driver.discovery.simulated import FakeNvml, mig_uuid
+from drasil.driver.nvidia.simulated import FakeNvml, mig_uuid
 from e2e import mocknvml
 from e2e.mocknvml import MockNode
 

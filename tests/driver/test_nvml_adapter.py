@@ -21,9 +21,9 @@ import pytest
 from mocknvml_fixture import MockNodeFactory, mock_node, mock_nvml_lib
 
 from drasil.driver.devices import Device, DeviceType, MigPlacement
-from drasil.driver.discovery.health import HealthTracker, XidWatcher
-from drasil.driver.discovery.nodedevices import discover
-from drasil.driver.discovery.nvml import (
+from drasil.driver.discovery.health import HealthTracker
+from drasil.driver.nvidia.nodedevices import discover
+from drasil.driver.nvidia.nvml import (
     COMPUTE_MODE_DEFAULT,
     COMPUTE_MODE_EXCLUSIVE_PROCESS,
     COMPUTE_MODE_PROHIBITED,
@@ -34,7 +34,8 @@ from drasil.driver.discovery.nvml import (
     Placement,
     PynvmlLibrary,
 )
-from drasil.driver.discovery.simulated import FakeNvml
+from drasil.driver.nvidia.simulated import FakeNvml
+from drasil.driver.nvidia.xid import XidWatcher
 from drasil.kubeletplugin.dra.migs import MigError, MigInstances
 from e2e import mocknvml
 from e2e.mocknvml import MockNode
@@ -272,7 +273,7 @@ def test_the_simulated_backend_and_the_mock_share_the_compute_mode(
 # A plugin process on the mock: reads GPU 0's compute mode, then restores the default.
 RESTORE = """import ctypes, sys
 ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)
-from drasil.driver.discovery.nvml import PynvmlLibrary
+from drasil.driver.nvidia.nvml import PynvmlLibrary
 lib = PynvmlLibrary()
 lib.init()
 gpu = lib.device_handle_by_index(0)

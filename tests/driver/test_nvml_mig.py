@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from pynvml import c_nvmlGpuInstancePlacement_t as PlacementStruct
 
-from drasil.driver.discovery.nvml import (
+from drasil.driver.nvidia.nvml import (
     NVML_ERROR_INVALID_ARGUMENT,
     GpuInstance,
     NvmlInsufficientResources,
@@ -28,7 +28,7 @@ from drasil.driver.discovery.nvml import (
     PynvmlLibrary,
     read_mig_minors,
 )
-from drasil.driver.discovery.simulated import FakeNvml, simulated_library
+from drasil.driver.nvidia.simulated import FakeNvml, simulated_library
 
 # pynvml's NVML_GPU_INSTANCE_PROFILE_* index → the profile id NVML answers with.
 GI_PROFILE_IDS = {0: 19, 7: 20, 9: 15, 1: 14, 2: 9, 3: 5, 4: 0}

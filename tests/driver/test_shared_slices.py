@@ -8,14 +8,14 @@ from typing import Any
 import pytest
 
 from drasil.driver.devices import CapacityPolicy, Device, DeviceType
-from drasil.driver.discovery.nodedevices import (
+from drasil.driver.nvidia.nodedevices import (
     COMPUTE_PERCENT,
     COMPUTE_POLICY,
     DiscoveryResult,
     discover,
     memory_policy,
 )
-from drasil.driver.discovery.simulated import simulated_library
+from drasil.driver.nvidia.simulated import simulated_library
 from drasil.driver.slices.build import (
     JsonObject,
     SliceValidationError,

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from drasil.driver.discovery.gpucatalog import PROFILES, MiB
-from drasil.driver.discovery.nodedevices import mig_profile_name
-from drasil.driver.discovery.nvml import (
+from drasil.driver.nvidia.gpucatalog import PROFILES, MiB
+from drasil.driver.nvidia.nodedevices import mig_profile_name
+from drasil.driver.nvidia.nvml import (
     EVENT_TYPE_XID_CRITICAL_ERROR,
     NO_INSTANCE,
     DeviceAttributes,
@@ -20,7 +20,7 @@ from drasil.driver.discovery.nvml import (
     NvmlUnavailable,
     PynvmlLibrary,
 )
-from drasil.driver.discovery.simulated import (
+from drasil.driver.nvidia.simulated import (
     FakeNvml,
     ProfileSpecError,
     parse_profile_spec,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from drasil.driver.discovery.nodedevices import discover
-from drasil.driver.discovery.nvml import (
+from drasil.driver.nvidia.nodedevices import discover
+from drasil.driver.nvidia.nvml import (
     NVML_ERROR_INVALID_ARGUMENT,
     NVML_ERROR_NOT_SUPPORTED,
     NVML_ERROR_TIMEOUT,
@@ -24,7 +24,7 @@ from drasil.driver.discovery.nvml import (
     NvmlQueryError,
     Placement,
 )
-from drasil.driver.discovery.simulated import (
+from drasil.driver.nvidia.simulated import (
     FakeNvml,
     mig_uuid,
     simulated_gpus,

@@ -20,8 +20,8 @@ from drasil.driver.devices import (
     DeviceType,
     Version,
 )
-from drasil.driver.discovery.nodedevices import discover
-from drasil.driver.discovery.simulated import simulated_library
+from drasil.driver.nvidia.nodedevices import discover
+from drasil.driver.nvidia.simulated import simulated_library
 from drasil.driver.slices.build import (
     JsonObject,
     OwnerRef,

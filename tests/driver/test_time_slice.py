@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from drasil.driver.discovery import nvml
-from drasil.driver.discovery.nvml import (
+from drasil.driver.nvidia import nvml
+from drasil.driver.nvidia.nvml import (
     NVML_ERROR_INVALID_ARGUMENT,
     NVML_ERROR_NOT_SUPPORTED,
     NvmlNotSupported,
@@ -19,7 +19,7 @@ from drasil.driver.discovery.nvml import (
     PynvmlLibrary,
     parse_time_slice,
 )
-from drasil.driver.discovery.simulated import FakeNvml, simulated_gpus
+from drasil.driver.nvidia.simulated import FakeNvml, simulated_gpus
 
 UUID = "GPU-11111111-2222-3333-4444-555555555555"
 

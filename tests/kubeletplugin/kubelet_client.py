@@ -28,10 +28,10 @@ import grpc
 from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore
 from drasil.driver.claims.plan import ClaimRef
 from drasil.driver.devices import Device
-from drasil.driver.discovery.nodedevices import discover
-from drasil.driver.discovery.simulated import simulated_library
 from drasil.driver.files import CRASH_ENV, CRASH_EXIT_CODE
 from drasil.driver.kubeapi import checked_name
+from drasil.driver.nvidia.nodedevices import discover
+from drasil.driver.nvidia.simulated import simulated_library
 from drasil.kubeletplugin.dra.prepare import Preparer
 from drasil.kubeletplugin.sockets import UnixSocketServer
 

@@ -29,7 +29,7 @@ from kubelet_client import DEADLINE, wait_until
 from drasil.api.kubelet.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from drasil.api.kubelet.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
 from drasil.driver.discovery.health import FAULT_FILE, write_faults
-from drasil.driver.discovery.simulated import simulated_library
+from drasil.driver.nvidia.simulated import simulated_library
 from drasil.kubeletplugin.deviceplugin.plugin import DevicePluginIntervals, DevicePluginServer
 from drasil.kubeletplugin.options import PluginOptions, parse_options
 from drasil.kubeletplugin.sockets import UnixSocketServer

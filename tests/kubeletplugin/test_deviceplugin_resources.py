@@ -18,8 +18,8 @@ from drasil.driver.cdi.staticspec import (
     write_device_spec,
 )
 from drasil.driver.devices import Device, DeviceType
-from drasil.driver.discovery.nodedevices import discover
-from drasil.driver.discovery.simulated import FakeNvml, simulated_gpus
+from drasil.driver.nvidia.nodedevices import discover
+from drasil.driver.nvidia.simulated import FakeNvml, simulated_gpus
 from drasil.kubeletplugin.deviceplugin.resources import (
     DevicePluginConfigError,
     Resource,

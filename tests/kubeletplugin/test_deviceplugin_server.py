@@ -26,7 +26,7 @@ from test_deviceplugin_kubelet import (
 
 from drasil.api.kubelet.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from drasil.driver.cdi.staticspec import device_spec_path
-from drasil.driver.discovery.simulated import simulated_library
+from drasil.driver.nvidia.simulated import simulated_library
 from drasil.kubeletplugin.deviceplugin.plugin import DevicePluginServer
 from drasil.kubeletplugin.deviceplugin.resources import DevicePluginConfigError
 

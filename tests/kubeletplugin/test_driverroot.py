@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from drasil.driver.cli import main as drasil
-from drasil.driver.discovery.simulated import simulated_library
+from drasil.driver.nvidia.simulated import simulated_library
 from drasil.kubeletplugin.driverroot import (
     cdi_hook_path,
     driver_root,

@@ -28,9 +28,9 @@ from kubelet_client import (
 from drasil.api.checkpoint import ClaimState, MigState
 from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore
 from drasil.driver.devices import Device
-from drasil.driver.discovery.nodedevices import discover
-from drasil.driver.discovery.nvml import NvmlLibrary, Placement
-from drasil.driver.discovery.simulated import simulated_library
+from drasil.driver.nvidia.nodedevices import discover
+from drasil.driver.nvidia.nvml import NvmlLibrary, Placement
+from drasil.driver.nvidia.simulated import simulated_library
 from drasil.kubeletplugin.dra.migs import MigInstances
 from drasil.kubeletplugin.dra.prepare import Preparer
 

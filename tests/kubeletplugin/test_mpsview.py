@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from drasil.driver.cdi.ldcache import elf_interpreter
+from drasil.driver.nvidia.ldcache import elf_interpreter
 from drasil.kubeletplugin.dra import mpsview
 
 HOST_PROGRAM = Path(shutil.which("env") or "/usr/bin/env")  # dynamic, as the driver's are

@@ -9,7 +9,7 @@ from kubelet_client import NODE
 from prometheus_client import CollectorRegistry
 
 from drasil.driver.discovery.health import HealthTracker
-from drasil.driver.discovery.simulated import simulated_library
+from drasil.driver.nvidia.simulated import simulated_library
 from drasil.kubeletplugin.dra.nodepool import NodeSlices
 from drasil.kubeletplugin.metrics import devices_gauge
 from drasil.kubeletplugin.node import NodeRuntime

@@ -9,7 +9,7 @@ import pytest
 from kubelet_client import NODE
 from prometheus_client import CollectorRegistry
 
-from drasil.driver.discovery.simulated import simulated_library
+from drasil.driver.nvidia.simulated import simulated_library
 from drasil.kubeletplugin.metrics import devices_gauge
 from drasil.kubeletplugin.node import NodeRuntime
 from drasil.kubeletplugin.options import parse_options

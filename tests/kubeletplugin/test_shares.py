@@ -29,9 +29,9 @@ from kubelet_client import (
 
 from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore, read_state
 from drasil.driver.devices import CapacityPolicy, Device
-from drasil.driver.discovery.nodedevices import discover
-from drasil.driver.discovery.nvml import NvmlLibrary
-from drasil.driver.discovery.simulated import simulated_library
+from drasil.driver.nvidia.nodedevices import discover
+from drasil.driver.nvidia.nvml import NvmlLibrary
+from drasil.driver.nvidia.simulated import simulated_library
 from drasil.kubeletplugin.dra import mpsstandin
 from drasil.kubeletplugin.dra.mps import DaemonProgram, MpsDaemons, process_start_time
 from drasil.kubeletplugin.dra.prepare import Preparer

@@ -43,7 +43,7 @@ from drasil.driver.devices import (
     DeviceType,
     MigPlacement,
 )
-from drasil.driver.discovery.nvml import (
+from drasil.driver.nvidia.nvml import (
     DeviceHandle,
     GpuInstanceProfile,
     NvmlLibrary,

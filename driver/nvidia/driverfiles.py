@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Final
 
-from drasil.driver.cdi.ldcache import elf_soname, read_ld_cache
+from drasil.driver.nvidia.ldcache import elf_soname, read_ld_cache
 
 LIBRARY_FOLDERS: Final = (
     "/",

@@ -25,7 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Final
 
-from drasil.driver.cdi.driverfiles import (
+from drasil.driver.cdi.spec import (
+    ENV_NVIDIA_VISIBLE_DEVICES,
+    ContainerEdits,
+    Hook,
+    Mount,
+    host_device_node,
+)
+from drasil.driver.nvidia.driverfiles import (
     BINARY_FOLDERS,
     SOCKET_FOLDERS,
     DriverFiles,
@@ -33,13 +40,6 @@ from drasil.driver.cdi.driverfiles import (
     DriverRoot,
     find_driver_files,
     root_driver_version,
-)
-from drasil.driver.cdi.spec import (
-    ENV_NVIDIA_VISIBLE_DEVICES,
-    ContainerEdits,
-    Hook,
-    Mount,
-    host_device_node,
 )
 
 log = logging.getLogger(__name__)

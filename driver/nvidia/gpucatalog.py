@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from drasil.driver.discovery.nvml import (
+from drasil.driver.nvidia.nvml import (
     ARCH_ADA,
     ARCH_AMPERE,
     ARCH_BLACKWELL,

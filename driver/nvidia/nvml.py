@@ -2,7 +2,7 @@
 
 Discovery and health talk to ``NvmlLibrary`` only. Two classes implement it: the
 ``PynvmlLibrary`` adapter over nvidia-ml-py (module ``pynvml``) for real GPUs, and the
-fake in ``drasil.driver.discovery.simulated`` for demos and tests. Keeping the Protocol small and
+fake in ``drasil.driver.nvidia.simulated`` for demos and tests. Keeping the Protocol small and
 typed (our own dataclasses, our own exceptions) is what lets the simulated backend run
 the very same discovery code path as real hardware.
 

@@ -2,7 +2,7 @@
 
 The fake implements ``NvmlLibrary``, so a simulated node goes through the same
 ``discover()`` as a real one; only the numbers come from
-``drasil.driver.discovery.gpucatalog``. Profile specs are ``name:count`` entries, comma
+``drasil.driver.nvidia.gpucatalog``. Profile specs are ``name:count`` entries, comma
 separated: ``h100-80gb:8``, ``a100-40gb-mig:2``, ``h100-80gb:4,l4:2`` (a bare name
 means one GPU). GPUs are numbered across entries in order.
 
@@ -78,14 +78,15 @@ from typing import Any, TypeVar
 
 from drasil.driver.checkpoint import read_boot_id
 from drasil.driver.devices import CharDevice
-from drasil.driver.discovery.gpucatalog import (
+from drasil.driver.files import FileLock, write_atomic
+from drasil.driver.nvidia.gpucatalog import (
     PROFILES,
     GpuModel,
     MigInstance,
     MigProfile,
     gpu_instance_id_at,
 )
-from drasil.driver.discovery.nvml import (
+from drasil.driver.nvidia.nvml import (
     ARCH_AMPERE,
     COMPUTE_MODE_DEFAULT,
     COMPUTE_MODE_NAMES,
@@ -119,7 +120,6 @@ from drasil.driver.discovery.nvml import (
     check_time_slice,
     error_for_code,
 )
-from drasil.driver.files import FileLock, write_atomic
 
 log = logging.getLogger(__name__)
 

@@ -60,7 +60,7 @@ from drasil.driver.devices import (
     DeviceType,
     Version,
 )
-from drasil.driver.discovery.nvml import (
+from drasil.driver.nvidia.nvml import (
     ARCH_AMPERE,
     ARCHITECTURE_NAMES,
     BRAND_NAMES,
@@ -75,7 +75,7 @@ from drasil.driver.discovery.nvml import (
     NvmlUnavailable,
     mig_memory_gb,
 )
-from drasil.driver.discovery.partitions import PartitionableGpu, compact_profile, partition
+from drasil.driver.nvidia.partitions import PartitionableGpu, compact_profile, partition
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from drasil.driver.cdi.driverfiles import (
+from drasil.driver.nvidia.driverfiles import (
     DriverFilesError,
     DriverRoot,
     find_driver_files,
