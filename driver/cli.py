@@ -7,6 +7,7 @@ import importlib.metadata
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
@@ -16,7 +17,7 @@ import yaml
 from drasil.api.limits import MAX_FILE_BYTES, allow_nesting
 from drasil.driver.claims.configcheck import validate_config_document
 from drasil.driver.devices import CapacityPolicy, Device, Version
-from drasil.driver.discovery.backends import BACKENDS, open_backend
+from drasil.driver.discovery.backends import BACKENDS, VendorError, discover_node, open_backends
 from drasil.driver.discovery.health import FAULT_FILE, read_faults, write_faults
 from drasil.driver.explain.claims import render_table
 from drasil.driver.explain.fromapi import ClaimNotFound, explain_from_api
@@ -29,7 +30,7 @@ from drasil.driver.kubeapi import (
 )
 from drasil.driver.nvidia.driverfiles import DriverRoot, load_nvml
 from drasil.driver.nvidia.nodecheck import check_device_nodes, check_driver, check_hook, report
-from drasil.driver.nvidia.nodedevices import GPU_SHARING, MIG_MODES, DiscoveryResult, discover
+from drasil.driver.nvidia.nodedevices import GPU_SHARING, MIG_MODES
 from drasil.driver.nvidia.nvml import NvmlError, NvmlLibrary
 from drasil.driver.nvidia.partitions import ExistingMig, existing_mig_instances
 from drasil.driver.nvidia.simulated import ProfileSpecError
@@ -48,7 +49,16 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("discover", help="list this node's devices and the ResourceSlices")
     d.add_argument("--backend", choices=BACKENDS, default="nvml")
-    d.add_argument("--profile", default="h100-80gb:8", help="simulated GPUs, e.g. l4:2")
+    d.add_argument(
+        "--profile", default="h100-80gb:8", help="simulated GPUs, e.g. l4:2 or mi300x:8,h100-80gb:2"
+    )
+    d.add_argument(
+        "--vendors",
+        default="nvidia",
+        help="with --backend nvml: nvidia, amd, nvidia,amd or auto (--backend simulated: "
+        "from the profile)",
+    )
+    d.add_argument("--amd-sysfs-root", default="/sys", help="where amdgpu's sysfs tree is read")
     d.add_argument("--node-name", required=True, help="the node (and pool) name")
     d.add_argument("--driver-name", default=DEFAULT_DRIVER)
     d.add_argument("-o", "--output", choices=OUTPUTS, default="table")
@@ -121,7 +131,7 @@ def _doctor(args: argparse.Namespace, out: TextIO) -> int:
     nodes: list[str] = []
     if args.backend == "nvml":
         load_nvml(root)  # the root's NVML, not whatever the loader's path finds first
-        lib = open_backend("nvml", profile="", node_name="doctor")
+        lib = open_backends("nvml", vendors=["nvidia"], profile="", node_name="doctor").nvml
         lib.init()
         try:
             nvml_version = lib.system_driver_version()
@@ -204,17 +214,26 @@ def _print_devices(devices: Sequence[Device], out: TextIO) -> None:
 
 
 def _discover(args: argparse.Namespace, out: TextIO) -> int:
-    lib = open_backend(
-        args.backend,
-        profile=args.profile,
-        node_name=args.node_name,
-        state_file=args.simulated_state,
-    )
-    result: DiscoveryResult = discover(
-        lib, node_name=args.node_name, mig_mode=args.mig_mode, gpu_sharing=args.gpu_sharing
-    )
+    # Simulated AMD GPUs are a sysfs tree: a fresh one per run (they hold no state here).
+    with tempfile.TemporaryDirectory(prefix="drasil-amd-") as amd_root:
+        backends = open_backends(
+            args.backend,
+            vendors=args.vendors.split(","),
+            profile=args.profile,
+            node_name=args.node_name,
+            state_file=args.simulated_state,
+            simulated_amd_root=Path(amd_root),
+            amd_sysfs_root=Path(args.amd_sysfs_root),
+        )
+        result = discover_node(
+            backends.nvml,
+            backends.amd_sysfs,
+            node_name=args.node_name,
+            mig_mode=args.mig_mode,
+            gpu_sharing=args.gpu_sharing,
+        )
     for skipped in result.skipped:
-        print(f"warning: device {skipped.index} skipped: {skipped.reason}", file=sys.stderr)
+        print(f"warning: device skipped: {skipped}", file=sys.stderr)
     slices = build_slices(
         driver=args.driver_name,
         pool=args.node_name,
@@ -231,14 +250,14 @@ def _discover(args: argparse.Namespace, out: TextIO) -> int:
         yaml.safe_dump_all(slices, out, sort_keys=False)
     else:
         _print_devices(result.devices, out)
+        drivers = "; ".join((f"driver {args.driver_name}", *result.drivers))
         out.write(
             f"\n{len(result.devices)} devices in {len(slices)} ResourceSlice(s) of pool "
-            f"{args.node_name} (driver {args.driver_name}, NVIDIA driver "
-            f"{result.driver_version.value}, CUDA {result.cuda_driver_version.value})\n"
+            f"{args.node_name} ({drivers})\n"
         )
         for note in _sharing_notes(result.devices):
             out.write(note + "\n")
-        _print_mig_instances(_mig_instances(lib), out)
+        _print_mig_instances(_mig_instances(backends.nvml), out)
     return 0
 
 
@@ -330,7 +349,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         if args.command == "doctor":
             return _doctor(args, out)
         return _validate_config(args, out)
-    except (NvmlError, ProfileSpecError, OSError, KubeconfigError) as err:
+    except (NvmlError, ProfileSpecError, VendorError, OSError, KubeconfigError) as err:
         print(f"drasil {args.command}: {err}", file=sys.stderr)
         return 2
 

@@ -31,7 +31,10 @@ NOT_READY_REASON: Final = "GPUDriverNotReady"
 
 def driver_root(opts: PluginOptions) -> DriverRoot | None:
     """The root whose files go into specs; ``None`` for simulated GPUs given no root
-    (a machine without a GPU has no driver to give)."""
+    (a machine without a GPU has no driver to give), and for a node that serves no
+    NVIDIA GPU."""
+    if "nvidia" not in opts.vendors:
+        return None
     if opts.backend == "simulated" and opts.nvidia_driver_root is None:
         return None
     root = DriverRoot(host=opts.driver_root_host, local=opts.driver_root_local)
@@ -47,8 +50,8 @@ def driver_root(opts: PluginOptions) -> DriverRoot | None:
 
 
 def preload_nvml(opts: PluginOptions) -> Path | None:
-    """With ``--backend nvml``, NVML from the driver root (``load_nvml``)."""
-    if opts.backend != "nvml":
+    """With ``--backend nvml`` for NVIDIA, NVML from the driver root (``load_nvml``)."""
+    if opts.backend != "nvml" or "nvidia" not in opts.vendors:
         return None
     root = DriverRoot(host=opts.driver_root_host, local=opts.driver_root_local)
     path = load_nvml(root)

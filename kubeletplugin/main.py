@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from drasil.api.limits import allow_nesting
-from drasil.driver.discovery.backends import open_backend
+from drasil.driver.discovery.backends import NodeBackends, VendorError, open_backends
 from drasil.driver.kubeapi import KubeApi, KubeconfigError, load_api_client
 from drasil.driver.logs import setup_logging
 from drasil.driver.nvidia.nvml import NvmlError
@@ -63,7 +63,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         with signals_for_the_main_thread():
             daemon = _start(opts)
             stopped = stop_on_signals()
-    except (NvmlError, ProfileSpecError, DevicePluginConfigError, OSError, KubeconfigError) as err:
+    except (
+        NvmlError,
+        ProfileSpecError,
+        DevicePluginConfigError,
+        OSError,
+        KubeconfigError,
+        VendorError,
+    ) as err:
         log.error("cannot start: %s", err)
         return 1
     log.info(
@@ -105,23 +112,36 @@ def with_node_mig_mode(opts: PluginOptions, api: KubeApi) -> PluginOptions:
     return replace(opts, mig_mode=value)
 
 
-def _start(opts: PluginOptions) -> NodeDaemon:
-    preload_nvml(opts)
-    lib = open_backend(
+def open_node_backends(opts: PluginOptions) -> tuple[PluginOptions, NodeBackends]:
+    """The vendor backends of this node, and the options with the vendors found
+    (``auto``, or a simulated profile's) in place of the ones asked for."""
+    backends = open_backends(
         opts.backend,
+        vendors=opts.vendors,
         profile=opts.simulated_profile,
         node_name=opts.node_name,
         state_file=opts.simulated_state_file,
+        simulated_amd_root=opts.simulated_amd_root,
+        amd_sysfs_root=opts.amd_sysfs_root,
         dev_root=opts.dev_root,
         proc_root=opts.proc_root,
     )
+    vendors = tuple(v.value for v in backends.vendors)
+    log.info("serving GPU vendors", extra={"vendors": vendors})
+    return replace(opts, vendors=vendors), backends
+
+
+def _start(opts: PluginOptions) -> NodeDaemon:
+    opts, backends = open_node_backends(opts)
+    preload_nvml(opts)
+    lib, amd = backends.nvml, backends.amd_sysfs
     # Device-plugin mode needs no API server: kubelet's socket is all it talks to.
     if opts.mode == "device-plugin":
-        server = DevicePluginServer(opts, lib=lib)
+        server = DevicePluginServer(opts, lib=lib, amd_sysfs=amd)
         server.start()
         return server
     api = KubeApi(load_api_client(opts.kubeconfig))
-    plugin = KubeletPlugin(with_node_mig_mode(opts, api), lib=lib, api=api)
+    plugin = KubeletPlugin(with_node_mig_mode(opts, api), lib=lib, api=api, amd_sysfs=amd)
     plugin.start()
     return plugin
 

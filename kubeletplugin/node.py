@@ -27,10 +27,11 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry, Gauge
 
 from drasil.api.kubelet import names
-from drasil.driver.devices import CounterSet, Device
+from drasil.driver.amd.health import AmdHealthWatcher
+from drasil.driver.devices import CounterSet, Device, Vendor
+from drasil.driver.discovery.backends import discover_node
 from drasil.driver.discovery.health import FAULT_FILE, FaultFileWatcher, HealthTracker
 from drasil.driver.endpoints import HealthCheck, serve_http
-from drasil.driver.nvidia.nodedevices import discover
 from drasil.driver.nvidia.nvml import NvmlError, NvmlLibrary
 from drasil.driver.nvidia.xid import XidWatcher
 from drasil.kubeletplugin.options import PluginOptions
@@ -58,9 +59,17 @@ class NodeDaemon(Protocol):
 class NodeRuntime:
     """Discovery, health sources, HTTP servers and background threads of one daemon."""
 
-    def __init__(self, opts: PluginOptions, *, lib: NvmlLibrary, devices_gauge: Gauge) -> None:
+    def __init__(
+        self,
+        opts: PluginOptions,
+        *,
+        lib: NvmlLibrary,
+        devices_gauge: Gauge,
+        amd_sysfs: Path | None = None,
+    ) -> None:
         self.opts = opts
-        self.lib = lib
+        self.lib = lib  # NVIDIA's NVML: one with no GPUs where NVIDIA is not served
+        self.amd_sysfs = amd_sysfs  # amdgpu's sysfs tree; None where AMD is not served
         self.stop_event = threading.Event()
         self._devices_gauge = devices_gauge
         # The shared counters the devices consume (``--mig-mode dynamic``), set by discover.
@@ -94,12 +103,16 @@ class NodeRuntime:
         # Sharing by capacity is a DRA feature too: kubelet's device-plugin API hands
         # each device to one container, so that mode always sees exclusive GPUs.
         sharing = self.opts.gpu_sharing if self.opts.mode == "dra" else "exclusive"
-        result = discover(
-            self.lib, node_name=self.opts.node_name, mig_mode=mig_mode, gpu_sharing=sharing
+        result = discover_node(
+            self.lib,
+            self.amd_sysfs,
+            node_name=self.opts.node_name,
+            mig_mode=mig_mode,
+            gpu_sharing=sharing,
         )
         self.counter_sets = result.counter_sets
         for skipped in result.skipped:
-            log.error("device skipped", extra={"index": skipped.index, "why": skipped.reason})
+            log.error("device skipped: %s", skipped)
         log.info(
             "discovered devices",
             extra={"count": len(result.devices), "devices": [d.name for d in result.devices]},
@@ -115,7 +128,13 @@ class NodeRuntime:
         watcher = FaultFileWatcher(self.opts.state_dir / FAULT_FILE, health, interval=fault_poll)
         watcher.poll()  # faults injected before start count from the first publish
         self.thread("faults", watcher.run)
-        self.thread("xid", XidWatcher(self.lib, list(devices), health).run)
+        # Each vendor's watcher sees its own devices only: an NVML "GPU lost" that
+        # names no GPU marks every device it watches, and none of those is AMD's.
+        nvidia = [d for d in devices if d.vendor is Vendor.NVIDIA]
+        self.thread("xid", XidWatcher(self.lib, nvidia, health).run)
+        if self.amd_sysfs is not None:
+            amd = [d for d in devices if d.vendor is Vendor.AMD]
+            self.thread("amd-health", AmdHealthWatcher(self.amd_sysfs, amd, health).run)
         total = len(devices)
         gauge = self._devices_gauge
         gauge.labels(names.HEALTHY).set_function(lambda: total - len(health.unhealthy()))

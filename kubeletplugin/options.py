@@ -21,6 +21,8 @@ MIG_STRATEGIES = ("none", "single", "mixed")
 MIG_MODES = ("static", "dynamic")
 GPU_SHARING = ("exclusive", "consumable")
 CDI_HOOKS = ("enabled", "disabled")
+VENDORS = ("nvidia", "amd")
+AUTO_VENDORS = "auto"
 # Where the image carries NVIDIA's nvidia-cdi-hook (Dockerfile), copied to the node
 # when no --nvidia-cdi-hook-path is given.
 BUNDLED_CDI_HOOK = "/opt/drasil/bin/nvidia-cdi-hook"
@@ -79,6 +81,15 @@ class PluginOptions:
     bundled_cdi_hook: Path = Path(BUNDLED_CDI_HOOK)
     # Where the NVIDIA driver's /proc entries are read (MIG capability minors).
     proc_root: Path = Path("/proc")
+    # The GPU vendors this node serves (docs/amd.md#choosing-the-vendors): a subset of
+    # VENDORS, or ("auto",) to find them; the simulated backend takes them from its
+    # profile instead.
+    vendors: tuple[str, ...] = ("nvidia",)
+    # Where amdgpu's sysfs tree is read (a fake tree in tests).
+    amd_sysfs_root: Path = Path("/sys")
+    # Device-plugin mode: the extended resource AMD GPUs are advertised under (ROCm's
+    # device plugin's, so Pods written for it run unchanged).
+    amd_resource_name: str = "amd.com/gpu"
 
     @property
     def driver_root_host(self) -> str:
@@ -104,6 +115,12 @@ class PluginOptions:
     def state_dir(self) -> Path:
         """Checkpoint and locks live beside the DRA socket (docs/design.md#names)."""
         return self.plugins_dir / self.driver_name
+
+    @property
+    def simulated_amd_root(self) -> Path:
+        """The simulated AMD GPUs' sysfs tree: written once per node, it keeps their
+        partition modes and error counters as a real GPU's sysfs would."""
+        return self.state_dir / "simulated-amd-sysfs"
 
     @property
     def simulated_state_file(self) -> Path:
@@ -250,6 +267,23 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "for runtimes that refuse hooks",
     )
     p.add_argument(
+        "--vendors",
+        default=env.get("VENDORS", "nvidia"),
+        help="env VENDORS; the GPU vendors this node serves, comma-separated: nvidia, amd, "
+        "or auto (each vendor whose kernel driver has GPUs here); --backend simulated "
+        "takes them from --simulated-profile",
+    )
+    p.add_argument(
+        "--amd-sysfs-root",
+        default=env.get("AMD_SYSFS_ROOT", "/sys"),
+        help="env AMD_SYSFS_ROOT; where amdgpu's sysfs tree is read; for tests",
+    )
+    p.add_argument(
+        "--amd-resource-name",
+        default=env.get("AMD_RESOURCE_NAME", "amd.com/gpu"),
+        help="device-plugin mode: the extended resource of AMD GPUs (ROCm's plugin's)",
+    )
+    p.add_argument(
         "--proc-root",
         default=env.get("PROC_ROOT", "/proc"),
         help="env PROC_ROOT; where the NVIDIA driver's /proc entries are read (MIG "
@@ -299,6 +333,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         ("--container-driver-root", ns.container_driver_root),
         ("--nvidia-cdi-hook-path", ns.nvidia_cdi_hook_path),
         ("--proc-root", ns.proc_root),
+        ("--amd-sysfs-root", ns.amd_sysfs_root),
     ):
         if value and not value.startswith("/"):
             raise OptionsError(f"{flag}: {value!r} is not an absolute path")
@@ -339,7 +374,23 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         cdi_hooks=ns.cdi_hooks,
         bundled_cdi_hook=Path(env.get("DRASIL_BUNDLED_CDI_HOOK", BUNDLED_CDI_HOOK)),
         proc_root=Path(ns.proc_root),
+        vendors=_vendors(ns.vendors),
+        amd_sysfs_root=Path(ns.amd_sysfs_root),
+        amd_resource_name=ns.amd_resource_name,
     )
+
+
+def _vendors(text: str) -> tuple[str, ...]:
+    """``nvidia,amd`` → ``("nvidia", "amd")``; ``auto`` alone; nothing else."""
+    names = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    allowed = (*VENDORS, AUTO_VENDORS)
+    bad = [n for n in names if n not in allowed]
+    if not names or bad or (AUTO_VENDORS in names and len(names) > 1):
+        raise OptionsError(
+            f"--vendors: {text!r} is not a comma-separated list of {', '.join(VENDORS)}, "
+            f"nor {AUTO_VENDORS} alone"
+        )
+    return names
 
 
 def _daemon_pod(text: str) -> dict[str, Any]:

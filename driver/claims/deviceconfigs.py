@@ -10,10 +10,13 @@ a ``firstAvailable`` subrequest (``gpu`` for ``gpu/full``), or when it has no
 ``requests`` at all. Devices without any config get their kind's default (Exclusive).
 
 Kinds: a ``GpuConfig`` fits devices of type ``gpu``, a ``MigDeviceConfig`` type
-``mig``. An entry that names the request must fit the device, or it is an error. An
-entry for all requests (empty ``requests``) applies only to the devices it fits, as
-in NVIDIA's driver, so one claim-wide ``GpuConfig`` does not break the claim's MIG
-devices.
+``mig``; AMD devices (``amdgpu``, ``amdgpu-partition``) fit no kind: both kinds set
+NVIDIA sharing (time-slicing, MPS) or MIG, which AMD's driver does not have (an AMD
+GPU is shared by its compute partitions, docs/amd.md), so an entry naming an AMD
+device's request is refused, naming the vendor. An entry that names the request must
+fit the device, or it is an error. An entry for all requests (empty ``requests``)
+applies only to the devices it fits, as in NVIDIA's driver, so one claim-wide
+``GpuConfig`` does not break the claim's MIG (or AMD) devices.
 
 A config that fits must also be one drasil applies to the device
 (``sharing.not_applied``): strategy ``MPS`` is applied to shares of a consumable GPU
@@ -41,8 +44,17 @@ MAX_CONSUMED: Final = Decimal(2) ** 63  # no capacity of ours comes near; bounds
 _DEFAULTS: Final[Mapping[DeviceType, OpaqueConfig]] = {
     DeviceType.GPU: GpuConfig(),
     DeviceType.MIG: MigDeviceConfig(),
+    # Exclusive: what an AMD device is prepared with (no sharing settings to apply).
+    DeviceType.AMDGPU: GpuConfig(),
+    DeviceType.AMDGPU_PARTITION: GpuConfig(),
 }
-"""The config of a device that no entry applies to, and the kind that fits each type."""
+"""The config of a device that no entry applies to."""
+
+_FITTING: Final[Mapping[DeviceType, str]] = {
+    DeviceType.GPU: GpuConfig().kind,
+    DeviceType.MIG: MigDeviceConfig().kind,
+}
+"""The config kind that fits each type; a type missing here takes no config."""
 
 
 class AllocationError(ValueError):
@@ -261,7 +273,7 @@ def _candidates(
     decoded: Sequence[tuple[OpaqueConfigEntry, OpaqueConfig]],
 ) -> Iterator[tuple[OpaqueConfigEntry, OpaqueConfig]]:
     """The entries that apply to one result, highest precedence first."""
-    fitting_kind = _DEFAULTS[device.type].kind
+    fitting_kind = _FITTING.get(device.type)
     for entry, config in reversed(decoded):
         if entry.names(result) or (not entry.requests and config.kind == fitting_kind):
             yield entry, config
@@ -278,15 +290,30 @@ def _resolve_one(
     if winner is None:
         return ResolvedConfig(result=result, config=_DEFAULTS[device.type], entry=None)
     entry, config = winner
-    fitting_kind = _DEFAULTS[device.type].kind
+    fitting_kind = _FITTING.get(device.type)
     if config.kind == fitting_kind:
         return ResolvedConfig(result=result, config=config, entry=entry)
+    if fitting_kind is None:
+        problems.append(_no_config_fits(entry, config, device, result))
+        return None
     problems.append(
         f"{entry.describe()}: a {config.kind} cannot be applied to device "
         f'"{device.name}" of type {device.type} (request {result.request}); '
         f"use a {fitting_kind}"
     )
     return None
+
+
+def _no_config_fits(
+    entry: OpaqueConfigEntry, config: OpaqueConfig, device: Device, result: AllocatedDevice
+) -> str:
+    return (
+        f"{entry.describe()}: a {config.kind} cannot be applied to device "
+        f'"{device.name}" of type {device.type} (request {result.request}): it is an '
+        f"{device.vendor.name} GPU, which takes no opaque config; its driver has no "
+        "time-slicing, MPS or MIG settings, and an AMD GPU is shared by compute "
+        "partitions (amdgpu-partition devices, docs/amd.md)"
+    )
 
 
 def _add(resolved: dict[str, ResolvedConfig], new: ResolvedConfig, *, problems: list[str]) -> None:

@@ -57,7 +57,7 @@ from drasil.driver.claims.sharing import (
     sharing_mode,
     sharing_settings,
 )
-from drasil.driver.devices import AttributeValue, Device, DeviceType
+from drasil.driver.devices import AttributeValue, Device, DeviceType, Vendor
 
 
 class PlanError(ValueError):
@@ -83,7 +83,11 @@ class NodePool:
     driver: str
     pool: str
     devices: Mapping[str, Device]
+    # The spec-wide edits of the node's driver: NVIDIA's files, hooks and control
+    # nodes. They go only into specs of claims with a device of ``common_edits_vendor``:
+    # an AMD GPU needs its device nodes alone (ROCm's user space is in the image).
     common_edits: ContainerEdits = field(default_factory=ContainerEdits)
+    common_edits_vendor: Vendor = Vendor.NVIDIA
     # Where the claims' KEP-5304 metadata files go on the host; None: no metadata.
     metadata_root: Path | None = None
 
@@ -120,6 +124,12 @@ class PreparePlan:
         return tuple(d.prepared for d in self.devices)
 
 
+def _common_edits(node: NodePool, devices: Sequence[DevicePlan]) -> ContainerEdits:
+    if any(d.cdi.device.vendor is node.common_edits_vendor for d in devices):
+        return node.common_edits
+    return ContainerEdits()
+
+
 def plan_prepare(claim: Mapping[str, Any], *, ref: ClaimRef, node: NodePool) -> PreparePlan:
     """The plan of ``ref``'s prepare from its claim ``claim`` (read from the API).
 
@@ -142,7 +152,7 @@ def plan_prepare(claim: Mapping[str, Any], *, ref: ClaimRef, node: NodePool) -> 
         namespace=ref.namespace,
         name=ref.name,
         devices=tuple(d.cdi for d in devices),
-        common_edits=node.common_edits,
+        common_edits=_common_edits(node, devices),
         metadata=mounts,
     )
     return PreparePlan(claim=ref, devices=devices, spec=spec, metadata=metadata)

@@ -1,33 +1,208 @@
-"""Choosing the NVML library behind discovery: the real one or the simulated one."""
+"""The vendor backends of a node, real or simulated, and their devices together.
+
+A node serves one or more GPU vendors (``--vendors``): NVIDIA's backend is NVML
+(``drasil.driver.nvidia``), AMD's is amdgpu's sysfs tree (``drasil.driver.amd``). Each
+vendor's discovery turns its hardware into ``Device`` objects with names and types of
+its own (``gpu-0``, ``amdgpu-1``), and the node publishes them together in one pool.
+
+Every node has an NVML library: where NVIDIA is not served it is one with no GPUs, so
+the NVIDIA code paths (MIG, MPS, XIDs) run and find nothing instead of each asking
+whether NVIDIA is there.
+
+``--backend simulated`` takes its vendors from the profile: ``h100-80gb:2`` simulates
+NVIDIA GPUs through the fake NVML, ``mi300x:8`` AMD GPUs through a fake sysfs tree
+written once into the plugin's state dir (which keeps their partition modes and error
+counters as a real GPU's sysfs would), ``h100-80gb:2,mi300x:2`` a mixed node.
+
+A vendor backend provides (docs/design.md#vendor-backends): discovery from its source
+to ``Device`` objects (types of its own, never another vendor's), a simulated source
+for tests and demos, a health watcher reporting to ``HealthTracker``, and where its
+containers need more than the devices' nodes, the spec-wide CDI edits.
+"""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from drasil.driver.amd.devices import AmdSkipped, discover_amd
+from drasil.driver.amd.simulated import is_amd_model, parse_amd_profile, write_simulated_tree
+from drasil.driver.amd.sysfs import amdgpu_driver_dir
+from drasil.driver.devices import CounterSet, Device, Vendor, Version
+from drasil.driver.nvidia.nodedevices import SkippedDevice, discover
 from drasil.driver.nvidia.nvml import NvmlLibrary, PynvmlLibrary
-from drasil.driver.nvidia.simulated import simulated_library
+from drasil.driver.nvidia.simulated import FakeNvml, ProfileSpecError, simulated_library
 
 BACKENDS = ("nvml", "simulated")
+AUTO = "auto"
+_BDF = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 
 
-def open_backend(
+class VendorError(ValueError):
+    """``--vendors`` that cannot be served here: ``auto`` found no GPU driver."""
+
+
+@dataclass(frozen=True)
+class NodeBackends:
+    """What a node's devices are read from, per vendor."""
+
+    vendors: tuple[Vendor, ...]
+    # NVIDIA's: a real or fake NVML; one without GPUs where NVIDIA is not served.
+    nvml: NvmlLibrary
+    # AMD's: the amdgpu sysfs tree (real, or the simulated one); None: AMD not served.
+    amd_sysfs: Path | None = None
+
+
+@dataclass(frozen=True)
+class NodeDiscovery:
+    """Every vendor's devices of a node, what could not be published and why, and the
+    shared counters the devices consume."""
+
+    devices: tuple[Device, ...]
+    skipped: tuple[str, ...] = ()
+    counter_sets: tuple[CounterSet, ...] = field(default=())
+    # The drivers behind the devices, for people: "NVIDIA driver 580.65.06, CUDA 13.0".
+    drivers: tuple[str, ...] = ()
+
+
+def no_nvidia_gpus() -> NvmlLibrary:
+    """The NVML of a node NVIDIA is not served on: it answers, with no GPU."""
+    return FakeNvml(())
+
+
+def split_profile(profile: str) -> tuple[str, str]:
+    """A simulated profile split by vendor: (NVIDIA's entries, AMD's entries)."""
+    nvidia: list[str] = []
+    amd: list[str] = []
+    for entry in (part.strip() for part in profile.split(",") if part.strip()):
+        (amd if is_amd_model(entry.partition(":")[0].strip()) else nvidia).append(entry)
+    return ",".join(nvidia), ",".join(amd)
+
+
+def detect_vendors(*, proc_root: Path, amd_sysfs_root: Path) -> tuple[Vendor, ...]:
+    """The vendors whose kernel driver is loaded here with a GPU (``--vendors auto``).
+
+    NVIDIA: the kernel module's ``/proc/driver/nvidia/version``; AMD: a PCI device
+    bound to amdgpu. Neither: ``VendorError`` naming both places looked at.
+    """
+    found: list[Vendor] = []
+    if (proc_root / "driver/nvidia/version").is_file():
+        found.append(Vendor.NVIDIA)
+    amd_dir = amdgpu_driver_dir(amd_sysfs_root)
+    if amd_dir.is_dir() and any(_BDF.fullmatch(p.name) for p in amd_dir.iterdir()):
+        found.append(Vendor.AMD)
+    if not found:
+        raise VendorError(
+            f"--vendors auto: no GPU driver found: no {proc_root}/driver/nvidia/version "
+            f"(NVIDIA's kernel module) and no PCI device bound to amdgpu in {amd_dir}; "
+            "install a driver, or name the vendors with --vendors"
+        )
+    return tuple(found)
+
+
+def open_backends(
     backend: str,
     *,
+    vendors: Sequence[str],
     profile: str,
     node_name: str,
     state_file: Path | None = None,
+    simulated_amd_root: Path | None = None,
+    amd_sysfs_root: Path = Path("/sys"),
     dev_root: tuple[str, Path] = ("/dev", Path("/dev")),
     proc_root: Path = Path("/proc"),
-) -> NvmlLibrary:
-    """The NVML library for ``--backend``; both run the same discovery code path.
+) -> NodeBackends:
+    """The backends of ``--backend`` for ``--vendors`` (or the simulated profile).
 
-    ``state_file`` is where simulated GPUs keep their MIG state between processes;
-    ``dev_root`` (host path, local path) and ``proc_root`` where real GPUs' device
-    nodes and the driver's /proc entries are.
+    Raises ``ProfileSpecError`` for a simulated profile naming no known model, and
+    ``VendorError`` when ``auto`` finds no vendor.
     """
-    if backend == "nvml":
-        host, local = dev_root
-        return PynvmlLibrary(dev_root=host, dev_root_local=local, proc_root=proc_root)
     if backend == "simulated":
-        return simulated_library(profile, node_name=node_name, state_file=state_file)
-    raise ValueError(f"--backend: unsupported value {backend!r}; allowed values are {BACKENDS}")
+        return _simulated(profile, node_name, state_file, simulated_amd_root)
+    if backend != "nvml":
+        raise ValueError(f"--backend: unsupported value {backend!r}; allowed values are {BACKENDS}")
+    found = (
+        detect_vendors(proc_root=proc_root, amd_sysfs_root=amd_sysfs_root)
+        if tuple(vendors) == (AUTO,)
+        else tuple(Vendor(v) for v in vendors)
+    )
+    host, local = dev_root
+    nvml = (
+        PynvmlLibrary(dev_root=host, dev_root_local=local, proc_root=proc_root)
+        if Vendor.NVIDIA in found
+        else no_nvidia_gpus()
+    )
+    return NodeBackends(
+        vendors=found, nvml=nvml, amd_sysfs=amd_sysfs_root if Vendor.AMD in found else None
+    )
+
+
+def _simulated(
+    profile: str, node_name: str, state_file: Path | None, amd_root: Path | None
+) -> NodeBackends:
+    nvidia, amd = split_profile(profile)
+    vendors: list[Vendor] = []
+    nvml = no_nvidia_gpus()
+    if nvidia or not amd:  # an empty profile gets NVIDIA's error, naming the models
+        nvml = simulated_library(nvidia, node_name=node_name, state_file=state_file)
+        vendors.append(Vendor.NVIDIA)
+    if not amd:
+        return NodeBackends(vendors=tuple(vendors), nvml=nvml)
+    if amd_root is None:
+        raise ProfileSpecError(f"{amd!r}: simulated AMD GPUs need a directory for their tree")
+    try:
+        entries = parse_amd_profile(amd)
+    except ValueError as err:
+        raise ProfileSpecError(f"profile spec {profile!r}: {err}") from None
+    write_simulated_tree(entries, amd_root, node_name=node_name)
+    return NodeBackends(vendors=(*vendors, Vendor.AMD), nvml=nvml, amd_sysfs=amd_root)
+
+
+def discover_node(
+    nvml: NvmlLibrary,
+    amd_sysfs: Path | None,
+    *,
+    node_name: str,
+    mig_mode: str = "static",
+    gpu_sharing: str = "exclusive",
+) -> NodeDiscovery:
+    """Every vendor's devices (``NodeBackends``' ``nvml`` and ``amd_sysfs``); raises
+    ``NvmlUnavailable`` when NVIDIA is served and NVML cannot be used."""
+    found = discover(nvml, node_name=node_name, mig_mode=mig_mode, gpu_sharing=gpu_sharing)
+    devices = list(found.devices)
+    skipped = [_nvidia_skipped(s) for s in found.skipped]
+    drivers = []
+    if found.devices or found.skipped:
+        drivers.append(
+            f"NVIDIA driver {found.driver_version.value}, CUDA {found.cuda_driver_version.value}"
+        )
+    if amd_sysfs is not None:
+        amd = discover_amd(amd_sysfs)
+        devices.extend(amd.devices)
+        skipped.extend(_amd_skipped(s) for s in amd.skipped)
+        drivers.append(f"amdgpu {_amd_version(amd.devices)}")
+    return NodeDiscovery(
+        devices=tuple(devices),
+        skipped=tuple(skipped),
+        counter_sets=found.counter_sets,
+        drivers=tuple(drivers),
+    )
+
+
+def _amd_version(devices: Sequence[Device]) -> str:
+    versions = {d.attributes.get("driverVersion") for d in devices}
+    known = sorted(v.value for v in versions if isinstance(v, Version))
+    return ", ".join(known) or "(in-tree, no version)"
+
+
+def _nvidia_skipped(skipped: SkippedDevice) -> str:
+    where = f"NVIDIA GPU {skipped.index}"
+    if skipped.mig_index is not None:
+        where += f" MIG slot {skipped.mig_index}"
+    return f"{where}: {skipped.reason}"
+
+
+def _amd_skipped(skipped: AmdSkipped) -> str:
+    return f"AMD GPU {skipped.bdf}: {skipped.reason}"

@@ -24,7 +24,7 @@ from drasil.driver.cdi.spec import (
     device_nodes_of,
 )
 from drasil.driver.cdi.staticspec import device_cdi_id
-from drasil.driver.devices import Device
+from drasil.driver.devices import Device, Vendor
 from drasil.kubeletplugin.deviceplugin.resources import Resource, Unit
 
 # Device nodes: the container reads and writes them; it never creates nodes ("m").
@@ -71,12 +71,20 @@ def distinct_devices(units: Iterable[Unit]) -> list[Device]:
 
 
 def container_response(units: Sequence[Unit], *, driver: str) -> pb.ContainerAllocateResponse:
-    """CDI device names for runtimes with CDI, env and device nodes for those without."""
+    """CDI device names for runtimes with CDI, env and device nodes for those without.
+
+    ``DRASIL_VISIBLE_DEVICES`` and ``DRASIL_DEVICE_<NAME>`` are drasil's, for any vendor;
+    ``NVIDIA_VISIBLE_DEVICES`` lists NVIDIA devices only and is left out where there
+    are none (an AMD container: the NVIDIA container runtime would act on it). Each
+    device's CDI name is in its vendor's spec (``drasil.driver.cdi.staticspec``).
+    """
     devices = distinct_devices(units)
-    uuids = ",".join(d.uuid for d in devices)
-    envs = {ENV_NVIDIA_VISIBLE_DEVICES: uuids, ENV_VISIBLE_DEVICES: uuids}
+    envs = {ENV_VISIBLE_DEVICES: ",".join(d.uuid for d in devices)}
+    if nvidia := [d for d in devices if d.vendor == Vendor.NVIDIA]:
+        envs[ENV_NVIDIA_VISIBLE_DEVICES] = ",".join(d.uuid for d in nvidia)
     envs.update({device_env_name(d.name): d.uuid for d in devices})
-    # MIG devices of one GPU share its device node; a runtime refuses duplicates.
+    # MIG devices of one GPU share its device node, AMD devices /dev/kfd; a runtime
+    # refuses duplicates.
     nodes = {n.path: n.host_path or n.path for d in devices for n in device_nodes_of(d)}
     return pb.ContainerAllocateResponse(
         envs=envs,
@@ -85,7 +93,8 @@ def container_response(units: Sequence[Unit], *, driver: str) -> pb.ContainerAll
             for path, host in nodes.items()
         ],
         cdi_devices=[
-            pb.CDIDevice(name=device_cdi_id(driver=driver, device_name=d.name)) for d in devices
+            pb.CDIDevice(name=device_cdi_id(driver=driver, device_name=d.name, vendor=d.vendor))
+            for d in devices
         ],
     )
 

@@ -2,7 +2,8 @@
 
 For clusters (or nodes) without DRA, ``drasil-kubelet-plugin --mode device-plugin``
 serves ``v1beta1.DevicePlugin`` for each extended resource (``drasil.dev/gpu``, and
-``drasil.dev/mig-<profile>`` with ``--mig-strategy mixed``) on a socket in kubelet's
+``drasil.dev/mig-<profile>`` with ``--mig-strategy mixed``; ``amd.com/gpu`` for AMD
+GPUs and partitions) on a socket in kubelet's
 ``device-plugins/`` directory and registers it on ``kubelet.sock``. Discovery,
 health (XID events, the simulated fault file), HTTP and stopping are those of DRA
 mode (``kubeletplugin.node``); what differs is in ``deviceplugin.resources`` (what is
@@ -32,7 +33,8 @@ from drasil.api.kubelet import names
 from drasil.api.kubelet.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from drasil.api.kubelet.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
 from drasil.driver.cdi.spec import ENV_NVIDIA_VISIBLE_DEVICES
-from drasil.driver.cdi.staticspec import write_device_spec
+from drasil.driver.cdi.staticspec import write_device_specs
+from drasil.driver.devices import Vendor
 from drasil.driver.nvidia.driveredits import without_env
 from drasil.driver.nvidia.nvml import NvmlLibrary
 from drasil.kubeletplugin.deviceplugin.resources import Resource, plan_resources, socket_name
@@ -186,13 +188,17 @@ class DevicePluginServer:
         opts: PluginOptions,
         *,
         lib: NvmlLibrary,
+        amd_sysfs: Path | None = None,
         intervals: DevicePluginIntervals | None = None,
         metrics: DevicePluginMetrics | None = None,
     ) -> None:
         self.opts = opts
         self.intervals = intervals or DevicePluginIntervals()
         self.metrics = metrics or DevicePluginMetrics()
-        self.node = NodeRuntime(opts, lib=lib, devices_gauge=self.metrics.devices)
+        # amd_sysfs: amdgpu's sysfs tree where AMD GPUs are served (None elsewhere).
+        self.node = NodeRuntime(
+            opts, lib=lib, devices_gauge=self.metrics.devices, amd_sysfs=amd_sysfs
+        )
         self.endpoints: list[ResourceEndpoint] = []
 
     @property
@@ -209,16 +215,23 @@ class DevicePluginServer:
             resource_name=self.opts.resource_name,
             mig_strategy=self.opts.mig_strategy,
             replicas=self.opts.time_slicing_replicas,
+            amd_resource_name=self.opts.amd_resource_name,
         )
-        edits = node_edits(self.opts, self.node.lib)
-        log_readiness(readiness(self.opts, self.node.lib, edits))
-        write_device_spec(
+        common = None
+        if any(d.vendor == Vendor.NVIDIA for d in devices) or not devices:
+            # An AMD-only node has no NVIDIA driver to check or to give containers.
+            edits = node_edits(self.opts, self.node.lib)
+            log_readiness(readiness(self.opts, self.node.lib, edits))
+            # Allocate sets NVIDIA_VISIBLE_DEVICES to the container's GPUs; a spec-wide
+            # "void" would override it (CDI edits win over Allocate's env).
+            common = without_env(edits.current(), ENV_NVIDIA_VISIBLE_DEVICES)
+        # NVIDIA's driver edits are spec-wide in NVIDIA's spec only: AMD devices are in
+        # a spec of their own, which no spec-wide edit reaches (staticspec).
+        write_device_specs(
             devices,
             cdi_root=self.opts.cdi_root,
             driver=self.opts.driver_name,
-            # Allocate sets NVIDIA_VISIBLE_DEVICES to the container's GPUs; a spec-wide
-            # "void" would override it (CDI edits win over Allocate's env).
-            common=without_env(edits.current(), ENV_NVIDIA_VISIBLE_DEVICES),
+            nvidia_common=common,
         )
         self.health = self.node.watch_health(devices, fault_poll=self.intervals.fault_poll)
         self._start_endpoints(resources)
@@ -246,7 +259,9 @@ class DevicePluginServer:
         return ResourceEndpoint(
             service,
             directory=self.opts.device_plugins_dir,
-            socket=socket_name(service.resource.name, pod_uid=self.opts.pod_uid),
+            socket=socket_name(
+                service.resource.name, pod_uid=self.opts.pod_uid, vendor=service.resource.vendor
+            ),
             register_timeout=self.intervals.register_timeout,
             register_retry=self.intervals.register_retry,
             on_register=on_register,

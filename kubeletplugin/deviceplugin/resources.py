@@ -16,6 +16,15 @@ semantics, so manifests written for it keep working):
 - ``mixed``: full GPUs under ``--resource-name`` and each MIG profile as its own
   resource ``<domain>/mig-<profile>`` (``drasil.dev/mig-1g.5gb``).
 
+AMD GPUs and their compute partitions (``amdgpu``, ``amdgpu-partition``) are all
+advertised under ``--amd-resource-name`` (``amd.com/gpu``, ROCm's device plugin's
+resource, so Pods written for it run unchanged), one ID per device. MIG strategies
+and ``--time-slicing-replicas`` are NVIDIA settings and leave them alone: time-slicing
+is NVIDIA's (its device plugin's sharing of one GPU), and ROCm's plugin advertises each
+GPU or partition once. A vendor's resources are served only where the node has that
+vendor's devices, except that a node with no devices at all still serves
+``--resource-name``, empty, as before AMD was supported (see ``plan_resources``).
+
 Each resource is served on its own socket, registered with kubelet on its own.
 """
 
@@ -28,7 +37,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
-from drasil.driver.devices import Device, DeviceType
+from drasil.driver.devices import Device, DeviceType, Vendor
 from drasil.kubeletplugin.sockets import pod_tag
 
 log = logging.getLogger(__name__)
@@ -36,6 +45,7 @@ log = logging.getLogger(__name__)
 MIG_STRATEGIES: Final = ("none", "single", "mixed")
 REPLICA_SEPARATOR: Final = "::"
 SOCKET_PREFIX: Final = "drasil-"
+AMD_RESOURCE_NAME: Final = "amd.com/gpu"
 
 # Extended resource names: <DNS subdomain>/<qualified name part> (k8s.io/apimachinery).
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -68,6 +78,8 @@ class Resource:
 
     name: str
     units: tuple[Unit, ...]
+    # Every device of a resource is this vendor's: its socket name and CDI kind follow.
+    vendor: Vendor = Vendor.NVIDIA
     by_id: Mapping[str, Unit] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -104,33 +116,84 @@ def mig_resource_name(resource_name: str, profile: str) -> str:
     return f"{domain}/mig-{profile}"
 
 
-def socket_name(resource_name: str, *, pod_uid: str | None = None) -> str:
+def socket_name(
+    resource_name: str, *, pod_uid: str | None = None, vendor: Vendor = Vendor.NVIDIA
+) -> str:
     """``drasil-gpu.sock``; with a Pod UID ``drasil-gpu-<uid prefix>.sock``.
 
     The Pod UID keeps two instances of a rolling update from deleting each other's
     socket (each would re-create its own forever otherwise); its first characters
-    (``sockets.pod_tag``) are enough for that.
+    (``sockets.pod_tag``) are enough for that. An AMD resource's socket carries the
+    vendor (``drasil-amd-gpu.sock`` for ``amd.com/gpu``), so that it never takes the
+    socket of ``drasil.dev/gpu``.
     """
     _, _, part = resource_name.partition("/")
+    vendor_tag = "" if vendor == Vendor.NVIDIA else f"{vendor.value}-"
     suffix = f"-{pod_tag(pod_uid)}" if pod_uid else ""
-    return f"{SOCKET_PREFIX}{part}{suffix}.sock"
+    return f"{SOCKET_PREFIX}{vendor_tag}{part}{suffix}.sock"
 
 
 def plan_resources(
-    devices: Sequence[Device], *, resource_name: str, mig_strategy: str, replicas: int
+    devices: Sequence[Device],
+    *,
+    resource_name: str,
+    mig_strategy: str,
+    replicas: int,
+    amd_resource_name: str = AMD_RESOURCE_NAME,
 ) -> tuple[Resource, ...]:
-    """The resources to serve for the node's devices; see the module docstring."""
+    """The resources to serve for the node's devices; see the module docstring.
+
+    NVIDIA's resources come first, as before; AMD's one follows. A node with AMD
+    devices and no NVIDIA device serves no NVIDIA resource: registering an empty
+    ``drasil.dev/gpu`` there would only add a socket, a stream and a ``0`` to the
+    node's capacity for a GPU it cannot have (kubelet handles a resource nobody
+    registers the same way: Pods asking for it do not fit the node). A node without
+    any device keeps serving ``--resource-name`` empty, as it always did.
+    """
     validate_resource_name(resource_name)
+    validate_resource_name(amd_resource_name)
     if replicas < 1:
         raise DevicePluginConfigError(f"--time-slicing-replicas: {replicas} is less than 1")
-    groups = _groups(devices, resource_name=resource_name, mig_strategy=mig_strategy)
-    resources = tuple(
-        Resource(name=name, units=_units(members, replicas=replicas))
-        for name, members in groups.items()
-    )
+    nvidia = [d for d in devices if d.vendor == Vendor.NVIDIA]
+    amd = [d for d in devices if d.vendor == Vendor.AMD]
+    resources: list[Resource] = []
+    if nvidia or not amd:
+        groups = _groups(nvidia, resource_name=resource_name, mig_strategy=mig_strategy)
+        resources += (
+            Resource(name=name, units=_units(members, replicas=replicas))
+            for name, members in groups.items()
+        )
+    if amd:
+        if replicas > 1:
+            log.info(
+                "--time-slicing-replicas applies to NVIDIA devices only; "
+                "AMD devices are advertised once each",
+                extra={"count": len(amd)},
+            )
+        # No MIG strategy either: a partitioned AMD GPU is discovered as its
+        # partitions, each one ID of the one AMD resource (ROCm's plugin's default).
+        resources.append(
+            Resource(name=amd_resource_name, units=_units(amd, replicas=1), vendor=Vendor.AMD)
+        )
     for resource in resources:
         validate_resource_name(resource.name)
-    return resources
+    _check_distinct(resources)
+    return tuple(resources)
+
+
+def _check_distinct(resources: Sequence[Resource]) -> None:
+    # Two resources of one name (say --amd-resource-name = --resource-name) would be
+    # registered twice, the second replacing the first in kubelet; two of one socket
+    # name would take each other's socket.
+    seen: dict[str, str] = {}
+    for resource in resources:
+        for key in (resource.name, socket_name(resource.name, vendor=resource.vendor)):
+            if key in seen:
+                raise DevicePluginConfigError(
+                    f"resources {seen[key]} and {resource.name} clash ({key}); "
+                    "give --resource-name and --amd-resource-name distinct names"
+                )
+            seen[key] = resource.name
 
 
 def _groups(

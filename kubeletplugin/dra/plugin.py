@@ -82,9 +82,13 @@ class KubeletPlugin:
     api: KubeApi
     metrics: PluginMetrics = field(default_factory=PluginMetrics)
     intervals: Intervals = field(default_factory=Intervals)
+    # amdgpu's sysfs tree where AMD GPUs are served (drasil.driver.discovery.backends).
+    amd_sysfs: Path | None = None
 
     def __post_init__(self) -> None:
-        self.node = NodeRuntime(self.opts, lib=self.lib, devices_gauge=self.metrics.devices)
+        self.node = NodeRuntime(
+            self.opts, lib=self.lib, devices_gauge=self.metrics.devices, amd_sysfs=self.amd_sysfs
+        )
         self._servers: list[UnixSocketServer] = []
         dra_name, reg_name = socket_names(self.opts)
         self.dra_socket = self.opts.state_dir / dra_name

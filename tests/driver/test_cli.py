@@ -64,6 +64,38 @@ def test_discover_table_names_every_device() -> None:
     assert "NVIDIA L4" in text
 
 
+def test_discover_a_mixed_node_publishes_both_vendors_in_valid_slices() -> None:
+    code, text = run(
+        "discover", "--backend", "simulated", "--profile", "l4:1,mi300x-cpx:1,mi210:1",
+        "--node-name", "n1", "-o", "json",
+    )  # fmt: skip
+    assert code == 0
+    slices = json.loads(text)
+    for s in slices:
+        validate_slice(s)
+    devices = {d["name"]: d for s in slices for d in s["spec"]["devices"]}
+    assert sorted(devices) == ["amdgpu-1-cpx-" + str(i) for i in range(8)] + [
+        "amdgpu-9",
+        "gpu-0",
+    ]
+    part = devices["amdgpu-1-cpx-3"]
+    assert part["attributes"]["type"] == {"string": "amdgpu-partition"}
+    assert part["attributes"]["partitionProfile"] == {"string": "cpx_nps4"}
+    assert part["capacity"]["computeUnits"] == {"value": "38"}
+    assert devices["amdgpu-9"]["attributes"]["productName"] == {"string": "AMD Instinct MI210"}
+
+
+def test_discover_table_names_each_vendors_driver() -> None:
+    code, text = run(
+        "discover", "--backend", "simulated", "--profile", "mi300x:1", "--node-name", "n"
+    )  # fmt: skip
+    assert code == 0
+    assert "amdgpu-1" in text
+    assert "AMD Instinct MI300X" in text
+    assert "NVIDIA driver" not in text
+    assert "amdgpu 6.10.5" in text
+
+
 def test_discover_dynamic_mig_publishes_placements_and_counters() -> None:
     code, text = run(
         "discover", "--backend", "simulated", "--profile", "h100-80gb:2", "--node-name", "n1",

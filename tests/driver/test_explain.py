@@ -366,6 +366,36 @@ def test_a_class_that_rules_out_every_device_names_its_selector() -> None:
     assert "pass selector" not in result.message()
 
 
+def test_a_whole_gpu_class_on_a_node_of_amd_partitions_says_what_is_published() -> None:
+    partitions = [
+        {
+            "name": f"amdgpu-1-cpx-{i}",
+            "attributes": {
+                "type": {"string": "amdgpu-partition"},
+                "computePartition": {"string": "CPX"},
+            },
+        }
+        for i in range(8)
+    ]
+    slices = [resource_slice("node-a", [*partitions, device("gpu-0")])]
+    amd_class = {
+        "metadata": {"name": "amdgpu.drasil.dev"},
+        "spec": {
+            "selectors": [
+                {"cel": {"expression": f'device.attributes["{DRIVER}"].type == "amdgpu"'}}
+            ]
+        },
+    }
+    request = {"name": "gpu", "exactly": {"deviceClassName": "amdgpu.drasil.dev"}}
+
+    result = explain(claim("job", [request]), slices, classes=[amd_class])
+
+    assert result.message().endswith(
+        '0 pass class amdgpu.drasil.dev (none passes device.attributes["gpu.drasil.dev"]'
+        '.type == "amdgpu"; published are 8 amdgpu-partition (compute partition CPX) and 1 gpu)'
+    )
+
+
 def test_requests_of_other_drivers_are_left_out() -> None:
     nic = {"name": "nic", "exactly": {"deviceClassName": "nic.example.com"}}
 

@@ -163,3 +163,17 @@ def test_docstring_markup_is_stripped_from_help_texts(capsys: pytest.CaptureFixt
     text = capsys.readouterr().out
     assert "Runs x." in text
     assert "the --flag (default d)" in text
+
+
+def test_vendors_default_to_nvidia_and_take_a_list_or_auto() -> None:
+    assert parse_options([], {"NODE_NAME": "n"}).vendors == ("nvidia",)
+    both = parse_options(["--vendors", "amd, nvidia"], {"NODE_NAME": "n"})
+    assert both.vendors == ("amd", "nvidia")
+    assert parse_options([], {"NODE_NAME": "n", "VENDORS": "auto"}).vendors == ("auto",)
+    assert parse_options([], {"NODE_NAME": "n"}).amd_sysfs_root == Path("/sys")
+
+
+@pytest.mark.parametrize("value", ["intel", "auto,amd", "", "nvidia,,cuda"])
+def test_bad_vendors_name_the_allowed_values(value: str) -> None:
+    with pytest.raises(OptionsError, match=r"--vendors: .*nvidia, amd, nor auto alone"):
+        parse_options(["--vendors", value], {"NODE_NAME": "n"})
