@@ -117,7 +117,7 @@ def test_template_renders_both_daemons_as_documented(values_file: Path | None) -
             expected += ["rbac.authorization.k8s.io/v1/Role"]
             expected += ["rbac.authorization.k8s.io/v1/RoleBinding"]
     if values["deviceClasses"]["create"]:
-        expected += ["resource.k8s.io/v1/DeviceClass"] * 3
+        expected += ["resource.k8s.io/v1/DeviceClass"] * 6  # NVIDIA 3, AMD 2, any-gpu
     if values["validatingAdmissionPolicy"]["enabled"]:
         policies = int(dra) + int(controller)
         expected += ["admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"] * policies
@@ -409,9 +409,33 @@ def test_device_classes_select_our_driver_and_type() -> None:
                 }
             ]
         },
+        **{
+            name: {
+                "selectors": [
+                    {
+                        "cel": {
+                            "expression": 'device.driver == "gpu.example.com" && '
+                            f'device.attributes["gpu.example.com"].type {test}'
+                        }
+                    }
+                ]
+            }
+            for name, test in (
+                ("amdgpu.drasil.dev", '== "amdgpu"'),
+                ("amdgpu-partition.drasil.dev", '== "amdgpu-partition"'),
+                ("any-gpu.drasil.dev", 'in ["gpu", "amdgpu"]'),
+            )
+        },
     }
     without = render(namespace="ns", sets=["deviceClasses.extendedResourceName="])
     assert all("extendedResourceName" not in o["spec"] for o in by_kind(without, "DeviceClass"))
+    amd = render(namespace="ns", sets=["deviceClasses.amdExtendedResourceName=amd.com/gpu"])
+    named = {
+        o["metadata"]["name"]: o["spec"].get("extendedResourceName")
+        for o in by_kind(amd, "DeviceClass")
+    }
+    assert named["amdgpu.drasil.dev"] == "amd.com/gpu"
+    assert named["gpu.drasil.dev"] == "drasil.dev/gpu"
 
 
 # ---- values.schema.json ------------------------------------------------------------
