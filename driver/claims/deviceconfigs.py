@@ -354,9 +354,36 @@ def resolve_configs(
         if one is not None:
             _add(resolved, one, problems=problems)
     problems.extend(_not_applied(resolved.values(), devices=devices))
+    problems.extend(_fitting_nothing(allocation, decoded, devices=devices))
     if problems:
         raise ConfigResolutionError(problems)
     return resolved
+
+
+def _fitting_nothing(
+    allocation: Allocation,
+    decoded: Sequence[tuple[OpaqueConfigEntry, OpaqueConfig]],
+    *,
+    devices: Mapping[str, Device],
+) -> list[str]:
+    """Entries for all requests that fit none of the claim's devices, where some of
+    them take no config (AMD's): refused as if they named those devices.
+
+    The scheduler clears an entry's ``requests`` when the entry names every request
+    of the claim, so a GpuConfig written for the one request of an AMD claim arrives
+    here with none; skipping it as a claim-wide entry would prepare the GPU as if the
+    config were not there.
+    """
+    ours = [r for r in allocation.devices if r.driver == allocation.driver and r.device in devices]
+    untyped = [r for r in ours if devices[r.device].type not in _FITTING]
+    if not untyped:
+        return []
+    kinds = {_FITTING.get(devices[r.device].type) for r in ours}
+    return [
+        _no_config_fits(entry, config, devices[untyped[0].device], untyped[0])
+        for entry, config in decoded
+        if not entry.requests and config.kind not in kinds
+    ]
 
 
 def _not_applied(resolved: Iterable[ResolvedConfig], *, devices: Mapping[str, Device]) -> list[str]:

@@ -21,7 +21,7 @@ from drasil.driver.cdi.spec import (
     ENV_NVIDIA_VISIBLE_DEVICES,
     ENV_VISIBLE_DEVICES,
     device_env_name,
-    device_nodes_of,
+    host_device_node,
 )
 from drasil.driver.cdi.staticspec import device_cdi_id
 from drasil.driver.devices import Device, Vendor
@@ -71,7 +71,8 @@ def distinct_devices(units: Iterable[Unit]) -> list[Device]:
 
 
 def container_response(units: Sequence[Unit], *, driver: str) -> pb.ContainerAllocateResponse:
-    """CDI device names for runtimes with CDI, env and device nodes for those without.
+    """CDI device names for runtimes with CDI, env and host device nodes for those
+    without (AMD devices need a runtime with CDI: their nodes are given by number).
 
     ``DRASIL_VISIBLE_DEVICES`` and ``DRASIL_DEVICE_<NAME>`` are drasil's, for any vendor;
     ``NVIDIA_VISIBLE_DEVICES`` lists NVIDIA devices only and is left out where there
@@ -83,9 +84,13 @@ def container_response(units: Sequence[Unit], *, driver: str) -> pb.ContainerAll
     if nvidia := [d for d in devices if d.vendor == Vendor.NVIDIA]:
         envs[ENV_NVIDIA_VISIBLE_DEVICES] = ",".join(d.uuid for d in nvidia)
     envs.update({device_env_name(d.name): d.uuid for d in devices})
-    # MIG devices of one GPU share its device node, AMD devices /dev/kfd; a runtime
-    # refuses duplicates.
-    nodes = {n.path: n.host_path or n.path for d in devices for n in device_nodes_of(d)}
+    # Only nodes the host has by path: a runtime looks each one up on the host and fails
+    # the container when it is missing. Nodes given by number (AMD's /dev/kfd and DRM
+    # nodes, MIG capability nodes) reach the container through its CDI device alone,
+    # which creates them (a simulated AMD GPU has no host node at all). MIG devices of
+    # one GPU share its node; a runtime refuses duplicates.
+    host_nodes = [host_device_node(p) for d in devices for p in d.device_nodes]
+    nodes = {n.path: n.host_path or n.path for n in host_nodes}
     return pb.ContainerAllocateResponse(
         envs=envs,
         devices=[

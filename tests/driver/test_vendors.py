@@ -173,3 +173,15 @@ def test_device_types_know_their_vendor() -> None:
         DeviceType.AMDGPU: Vendor.AMD,
         DeviceType.AMDGPU_PARTITION: Vendor.AMD,
     }
+
+
+def test_a_config_the_scheduler_made_claim_wide_is_refused_for_an_amd_only_claim(
+    mixed_pool: NodePool,
+) -> None:
+    # A config naming every request of the claim arrives with no requests at all.
+    bad = claim(result("amdgpu-1"), configs=(config("TimeSlicing"),))
+    with pytest.raises(ConfigResolutionError) as err:
+        plan_prepare(bad, ref=REF, node=mixed_pool)
+    (problem,) = err.value.problems
+    assert 'device "amdgpu-1" of type amdgpu' in problem
+    assert "AMD GPU, which takes no opaque config" in problem
