@@ -10,7 +10,7 @@ What is real and what is drasil's:
   it exists: the simulated tree's convention, for ``drasil fault`` and tests. On a
   real node the file is absent and only RAS counts are watched.
 
-Semantics mirror the NVIDIA XID watcher (``drasil.driver.discovery.health``): a
+Semantics mirror the NVIDIA XID watcher (``drasil.driver.nvidia.xid``): a
 device (a GPU and all its partitions) whose uncorrectable count rose since the watcher
 started, or whose GPU was reset, is reported unhealthy under source ``amd``; it
 recovers once ``recovery_after`` seconds pass without a new error and its GPU is still

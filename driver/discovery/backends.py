@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from drasil.driver.amd.devices import AmdSkipped, discover_amd
@@ -62,7 +62,7 @@ class NodeDiscovery:
 
     devices: tuple[Device, ...]
     skipped: tuple[str, ...] = ()
-    counter_sets: tuple[CounterSet, ...] = field(default=())
+    counter_sets: tuple[CounterSet, ...] = ()
     # The drivers behind the devices, for people: "NVIDIA driver 580.65.06, CUDA 13.0".
     drivers: tuple[str, ...] = ()
 
