@@ -12,6 +12,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
+from typing import Final
+
+# The standard attributes every driver shares (k8s.io/dynamic-resource-allocation/
+# deviceattribute), whatever the vendor.
+PCI_BUS_ID_ATTRIBUTE: Final = "resource.kubernetes.io/pciBusID"
+PCIE_ROOT_ATTRIBUTE: Final = "resource.kubernetes.io/pcieRoot"
+# KEP-6072's standard NUMA attribute (StandardDeviceAttributeNUMANode): the scalar int
+# form, which needs no feature gate; the list form needs DRAListTypeAttributes on every
+# component. Drivers of other devices (NICs, CPUs) publish the same name, so one
+# matchAttribute lines them up with a GPU.
+NUMA_NODE_ATTRIBUTE: Final = "resource.kubernetes.io/numaNode"
 
 
 class DeviceType(StrEnum):

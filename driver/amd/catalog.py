@@ -24,7 +24,7 @@ Sources (checked when this was written):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 GIB: Final = 1 << 30
@@ -99,31 +99,13 @@ MODELS: Final[dict[str, AmdModel]] = {
     m.name: m
     for m in (
         MI300X,
-        AmdModel(
-            name="mi300x-cpx",
-            product_name=MI300X.product_name,
-            device_id=MI300X.device_id,
-            gfx_target_version=MI300X.gfx_target_version,
-            memory_bytes=MI300X.memory_bytes,
-            compute_units=MI300X.compute_units,
-            xcds=MI300X.xcds,
-            compute_modes=_MI300_MODES,
-            memory_modes=MI300X.memory_modes,
-            initial_compute="CPX",
-            initial_memory="NPS4",
-        ),
-        AmdModel(
+        replace(MI300X, name="mi300x-cpx", initial_compute="CPX", initial_memory="NPS4"),
+        replace(
+            MI300X,
             name="mi325x",
             product_name="AMD Instinct MI325X",
             device_id=0x74A5,
-            gfx_target_version=90402,
             memory_bytes=256 * GIB,
-            compute_units=304,
-            xcds=8,
-            compute_modes=_MI300_MODES,
-            memory_modes=("NPS1", "NPS4"),
-            initial_compute="SPX",
-            initial_memory="NPS1",
         ),
         AmdModel(
             name="mi250x",

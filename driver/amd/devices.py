@@ -21,39 +21,37 @@ the workload's image brings its user space).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from drasil.driver.amd.sysfs import AmdGpu, AmdPartition, AmdSysfs, DevNumbers, read_sysfs
-from drasil.driver.devices import AttributeValue, CharDevice, Device, DeviceType, Version
-
-PCI_BUS_ID_ATTRIBUTE: Final = "resource.kubernetes.io/pciBusID"
-PCIE_ROOT_ATTRIBUTE: Final = "resource.kubernetes.io/pcieRoot"
-NUMA_NODE_ATTRIBUTE: Final = "resource.kubernetes.io/numaNode"
-PARTITIONED_MODES: Final = frozenset({"DPX", "QPX", "CPX"})
-
-# Semantic versioning 2.0's grammar, which the API server checks version attributes by.
-_SEMVER: Final = re.compile(
-    r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
-    r"(-(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(\.(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*)?"
-    r"(\+[0-9a-zA-Z-]+(\.[0-9a-zA-Z-]+)*)?"
+from drasil.driver.amd.sysfs import (
+    AmdGpu,
+    AmdGpuError,
+    AmdPartition,
+    AmdSysfs,
+    DevNumbers,
+    read_sysfs,
 )
+from drasil.driver.devices import (
+    NUMA_NODE_ATTRIBUTE,
+    PCI_BUS_ID_ATTRIBUTE,
+    PCIE_ROOT_ATTRIBUTE,
+    AttributeValue,
+    CharDevice,
+    Device,
+    DeviceType,
+    Version,
+)
+from drasil.driver.slices.build import is_semver
 
-
-@dataclass(frozen=True)
-class AmdSkipped:
-    """A GPU that is not published, and why."""
-
-    bdf: str
-    reason: str
+PARTITIONED_MODES: Final = frozenset({"DPX", "QPX", "CPX"})
 
 
 @dataclass(frozen=True)
 class AmdDiscovery:
     devices: tuple[Device, ...]
-    skipped: tuple[AmdSkipped, ...]
+    skipped: tuple[AmdGpuError, ...]  # GPUs not published, and why
 
 
 def gpu_uuid(unique_id: int) -> str:
@@ -70,10 +68,10 @@ def discover_amd(sysfs_root: Path) -> AmdDiscovery:
 
 
 def devices_from_sysfs(snapshot: AmdSysfs) -> AmdDiscovery:
-    skipped = [AmdSkipped(e.bdf, e.reason) for e in snapshot.errors]
+    skipped = list(snapshot.errors)
     if snapshot.kfd_dev is None:
         why = "KFD is not available (no class/kfd/kfd/dev): is amdgpu loaded with KFD?"
-        skipped += [AmdSkipped(g.bdf, why) for g in snapshot.gpus]
+        skipped += [AmdGpuError(g.bdf, why) for g in snapshot.gpus]
         return AmdDiscovery((), tuple(skipped))
     devices: list[Device] = []
     for gpu in snapshot.gpus:
@@ -118,7 +116,7 @@ def _common_attributes(gpu: AmdGpu, snapshot: AmdSysfs) -> dict[str, AttributeVa
     if gpu.numa_node is not None:
         attrs[NUMA_NODE_ATTRIBUTE] = gpu.numa_node
     version = snapshot.driver_version
-    if version and _SEMVER.fullmatch(version):
+    if version and is_semver(version):  # what the API server takes as a version
         attrs["driverVersion"] = Version(version)
     return attrs
 

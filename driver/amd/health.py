@@ -29,9 +29,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
-from drasil.driver.amd.devices import PCI_BUS_ID_ATTRIBUTE
 from drasil.driver.amd.sysfs import SysfsError, amdgpu_driver_dir, read_text
-from drasil.driver.devices import Device
+from drasil.driver.devices import PCI_BUS_ID_ATTRIBUTE, Device
 from drasil.driver.discovery.health import HealthTracker
 
 log = logging.getLogger(__name__)

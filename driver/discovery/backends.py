@@ -27,9 +27,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from drasil.driver.amd.devices import AmdSkipped, discover_amd
-from drasil.driver.amd.simulated import is_amd_model, parse_amd_profile, write_simulated_tree
-from drasil.driver.amd.sysfs import amdgpu_driver_dir
+from drasil.driver.amd.devices import discover_amd
+from drasil.driver.amd.simulated import (
+    AMD_MODELS,
+    is_amd_model,
+    parse_amd_profile,
+    write_simulated_tree,
+)
+from drasil.driver.amd.sysfs import AmdGpuError, amdgpu_driver_dir
 from drasil.driver.devices import CounterSet, Device, Vendor, Version
 from drasil.driver.nvidia.nodedevices import SkippedDevice, discover
 from drasil.driver.nvidia.nvml import NvmlLibrary, PynvmlLibrary
@@ -146,7 +151,10 @@ def _simulated(
     vendors: list[Vendor] = []
     nvml = no_nvidia_gpus()
     if nvidia or not amd:  # an empty profile gets NVIDIA's error, naming the models
-        nvml = simulated_library(nvidia, node_name=node_name, state_file=state_file)
+        try:
+            nvml = simulated_library(nvidia, node_name=node_name, state_file=state_file)
+        except ProfileSpecError as err:
+            raise ProfileSpecError(f"{err}; AMD models: {', '.join(AMD_MODELS)}") from None
         vendors.append(Vendor.NVIDIA)
     if not amd:
         return NodeBackends(vendors=tuple(vendors), nvml=nvml)
@@ -204,5 +212,5 @@ def _nvidia_skipped(skipped: SkippedDevice) -> str:
     return f"{where}: {skipped.reason}"
 
 
-def _amd_skipped(skipped: AmdSkipped) -> str:
+def _amd_skipped(skipped: AmdGpuError) -> str:
     return f"AMD GPU {skipped.bdf}: {skipped.reason}"

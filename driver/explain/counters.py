@@ -290,7 +290,8 @@ def _text(groups: Sequence[_Group]) -> str:
     return f"{where}: {groups[0].what}{_holders(claims, requests)}"
 
 
-def _attribute(device: PoolDevice, name: str, driver: str) -> object | None:
+def device_attribute(device: PoolDevice, name: str, driver: str) -> object | None:
+    """The value of a device's attribute, by bare or driver-qualified name."""
     attributes = device.spec.get("attributes") or {}
     entry = attributes.get(name) or attributes.get(f"{driver}/{name}")
     if not isinstance(entry, Mapping):
@@ -299,7 +300,7 @@ def _attribute(device: PoolDevice, name: str, driver: str) -> object | None:
 
 
 def _subject_key(device: PoolDevice, driver: str) -> str:
-    profile = _attribute(device, "profile", driver)
+    profile = device_attribute(device, "profile", driver)
     return f"profile {profile}" if isinstance(profile, str) else f"device {device.name}"
 
 
@@ -308,7 +309,7 @@ def _group(members: Sequence[Shortage], *, several_pools: bool, driver: str) -> 
     short_name = name.removesuffix("-counters") or name
     where = f"{pool}/{short_name}" if several_pools else short_name
     first = members[0].device
-    profile = _attribute(first, "profile", driver)
+    profile = device_attribute(first, "profile", driver)
     if isinstance(profile, str):
         subject, verb = f"placements of {profile}{_starts(members, driver)}", "need"
     else:
@@ -336,7 +337,7 @@ def _starts(members: Sequence[Shortage], driver: str) -> str:
     starts = [
         start
         for m in members
-        if isinstance(start := _attribute(m.device, "placementStart", driver), int)
+        if isinstance(start := device_attribute(m.device, "placementStart", driver), int)
     ]
     # Past MAX_LISTED the slices alone say where (``placements of 1g.10gb need memory
     # slices 0\u20136``) and a list of starts is only noise.

@@ -11,7 +11,13 @@ from typing import Any
 
 from drasil.driver.cel.selectors import CelCompileError, CelDeadlineExceeded, compile_selector
 from drasil.driver.explain.capacity import Shortfall, shortfall, shortfall_texts
-from drasil.driver.explain.counters import CounterBook, Shortage, listing, shortage_texts
+from drasil.driver.explain.counters import (
+    CounterBook,
+    Shortage,
+    device_attribute,
+    listing,
+    shortage_texts,
+)
 from drasil.driver.explain.inventory import (
     Inventory,
     PoolDevice,
@@ -259,7 +265,7 @@ def _funnel(
     filtered = _class_stage(devices, class_name, device_class, deadline=deadline)
     stages.append(filtered.stage)
     if not filtered.devices:
-        published = _published_types(devices)
+        published = _published_types(devices, inventory.driver)
         note = "; ".join(n for n in (filtered.stage.note, published) if n)
         stages[-1] = replace(filtered.stage, note=note)
         return [], stages, f"no device passes class {class_name}; {published}"
@@ -274,29 +280,21 @@ def _funnel(
     return devices, stages, None
 
 
-def _published_types(devices: Sequence[PoolDevice]) -> str:
+def _published_types(devices: Sequence[PoolDevice], driver: str) -> str:
     """``published are 8 amdgpu-partition (compute partition CPX), 1 gpu``: what the
     driver has instead, so a class asking for whole GPUs of a node whose GPUs are cut
     into MIG devices or AMD compute partitions says so."""
     counts: Counter[str] = Counter()
     for device in devices:
-        kind = _text_attribute(device, "type") or "untyped"
-        partition = _text_attribute(device, "computePartition")
+        kind = str(device_attribute(device, "type", driver) or "untyped")
+        partition = device_attribute(device, "computePartition", driver)
         if partition and kind.endswith("-partition"):
             kind += f" (compute partition {partition})"
-        elif (profile := _text_attribute(device, "profile")) is not None:
+        elif (profile := device_attribute(device, "profile", driver)) is not None:
             kind += f" ({profile})"
         counts[kind] += 1
     ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
     return "published are " + listing([f"{n} {kind}" for kind, n in ranked], limit=4)
-
-
-def _text_attribute(device: PoolDevice, name: str) -> str | None:
-    for key, entry in (device.spec.get("attributes") or {}).items():
-        if (key == name or key.endswith("/" + name)) and isinstance(entry, Mapping):
-            value = entry.get("string")
-            return value if isinstance(value, str) else None
-    return None
 
 
 def _blocking_taint(device: PoolDevice, tolerations: Sequence[JsonObject]) -> str | None:

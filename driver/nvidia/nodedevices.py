@@ -53,6 +53,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from drasil.driver.devices import (
+    NUMA_NODE_ATTRIBUTE,
+    PCI_BUS_ID_ATTRIBUTE,
+    PCIE_ROOT_ATTRIBUTE,
     AttributeValue,
     CapacityPolicy,
     CounterSet,
@@ -82,13 +85,6 @@ log = logging.getLogger(__name__)
 MiB = 2**20
 GiB = 2**30
 
-PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
-PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
-# KEP-6072's standard NUMA attribute (k8s.io/dynamic-resource-allocation/deviceattribute,
-# StandardDeviceAttributeNUMANode): the scalar int form, which needs no feature gate; the
-# list form needs DRAListTypeAttributes on every component. Drivers of other devices
-# (NICs, CPUs) publish the same name, so one matchAttribute lines them up with a GPU.
-NUMA_NODE_ATTRIBUTE = "resource.kubernetes.io/numaNode"
 
 # Errors that disqualify one device; anything else is a bug and should surface.
 _DEVICE_ERRORS = (NvmlQueryError, ValueError)

@@ -34,7 +34,6 @@ from drasil.api.kubelet.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from drasil.api.kubelet.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
 from drasil.driver.cdi.spec import ENV_NVIDIA_VISIBLE_DEVICES
 from drasil.driver.cdi.staticspec import write_device_specs
-from drasil.driver.devices import Vendor
 from drasil.driver.nvidia.driveredits import without_env
 from drasil.driver.nvidia.nvml import NvmlLibrary
 from drasil.kubeletplugin.deviceplugin.resources import Resource, plan_resources, socket_name
@@ -217,14 +216,13 @@ class DevicePluginServer:
             replicas=self.opts.time_slicing_replicas,
             amd_resource_name=self.opts.amd_resource_name,
         )
-        common = None
-        if any(d.vendor == Vendor.NVIDIA for d in devices) or not devices:
-            # An AMD-only node has no NVIDIA driver to check or to give containers.
-            edits = node_edits(self.opts, self.node.lib)
-            log_readiness(readiness(self.opts, self.node.lib, edits))
-            # Allocate sets NVIDIA_VISIBLE_DEVICES to the container's GPUs; a spec-wide
-            # "void" would override it (CDI edits win over Allocate's env).
-            common = without_env(edits.current(), ENV_NVIDIA_VISIBLE_DEVICES)
+        # A node that serves no NVIDIA GPU has no driver root: no checks, no edits
+        # (driverroot.driver_root).
+        edits = node_edits(self.opts, self.node.lib)
+        log_readiness(readiness(self.opts, self.node.lib, edits))
+        # Allocate sets NVIDIA_VISIBLE_DEVICES to the container's GPUs; a spec-wide
+        # "void" would override it (CDI edits win over Allocate's env).
+        common = without_env(edits.current(), ENV_NVIDIA_VISIBLE_DEVICES)
         # NVIDIA's driver edits are spec-wide in NVIDIA's spec only: AMD devices are in
         # a spec of their own, which no spec-wide edit reaches (staticspec).
         write_device_specs(

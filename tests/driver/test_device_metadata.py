@@ -27,7 +27,8 @@ from drasil.driver.claims.plan import (
     metadata_attributes,
     plan_prepare,
 )
-from drasil.driver.nvidia.nodedevices import NUMA_NODE_ATTRIBUTE, discover
+from drasil.driver.devices import NUMA_NODE_ATTRIBUTE
+from drasil.driver.nvidia.nodedevices import discover
 from drasil.driver.nvidia.simulated import simulated_library
 
 DRIVER = "gpu.drasil.dev"
