@@ -9,12 +9,15 @@ a change writes one file whatever the number of claims held (``drasil.driver.che
                    "state": "PrepareStarted" | "PrepareCompleted",
                    "devices": [{"requestNames": [...], "poolName": "...",
                                 "deviceName": "...", "cdiDeviceIds": [...],
-                                "shareId": "...", "mig": {...}, "sharing": "MPS"}],
+                                "shareId": "...", "mig": {...}, "partition": {...},
+                                "sharing": "MPS"}],
                    "updatedAt": "<RFC 3339>"},
          "checksum": "<sha256 hex>"}
     checkpoint/gpus/<GPU UUID>.json
         {"version": 1, "bootId": "...", "uuid": "<GPU UUID>",
-         "gpu": {"mps": {...}, "timeSlice": 3, "previousTimeSlice": 0}, "checksum": "..."}
+         "gpu": {"mps": {...}, "timeSlice": 3, "previousTimeSlice": 0,
+                 "computePartition": "CPX", "previousComputePartition": "SPX"},
+         "checksum": "..."}
 
 A claim file whose ``claim`` is ``null`` is a tombstone: the claim is being removed and
 counts as absent. Each file carries the boot id, so files of an earlier boot are told
@@ -133,6 +136,18 @@ class MigRecord(_Document):
     uuid: str | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
+class PartitionRecord(_Document):
+    """The compute partition mode a prepared device needs its GPU in (AMD's dynamic
+    partitions): while any claim records one, the GPU stays in that mode."""
+
+    parent_uuid: str
+    parent_bus_id: str
+    mode: str
+    index: int
+    start: int
+    size: int
+
+
 class PreparedDevice(_Document):
     """One device of a prepared claim: what NodePrepareResources returned for it."""
 
@@ -144,6 +159,7 @@ class PreparedDevice(_Document):
     # Admin-access results may share any device (docs/design.md#claims-and-configs).
     admin_access: bool = Field(default=False, exclude_if=lambda value: not value)
     mig: MigRecord | None = Field(default=None, exclude_if=lambda value: value is None)
+    partition: PartitionRecord | None = Field(default=None, exclude_if=lambda value: value is None)
     # How a shared or time-sliced GPU is used ("MPS", "TimeSlicing/Long"): claims on
     # one GPU must agree, and the last one to go restores the GPU.
     sharing: str | None = Field(default=None, exclude_if=lambda value: value is None)
@@ -186,6 +202,12 @@ class GpuRecord(_Document):
     # and the mode the GPU had before, put back after the daemon stops.
     compute_mode: int | None = Field(default=None, exclude_if=lambda value: value is None)
     previous_compute_mode: int | None = Field(default=None, exclude_if=lambda value: value is None)
+    # AMD's compute partition mode (SPX, CPX, ...) that prepared claims switched the GPU
+    # to, and the mode it had before the first of them (put back after the last).
+    compute_partition: str | None = Field(default=None, exclude_if=lambda value: value is None)
+    previous_compute_partition: str | None = Field(
+        default=None, exclude_if=lambda value: value is None
+    )
 
 
 class Checkpoint(_Document):

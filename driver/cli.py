@@ -15,6 +15,7 @@ from typing import TextIO
 import yaml
 
 from drasil.api.limits import MAX_FILE_BYTES, allow_nesting
+from drasil.driver.amd.partitions import PARTITION_MODES
 from drasil.driver.claims.configcheck import validate_config_document
 from drasil.driver.devices import CapacityPolicy, Device, Version
 from drasil.driver.discovery.backends import BACKENDS, VendorError, discover_node, open_backends
@@ -73,6 +74,13 @@ def _parser() -> argparse.ArgumentParser:
         choices=GPU_SHARING,
         default="exclusive",
         help="exclusive: one claim per GPU; consumable: GPUs shared by memory and compute",
+    )
+    d.add_argument(
+        "--amd-partition-mode",
+        choices=PARTITION_MODES,
+        default="static",
+        help="static: AMD GPUs in their current partition mode; dynamic: every partition, "
+        "with counters",
     )
     d.add_argument(
         "--simulated-state",
@@ -231,6 +239,7 @@ def _discover(args: argparse.Namespace, out: TextIO) -> int:
             node_name=args.node_name,
             mig_mode=args.mig_mode,
             gpu_sharing=args.gpu_sharing,
+            amd_partition_mode=args.amd_partition_mode,
         )
     for skipped in result.skipped:
         print(f"warning: device skipped: {skipped}", file=sys.stderr)

@@ -132,6 +132,25 @@ class MigPlacement:
 
 
 @dataclass(frozen=True)
+class PartitionSlot:
+    """A compute partition made by switching its GPU's partition mode (AMD's
+    ``--amd-partition-mode dynamic``): the GPU, the mode, the partition's index.
+
+    ``start`` and ``size`` are in the GPU's compute dies (XCCs), the counters its
+    partitions draw: partition ``index`` of a mode with ``size`` dies each sits at
+    ``index * size``; a whole GPU is the one partition of SPX. Prepare switches the GPU
+    to ``mode`` and then reads the partition's device nodes and UUID.
+    """
+
+    parent_uuid: str
+    parent_bus_id: str
+    mode: str
+    index: int
+    start: int
+    size: int
+
+
+@dataclass(frozen=True)
 class Device:
     """One allocatable device of a node: a full GPU or a MIG device.
 
@@ -158,6 +177,8 @@ class Device:
     numa_node: int | None = None
     pcie_root: str | None = None
     mig_placement: MigPlacement | None = None
+    # --amd-partition-mode dynamic: the partition prepare makes by switching the mode.
+    compute_partition: PartitionSlot | None = None
     consumes_counters: tuple[CounterConsumption, ...] = ()
     # --gpu-sharing consumable: several claims may hold the device, each taking part
     # of the capacities that have a policy.

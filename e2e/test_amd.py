@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from drasil.driver.amd.partitions import current_mode
 from drasil.driver.amd.simulated import DRM_MAJOR, KFD_MAJOR, bump_ras_errors
 from drasil.driver.devices import Vendor
 from drasil.kubeletplugin.deviceplugin.resources import AMD_RESOURCE_NAME, socket_name
@@ -56,6 +57,11 @@ ANY_CLASS = "any-gpu.drasil.dev"
 # by its seven spare XCP ones).
 MIXED = "h100-80gb:1,mi300x:2"
 CPX = "mi300x-cpx:1"  # one MI300X in CPX/NPS4: amdgpu-1-cpx-0 .. amdgpu-1-cpx-7
+# One MI300X in SPX/NPS1 with --amd-partition-mode dynamic: amdgpu-1, its two DPX, four
+# QPX and eight CPX partitions.
+DYNAMIC = "mi300x:1"
+DYNAMIC_DEVICES = 15
+PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 METADATA_DIR = "/var/run/kubernetes.io/dra-device-attributes"
 AMD_TREE = "simulated-amd-sysfs"  # in the plugin's state dir (PluginOptions.simulated_amd_root)
 # The health watcher polls every 5 s; the plugin republishes on a change.
@@ -145,11 +151,12 @@ def results(claim: dict[str, Any]) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def simulate(kube: Kube, node: Node) -> Iterator[Callable[[str, int], Node]]:
-    """simulate(profile, devices): the node's plugin restarted to simulate `profile`
-    on fresh GPUs (a new sysfs tree), once `devices` are published; a no-op when it
-    already does. Creates the chart's AMD DeviceClasses for the module; afterwards the
-    plugin simulates the node's own profile again."""
+def simulate(kube: Kube, node: Node) -> Iterator[Callable[..., Node]]:
+    """simulate(profile, devices, partition_mode="static"): the node's plugin restarted
+    to simulate `profile` on fresh GPUs (a new sysfs tree) with that
+    --amd-partition-mode, once `devices` are published; a no-op when it already does.
+    Creates the chart's AMD DeviceClasses for the module; afterwards the plugin
+    simulates the node's own profile again."""
     classes = [
         obj
         for obj in render(namespace="drasil")
@@ -161,16 +168,17 @@ def simulate(kube: Kube, node: Node) -> Iterator[Callable[[str, int], Node]]:
         kube.delete(RESOURCE, "DeviceClass", obj["metadata"]["name"])
         kube.create({k: obj[k] for k in ("apiVersion", "kind", "metadata", "spec")})
     original = node.plugin.profile
-    current = {"profile": original}
+    current = {"profile": original, "mode": "static"}
 
-    def restart(profile: str, devices: int) -> Node:
-        if current["profile"] == profile:
+    def restart(profile: str, devices: int, partition_mode: str = "static") -> Node:
+        if (current["profile"], current["mode"]) == (profile, partition_mode):
             return node
         node.plugin.stop()
         shutil.rmtree(node.plugin.state_dir / AMD_TREE, ignore_errors=True)
         node.plugin.profile = profile
-        node.restart_plugin_with({}, published=devices, reset_gpus=True)
-        current["profile"] = profile
+        env = {"AMD_PARTITION_MODE": None if partition_mode == "static" else partition_mode}
+        node.restart_plugin_with(env, published=devices, reset_gpus=True)
+        current.update(profile=profile, mode=partition_mode)
         return node
 
     try:
@@ -182,15 +190,30 @@ def simulate(kube: Kube, node: Node) -> Iterator[Callable[[str, int], Node]]:
 
 
 @pytest.fixture
-def mixed(simulate: Callable[[str, int], Node]) -> Node:
+def mixed(simulate: Callable[..., Node]) -> Node:
     """The node with one H100 (gpu-0) and two MI300Xs (amdgpu-1, amdgpu-9)."""
     return simulate(MIXED, 3)
 
 
 @pytest.fixture
-def cpx(simulate: Callable[[str, int], Node]) -> Node:
+def cpx(simulate: Callable[..., Node]) -> Node:
     """The node with one MI300X in CPX mode: eight partitions."""
     return simulate(CPX, 8)
+
+
+@pytest.fixture
+def dynamic(simulate: Callable[..., Node]) -> Node:
+    """The node with one MI300X in SPX whose partitions prepare makes (dynamic mode)."""
+    return simulate(DYNAMIC, DYNAMIC_DEVICES, partition_mode="dynamic")
+
+
+def in_mode(mode: str) -> list[dict[str, Any]]:
+    """One request "gpu" for an AMD partition of compute mode `mode`."""
+    expression = f'device.attributes["{DRIVER}"].computePartition == "{mode}"'
+    selectors = [{"cel": {"expression": expression}}]
+    return [
+        {"name": "gpu", "exactly": {"deviceClassName": PARTITION_CLASS, "selectors": selectors}}
+    ]
 
 
 # -- tests ---------------------------------------------------------------------------
@@ -369,6 +392,55 @@ def test_a_cpx_partition_pod_sees_only_its_partitions_render_node(
     assert view.render_nodes() == [f"/dev/dri/renderD{attributes['renderIndex']}"]
     assert visible_uuids(view.env) == [attributes["uuid"]]
     assert view.env[device_variable(device)] == attributes["uuid"]
+
+
+def test_a_cpx_partition_is_made_at_prepare_and_another_mode_waits_with_an_explanation(
+    kube: Kube, ns: str, dynamic: Node
+) -> None:
+    devices = published(kube, dynamic)
+    assert len(devices) == DYNAMIC_DEVICES
+    counts = {m: sum(f"-{m}-" in n for n in devices) for m in ("dpx", "qpx", "cpx")}
+    assert counts == {"dpx": 2, "qpx": 4, "cpx": 8}
+    tree = dynamic.plugin.state_dir / AMD_TREE
+    bdf = devices["amdgpu-1"]["attributes"][PCI_BUS_ID]
+    assert current_mode(tree, bdf) == "SPX"
+
+    first = amd_pod(kube, ns, dynamic, requests=in_mode("CPX"))
+    wait_running(kube, ns, first)
+    assert current_mode(tree, bdf) == "CPX"  # prepare switched the GPU
+    (device,) = results(pod_claim(kube, ns, first))
+    index = int(device.removeprefix("amdgpu-1-cpx-"))
+    # Partition 0 has the GPU's own nodes (card1, renderD128), partition i those of the
+    # GPU's i-th spare XCP device (card 1+i, renderD 128+i), as amdgpu numbers them.
+    view = container_view(kube, ns, first)
+    assert view.devices == expected_nodes({"cardIndex": 1 + index, "renderIndex": 128 + index})
+    (uuid,) = visible_uuids(view.env)
+    assert view.env[device_variable(device)] == uuid
+
+    # A DPX partition: the scheduler finds four dies free for it, but the GPU is in CPX
+    # for the first claim; prepare refuses, and the Pod's events say why.
+    second = amd_pod(kube, ns, dynamic, requests=in_mode("DPX"))
+
+    def refused() -> Any:
+        found = [e for e in events(kube, ns, second) if "held in CPX mode" in e]
+        return found or NotYet(events(kube, ns, second))
+
+    (event, *_) = wait_for(refused, timeout=POD_TIMEOUT, what=f"{second}'s refusal in its events")
+    assert "needs its GPU in DPX mode" in event
+    assert f"claim {ns}/{pod_claim(kube, ns, first)['metadata']['name']}" in event
+    assert kube.get("v1", "Pod", second, ns)["status"]["phase"] == "Pending"
+
+    # Once the first claim is gone the GPU is free: kubelet's retry switches it to DPX.
+    delete_pod(kube, ns, first)
+    wait_running(kube, ns, second)
+    assert current_mode(tree, bdf) == "DPX"
+    delete_pod(kube, ns, second)
+    # The last claim gone, the GPU is back in the mode it had.
+    wait_for(
+        lambda: current_mode(tree, bdf) == "SPX" or NotYet(current_mode(tree, bdf)),
+        timeout=POD_TIMEOUT,
+        what="the GPU back in SPX",
+    )
 
 
 # -- device-plugin mode (last: it runs beside the node's DRA plugin) ------------------

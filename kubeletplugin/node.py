@@ -93,8 +93,8 @@ class NodeRuntime:
     def discover(self) -> list[Device]:
         """The node's devices; a device discovery could not read is logged and left out.
 
-        With ``--mig-mode dynamic`` the shared counters they consume are kept in
-        ``counter_sets``, to be published with them.
+        With ``--mig-mode dynamic`` or ``--amd-partition-mode dynamic`` the shared
+        counters they consume are kept in ``counter_sets``, to be published with them.
         """
         self.hold_nvml()
         # Only DRA mode can cut MIG devices on demand (prepare creates them); the
@@ -103,12 +103,14 @@ class NodeRuntime:
         # Sharing by capacity is a DRA feature too: kubelet's device-plugin API hands
         # each device to one container, so that mode always sees exclusive GPUs.
         sharing = self.opts.gpu_sharing if self.opts.mode == "dra" else "exclusive"
+        dra = self.opts.mode == "dra"
         result = discover_node(
             self.lib,
             self.amd_sysfs,
             node_name=self.opts.node_name,
             mig_mode=mig_mode,
             gpu_sharing=sharing,
+            amd_partition_mode=self.opts.amd_partition_mode if dra else "static",
         )
         self.counter_sets = result.counter_sets
         for skipped in result.skipped:

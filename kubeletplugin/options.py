@@ -19,6 +19,7 @@ BACKENDS = ("nvml", "simulated")
 MODES = ("dra", "device-plugin")
 MIG_STRATEGIES = ("none", "single", "mixed")
 MIG_MODES = ("static", "dynamic")
+AMD_PARTITION_MODES = ("static", "dynamic")
 GPU_SHARING = ("exclusive", "consumable")
 CDI_HOOKS = ("enabled", "disabled")
 VENDORS = ("nvidia", "amd")
@@ -90,6 +91,8 @@ class PluginOptions:
     # Device-plugin mode: the extended resource AMD GPUs are advertised under (ROCm's
     # device plugin's, so Pods written for it run unchanged).
     amd_resource_name: str = "amd.com/gpu"
+    # static: AMD GPUs as their partition mode is; dynamic: prepare switches the mode.
+    amd_partition_mode: str = "static"
 
     @property
     def driver_root_host(self) -> str:
@@ -279,6 +282,14 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="env AMD_SYSFS_ROOT; where amdgpu's sysfs tree is read; for tests",
     )
     p.add_argument(
+        "--amd-partition-mode",
+        choices=AMD_PARTITION_MODES,
+        default=env.get("AMD_PARTITION_MODE", "static"),
+        help="env AMD_PARTITION_MODE; DRA mode: static publishes AMD GPUs in the compute "
+        "partition mode they are in; dynamic publishes every partition of MI300-class GPUs "
+        "and switches the GPU's mode at prepare (docs/amd.md#dynamic-partitions)",
+    )
+    p.add_argument(
         "--amd-resource-name",
         default=env.get("AMD_RESOURCE_NAME", "amd.com/gpu"),
         help="device-plugin mode: the extended resource of AMD GPUs (ROCm's plugin's)",
@@ -326,6 +337,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
     _check_addr("--health-addr", ns.health_addr)
     _check_choice("--mig-strategy", ns.mig_strategy, MIG_STRATEGIES)
     _check_choice("--mig-mode", ns.mig_mode, MIG_MODES)
+    _check_choice("--amd-partition-mode", ns.amd_partition_mode, AMD_PARTITION_MODES)
     _check_choice("--gpu-sharing", ns.gpu_sharing, GPU_SHARING)
     _check_choice("--cdi-hooks", ns.cdi_hooks, CDI_HOOKS)
     for flag, value in (
@@ -377,6 +389,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         vendors=_vendors(ns.vendors),
         amd_sysfs_root=Path(ns.amd_sysfs_root),
         amd_resource_name=ns.amd_resource_name,
+        amd_partition_mode=ns.amd_partition_mode,
     )
 
 

@@ -39,6 +39,7 @@ from drasil.driver.devices import (
     PCIE_ROOT_ATTRIBUTE,
     AttributeValue,
     CharDevice,
+    CounterSet,
     Device,
     DeviceType,
     Version,
@@ -52,6 +53,8 @@ PARTITIONED_MODES: Final = frozenset({"DPX", "QPX", "CPX"})
 class AmdDiscovery:
     devices: tuple[Device, ...]
     skipped: tuple[AmdGpuError, ...]  # GPUs not published, and why
+    # The shared counters of dynamically partitioned GPUs (``partitions``).
+    counter_sets: tuple[CounterSet, ...] = ()
 
 
 def gpu_uuid(unique_id: int) -> str:
@@ -76,9 +79,9 @@ def devices_from_sysfs(snapshot: AmdSysfs) -> AmdDiscovery:
     devices: list[Device] = []
     for gpu in snapshot.gpus:
         if is_partitioned(gpu):
-            devices += [_partition(gpu, p, snapshot) for p in gpu.partitions]
+            devices += [partition_device(gpu, p, snapshot) for p in gpu.partitions]
         else:
-            devices.append(_whole_gpu(gpu, snapshot))
+            devices.append(whole_gpu_device(gpu, snapshot))
     return AmdDiscovery(tuple(devices), tuple(skipped))
 
 
@@ -95,7 +98,7 @@ def _char_devices(
     return tuple(CharDevice(path, path, d.major, d.minor) for path, d in nodes)
 
 
-def _common_attributes(gpu: AmdGpu, snapshot: AmdSysfs) -> dict[str, AttributeValue]:
+def common_attributes(gpu: AmdGpu, snapshot: AmdSysfs) -> dict[str, AttributeValue]:
     """What a GPU and its partitions share: identity of the card, mode, PCI place."""
     attrs: dict[str, AttributeValue] = {
         "vendor": "amd",
@@ -121,10 +124,10 @@ def _common_attributes(gpu: AmdGpu, snapshot: AmdSysfs) -> dict[str, AttributeVa
     return attrs
 
 
-def _whole_gpu(gpu: AmdGpu, snapshot: AmdSysfs) -> Device:
+def whole_gpu_device(gpu: AmdGpu, snapshot: AmdSysfs) -> Device:
     assert snapshot.kfd_dev is not None
     uuid = gpu_uuid(gpu.unique_id)
-    attrs = _common_attributes(gpu, snapshot) | {
+    attrs = common_attributes(gpu, snapshot) | {
         "type": DeviceType.AMDGPU.value,
         "uuid": uuid,
         "cardIndex": gpu.card.index,
@@ -156,11 +159,11 @@ def partition_uuid(gpu: AmdGpu, part: AmdPartition) -> str:
     return f"{gpu_uuid(gpu.unique_id)}-{part.index}"
 
 
-def _partition(gpu: AmdGpu, part: AmdPartition, snapshot: AmdSysfs) -> Device:
+def partition_device(gpu: AmdGpu, part: AmdPartition, snapshot: AmdSysfs) -> Device:
     assert snapshot.kfd_dev is not None
     assert gpu.compute_partition is not None
     uuid, parent = partition_uuid(gpu, part), gpu_uuid(gpu.unique_id)
-    attrs = _common_attributes(gpu, snapshot) | {
+    attrs = common_attributes(gpu, snapshot) | {
         "type": DeviceType.AMDGPU_PARTITION.value,
         "uuid": uuid,
         "family": part.kfd.gfx_target,

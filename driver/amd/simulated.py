@@ -30,6 +30,7 @@ topology change, the XCP devices stay. The layout is recomputed from a small man
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -54,6 +55,9 @@ FIRST_RENDER: Final = 128
 XCP_SPARES: Final = 7  # amdgpu allocates MAX_XCP - 1 platform devices per MI300 GPU
 RAS_BLOCKS: Final = ("umc", "sdma", "gfx", "mmhub", "xgmi_wafl")
 RESET_COUNT_FILE: Final = "gpu_reset_count"
+# A GPU with this file refuses mode switches with EBUSY, as amdgpu does while a process
+# holds the GPU through /dev/kfd (tests create it).
+KFD_BUSY_FILE: Final = "drasil-kfd-busy"
 CPU_NODES: Final = 2
 MAX_SIMULATED_GPUS: Final = 64
 
@@ -327,12 +331,15 @@ def set_partition_mode(root: Path, bdf: str, compute: str, memory: str | None = 
     As amdgpu: the mode files change and the KFD topology is rebuilt with one node per
     partition; the XCP devices stay. Without ``memory`` the current memory mode is kept
     when the new compute mode allows it, else the first one it allows. ValueError for
-    a mode the model does not have or a combination it does not allow.
+    a mode the model does not have or a combination it does not allow; OSError EBUSY
+    while the GPU has ``KFD_BUSY_FILE``.
     """
     gpus = _manifest_layout(root)
     gpu = _find(gpus, bdf)
     mode = gpu.model.mode(compute.upper())
     path = root / gpu.pci_path
+    if (path / KFD_BUSY_FILE).exists():
+        raise OSError(errno.EBUSY, os.strerror(errno.EBUSY), str(path / KFD_BUSY_FILE))
     current = read_text(path / "current_memory_partition")
     chosen = memory or (current if current in mode.memory_modes else mode.memory_modes[0])
     if chosen.upper() not in mode.memory_modes:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from drasil.api.checkpoint import ClaimRecord, PreparedDevice
+from drasil.api.checkpoint import ClaimRecord, PartitionRecord, PreparedDevice
 from drasil.driver.cdi.claimspecs import (
     ClaimDevice,
     ClaimSpecRequest,
@@ -141,6 +141,7 @@ def plan_prepare(claim: Mapping[str, Any], *, ref: ClaimRef, node: NodePool) -> 
     results = _own_results(allocation.devices, node)
     configs = resolve_configs(allocation, devices=node.devices)
     devices = tuple(_device_plan(ref, result, configs[result.device], node) for result in results)
+    _check_one_mode_per_gpu(devices)
     metadata: ClaimMetadata | None = None
     mounts: tuple[MetadataMount, ...] = ()
     if node.metadata_root is not None:
@@ -257,6 +258,7 @@ def _device_plan(
         share_id=result.share_id,
         admin_access=result.admin_access,
         sharing=_sharing(result, config, device),
+        partition=None if result.admin_access else _partition_record(device),
     )
     if result.admin_access:
         settings = admin_settings()
@@ -264,6 +266,37 @@ def _device_plan(
         settings = sharing_settings(config.config, mode=prepared.sharing)
     cdi = ClaimDevice(device=device, settings=settings, share_id=result.share_id)
     return DevicePlan(result=result, config=config, cdi=cdi, prepared=prepared)
+
+
+def _check_one_mode_per_gpu(devices: Sequence[DevicePlan]) -> None:
+    """AMD dynamic partitions of one GPU in two modes: no GPU can hold both at once."""
+    modes: dict[str, tuple[str, str]] = {}
+    for plan in devices:
+        record = plan.prepared.partition
+        if record is None:
+            continue
+        mode, other = modes.setdefault(record.parent_uuid, (record.mode, plan.result.device))
+        if mode != record.mode:
+            raise PlanError(
+                f'devices "{other}" ({mode}) and "{plan.result.device}" ({record.mode}) are '
+                f"partitions of GPU {record.parent_bus_id} in two modes; a GPU is in one "
+                "compute partition mode at a time, so one claim cannot hold both"
+            )
+
+
+def _partition_record(device: Device) -> PartitionRecord | None:
+    """The mode an AMD dynamic partition holds its GPU in, recorded with the claim."""
+    slot = device.compute_partition
+    if slot is None:
+        return None
+    return PartitionRecord(
+        parent_uuid=slot.parent_uuid,
+        parent_bus_id=slot.parent_bus_id,
+        mode=slot.mode,
+        index=slot.index,
+        start=slot.start,
+        size=slot.size,
+    )
 
 
 def _sharing(result: AllocatedDevice, config: ResolvedConfig, device: Device) -> str | None:
@@ -289,8 +322,9 @@ def check_not_held(
     Admin access and consumable-capacity shares (both sides with a shareID) may sit on
     a device another claim holds. With ``devices`` (the node's), parts of one
     partitionable GPU are checked too: a MIG placement overlapping another claim's,
-    or the whole GPU while a part of it is held (``--mig-mode dynamic``). Raises
-    ``PlanError`` naming the holder.
+    or the whole GPU while a part of it is held (``--mig-mode dynamic``); an AMD
+    partition overlapping another's, or of another mode than the GPU is held in
+    (``--amd-partition-mode dynamic``). Raises ``PlanError`` naming the holder.
     """
     ref = plan.claim
     for uid, record in records.items():
@@ -307,11 +341,8 @@ def check_not_held(
                     continue
                 if held.device_name == result.device:
                     what = f'device "{result.device}" is already prepared'
-                elif _overlap(result.device, held, devices or {}):
-                    what = (
-                        f'device "{result.device}" shares GPU memory slices with '
-                        f'"{held.device_name}", prepared'
-                    )
+                elif (conflict := _conflict(result.device, held, devices or {})) is not None:
+                    what = conflict
                 else:
                     continue
                 raise PlanError(
@@ -337,33 +368,64 @@ def _check_same_sharing(
 
 
 _WHOLE_GPU = frozenset(range(64))  # more memory slices than any GPU has
+_SLICES = "GPU memory slices"
+_DIES = "compute dies (XCDs)"
+
+
+@dataclass(frozen=True)
+class _Footprint:
+    """What a part of a partitionable GPU occupies: the GPU, the units (MIG memory
+    slices or AMD compute dies) and, for AMD partitions, the mode the GPU must be in."""
+
+    gpu: str
+    units: frozenset[int]
+    noun: str
+    mode: str | None = None
 
 
 def _footprint(
     name: str, held: PreparedDevice | None, devices: Mapping[str, Device]
-) -> tuple[str, frozenset[int]] | None:
-    """(GPU UUID, memory slices) a device of a partitionable GPU occupies, else None."""
+) -> _Footprint | None:
+    """Where a device of a partitionable GPU sits (as recorded, if ``held``), else None."""
     if held is not None and held.mig is not None:
         start, size = held.mig.placement_start, held.mig.placement_size
-        return held.mig.parent_uuid, frozenset(range(start, start + size))
+        return _Footprint(held.mig.parent_uuid, frozenset(range(start, start + size)), _SLICES)
+    if held is not None and held.partition is not None:
+        part = held.partition
+        units = frozenset(range(part.start, part.start + part.size))
+        return _Footprint(part.parent_uuid, units, _DIES, part.mode)
     device = devices.get(name)
-    if device is None:
-        return None
-    placement = device.mig_placement
-    if placement is not None:
+    return None if device is None else _device_footprint(device)
+
+
+def _device_footprint(device: Device) -> _Footprint | None:
+    if (placement := device.mig_placement) is not None:
         slices = frozenset(range(placement.start, placement.start + placement.size))
-        return placement.parent_uuid, slices
+        return _Footprint(placement.parent_uuid, slices, _SLICES)
+    if (slot := device.compute_partition) is not None:
+        units = frozenset(range(slot.start, slot.start + slot.size))
+        return _Footprint(slot.parent_uuid, units, _DIES, slot.mode)
     if device.consumes_counters:
-        return device.uuid, _WHOLE_GPU
+        return _Footprint(device.uuid, _WHOLE_GPU, _SLICES)
     return None
 
 
-def _overlap(name: str, held: PreparedDevice, devices: Mapping[str, Device]) -> bool:
+def _conflict(name: str, held: PreparedDevice, devices: Mapping[str, Device]) -> str | None:
+    """Why ``name`` cannot be prepared beside ``held`` on one GPU, or None."""
     mine = _footprint(name, None, devices)
     theirs = _footprint(held.device_name, held, devices)
-    if mine is None or theirs is None:
-        return False
-    return mine[0] == theirs[0] and bool(mine[1] & theirs[1])
+    if mine is None or theirs is None or mine.gpu != theirs.gpu:
+        return None
+    if mine.units & theirs.units:
+        return f'device "{name}" shares {mine.noun} with "{held.device_name}", prepared'
+    if mine.mode is not None and theirs.mode is not None and mine.mode != theirs.mode:
+        # A compute partition mode is the whole GPU's: amdgpu switches it only while
+        # nothing uses the GPU, so one claim in another mode keeps it where it is.
+        return (
+            f'device "{name}" needs its GPU in {mine.mode} mode, and the GPU is held in '
+            f'{theirs.mode} mode by "{held.device_name}", prepared'
+        )
+    return None
 
 
 def _shares(a: AllocatedDevice, b: PreparedDevice) -> bool:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from drasil.driver.amd.devices import discover_amd
+from drasil.driver.amd.partitions import discover_dynamic
 from drasil.driver.amd.simulated import (
     AMD_MODELS,
     is_amd_model,
@@ -175,11 +176,16 @@ def discover_node(
     node_name: str,
     mig_mode: str = "static",
     gpu_sharing: str = "exclusive",
+    amd_partition_mode: str = "static",
 ) -> NodeDiscovery:
     """Every vendor's devices (``NodeBackends``' ``nvml`` and ``amd_sysfs``); raises
-    ``NvmlUnavailable`` when NVIDIA is served and NVML cannot be used."""
+    ``NvmlUnavailable`` when NVIDIA is served and NVML cannot be used.
+
+    ``mig_mode`` and ``amd_partition_mode`` ``dynamic``: partitionable GPUs publish
+    the partitions prepare can make, with the shared counters they draw."""
     found = discover(nvml, node_name=node_name, mig_mode=mig_mode, gpu_sharing=gpu_sharing)
     devices = list(found.devices)
+    counter_sets = list(found.counter_sets)
     skipped = [_nvidia_skipped(s) for s in found.skipped]
     drivers = []
     if found.devices or found.skipped:
@@ -187,14 +193,16 @@ def discover_node(
             f"NVIDIA driver {found.driver_version.value}, CUDA {found.cuda_driver_version.value}"
         )
     if amd_sysfs is not None:
-        amd = discover_amd(amd_sysfs)
+        dynamic = amd_partition_mode == "dynamic"
+        amd = discover_dynamic(amd_sysfs) if dynamic else discover_amd(amd_sysfs)
         devices.extend(amd.devices)
+        counter_sets.extend(amd.counter_sets)
         skipped.extend(_amd_skipped(s) for s in amd.skipped)
         drivers.append(f"amdgpu {_amd_version(amd.devices)}")
     return NodeDiscovery(
         devices=tuple(devices),
         skipped=tuple(skipped),
-        counter_sets=found.counter_sets,
+        counter_sets=tuple(counter_sets),
         drivers=tuple(drivers),
     )
 

@@ -9,9 +9,11 @@ counters pay nothing; ``shortage_texts`` words why devices were left out, groupe
 counter set and profile (or device):
 
     gpu-2: placements of 3g.40gb need memory slices 4\u20137, held by claim team-a/train-1
+    amdgpu-1: DPX partitions need XCD 4, held by claim team-a/train-1
 
-Counters named ``memory-slice-<n>`` (drasil's MIG memory slices) read as slice ranges,
-other counters by name with what is needed and what is left.
+Counters that number parts of a GPU read as ranges: ``memory-slice-<n>`` (drasil's MIG
+memory slices) and ``xcd-<n>`` (an AMD GPU's compute dies, ``--amd-partition-mode
+dynamic``); other counters by name with what is needed and what is left.
 
 Published counters are untrusted input. A quantity that does not parse or is negative,
 a set that is missing or defined twice, a counter the set does not have: the device
@@ -42,6 +44,12 @@ MAX_DRAWN_SETS: Final = 8  # the API server allows 2; more is not worth reading
 MAX_LISTED: Final = 4  # placements, slice ranges or counters named in one group
 MAX_HOLDERS_NAMED: Final = 3
 SLICE_COUNTER: Final = re.compile(r"memory-slice-(\d{1,4})")
+DIE_COUNTER: Final = re.compile(r"xcd-(\d{1,4})")
+# Numbered counters read as ranges, with their nouns (one, several).
+UNIT_COUNTERS: Final = (
+    (SLICE_COUNTER, "memory slice", "memory slices"),
+    (DIE_COUNTER, "XCD", "XCDs"),
+)
 EN_DASH: Final = "\u2013"  # ranges read "4\u20137", as typeset ranges do
 _NOTHING: Final[Mapping[CounterKey, Decimal]] = MappingProxyType({})
 
@@ -301,7 +309,18 @@ def device_attribute(device: PoolDevice, name: str, driver: str) -> object | Non
 
 def _subject_key(device: PoolDevice, driver: str) -> str:
     profile = device_attribute(device, "profile", driver)
-    return f"profile {profile}" if isinstance(profile, str) else f"device {device.name}"
+    if isinstance(profile, str):
+        return f"profile {profile}"
+    mode = _partition_mode(device, driver)
+    return f"mode {mode}" if mode else f"device {device.name}"
+
+
+def _partition_mode(device: PoolDevice, driver: str) -> str | None:
+    """An AMD partition's compute mode (``CPX``), else None."""
+    if device_attribute(device, "type", driver) != "amdgpu-partition":
+        return None
+    mode = device_attribute(device, "computePartition", driver)
+    return mode if isinstance(mode, str) else None
 
 
 def _group(members: Sequence[Shortage], *, several_pools: bool, driver: str) -> _Group:
@@ -310,18 +329,21 @@ def _group(members: Sequence[Shortage], *, several_pools: bool, driver: str) -> 
     where = f"{pool}/{short_name}" if several_pools else short_name
     first = members[0].device
     profile = device_attribute(first, "profile", driver)
+    mode = _partition_mode(first, driver)
     if isinstance(profile, str):
         subject, verb = f"placements of {profile}{_starts(members, driver)}", "need"
+    elif mode is not None:
+        subject, verb = f"{_clip(mode, 8)} partitions", "need"
     else:
         subject, verb = f"device {first.name}", "needs"
-    slices = _slice_needs(members)
-    needs = slices or _counter_needs(members)
+    pattern, units = _unit_needs(members)
+    needs = units or _counter_needs(members)
     # Name who holds the counters the text names, not every short one.
     named = [
         key
         for m in members
         for key in m.short
-        if not slices or SLICE_COUNTER.fullmatch(key[2]) is not None
+        if pattern is None or pattern.fullmatch(key[2]) is not None
     ]
     return _Group(
         where=where,
@@ -346,24 +368,36 @@ def _starts(members: Sequence[Shortage], driver: str) -> str:
     return " at " + listing([str(s) for s in sorted(set(starts))])
 
 
-def _slice_needs(members: Sequence[Shortage]) -> str:
-    """``memory slices 0\u20133 and 4\u20137``: each device's missing slices as ranges;
-    past MAX_LISTED ranges, the slices of all of them as one (``0\u20136``).
+def _unit_needs(members: Sequence[Shortage]) -> tuple[re.Pattern[str] | None, str]:
+    """(the pattern, ``memory slices 0\u20133 and 4\u20137``) of the first numbered
+    counters that are short (``UNIT_COUNTERS``); (None, "") when none are.
 
-    When memory slices are short they are the reason: the other counters of a MIG
-    placement (multiprocessors, engines) shrink with them and would only add noise.
+    When memory slices (or dies) are short they are the reason: the other counters of a
+    MIG placement (multiprocessors, engines) shrink with them and would only add noise.
     """
+    for pattern, one, several in UNIT_COUNTERS:
+        text = _unit_ranges(members, pattern, one, several)
+        if text:
+            return pattern, text
+    return None, ""
+
+
+def _unit_ranges(
+    members: Sequence[Shortage], pattern: re.Pattern[str], one: str, several: str
+) -> str:
+    """Each device's missing units as ranges; past MAX_LISTED ranges, the units of all
+    of them as one (``0\u20136``)."""
     ranges: set[tuple[int, int]] = set()
     for member in members:
-        indices = [int(m[1]) for (_, _, c) in member.short if (m := SLICE_COUNTER.fullmatch(c))]
+        indices = [int(m[1]) for (_, _, c) in member.short if (m := pattern.fullmatch(c))]
         ranges.update(_ranges(sorted(indices)))
     if not ranges:
         return ""
     ordered = sorted(ranges)
     if len(ordered) > MAX_LISTED:
         ordered = _ranges(sorted({i for low, high in ordered for i in range(low, high + 1)}))
-    one = len(ordered) == 1 and ordered[0][0] == ordered[0][1]
-    noun = "memory slice" if one else "memory slices"
+    single = len(ordered) == 1 and ordered[0][0] == ordered[0][1]
+    noun = one if single else several
     return f"{noun} {listing([_range_text(r) for r in ordered], limit=MAX_LISTED)}"
 
 

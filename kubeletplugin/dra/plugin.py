@@ -26,6 +26,7 @@ from drasil.driver.nvidia.driverfiles import DriverRoot, find_binary
 from drasil.driver.nvidia.nvml import NvmlLibrary
 from drasil.driver.slices.publisher import PoolPublisher
 from drasil.kubeletplugin.dra import reconcile
+from drasil.kubeletplugin.dra.amdpartitions import PartitionModes
 from drasil.kubeletplugin.dra.healthservice import HealthStreams, HealthV1, HealthV1alpha1
 from drasil.kubeletplugin.dra.migs import MigInstances
 from drasil.kubeletplugin.dra.mps import (
@@ -131,9 +132,17 @@ class KubeletPlugin:
             devices=self.devices,
             pods=self.api,
         )
+        if self.amd_sysfs is not None:
+            self.preparer.partitions = PartitionModes(
+                self.amd_sysfs,
+                store=self.store,
+                state_lock=self.preparer.state_lock,
+                state_dir=self.opts.state_dir,
+            )
         self._recover_checkpoint()
         self._reconcile_migs()
         self._resume_shares()
+        self._settle_partitions()
         self.health = self.node.watch_health(
             list(self.devices.values()), fault_poll=self.intervals.fault_poll
         )
@@ -163,6 +172,19 @@ class KubeletPlugin:
             self.preparer.effects.resume()
         except Exception as err:  # a GPU tool failing must not keep the plugin down
             log.error("resuming GPU sharing state failed", extra={"error": str(err)})
+
+    def _settle_partitions(self) -> None:
+        """AMD GPUs no prepared claim holds go back to the mode they had before
+        (a crash, or claims unprepared while the plugin was away)."""
+        if self.preparer.partitions is None:
+            return
+        try:
+            done = self.preparer.partitions.settle()
+        except Exception as err:  # a refused switch must not keep the plugin down
+            log.error("settling AMD partition modes failed", extra={"error": str(err)})
+            return
+        if done:
+            self._node_event("PartitionModesRestored", "; ".join(done))
 
     def _reconcile_migs(self) -> None:
         """Dynamic MIG: instances no claim holds are destroyed, lost ones re-prepared.

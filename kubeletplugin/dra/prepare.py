@@ -18,6 +18,9 @@ spec that mounts them and deleted after it, so a spec never names a missing file
 The bracketed steps are those of dynamic MIG devices (``drasil.kubeletplugin.dra.migs``):
 the checkpoint names the placement before NVML is asked and the instance ids after,
 so a crash at any step is finished by the next call instead of leaking an instance.
+AMD dynamic partitions have their GPU's mode switched at the same point
+(``drasil.kubeletplugin.dra.amdpartitions``), the mode before recorded first, and put
+back by the settle after the last claim's unprepare.
 
 A PrepareStarted entry reserves its devices, so a crash never lets a second claim
 take a device whose CDI spec may still exist; a repeated prepare simply redoes the
@@ -38,6 +41,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from drasil.api.checkpoint import ClaimRecord, ClaimState, MigRecord, PreparedDevice
+from drasil.driver.amd.partitions import PartitionSwitchError
 from drasil.driver.apierrors import ApiUnavailable, InvalidName, http_answer
 from drasil.driver.cdi.claimspecs import (
     delete_claim_spec,
@@ -61,6 +65,7 @@ from drasil.driver.devices import Device, MigPlacement
 from drasil.driver.files import FileLock, LockTimeoutError, crash_point
 from drasil.driver.nvidia.driveredits import NodeEdits
 from drasil.driver.nvidia.driverfiles import DriverFilesError
+from drasil.kubeletplugin.dra.amdpartitions import PartitionModes
 from drasil.kubeletplugin.dra.migs import MigError, MigInstances, creating_record
 from drasil.kubeletplugin.dra.shares import GpuEffects, ShareError
 
@@ -98,6 +103,7 @@ _CLAIM_ERRORS = (
     LockTimeoutError,
     MigError,
     ShareError,
+    PartitionSwitchError,
 )
 
 
@@ -155,6 +161,7 @@ class Preparer:
     api_readers: int = API_READERS
     migs: MigInstances | None = None  # None: no NVML to cut MIG instances with
     effects: GpuEffects | None = None  # None: sharing reaches containers as env only
+    partitions: PartitionModes | None = None  # None: no AMD GPUs to switch modes of
 
     def __post_init__(self) -> None:
         self._api_slots = threading.BoundedSemaphore(self.api_readers)
@@ -236,7 +243,7 @@ class Preparer:
                 devices=_with_migs(plan.prepared, {n: creating_record(p) for n, p in placements}),
             )
         crash_point("prepare-after-started")
-        plan, prepared = self._cut_migs(plan, claim)
+        plan, prepared = self._cut_migs(plan, claim, self._switch_partitions(plan))
         if self.effects is not None:
             plan = self.effects.apply(plan)
         if resumed:
@@ -273,27 +280,48 @@ class Preparer:
             return device.mig_placement.parent_uuid
         return device.parent_uuid or device.uuid or f"name:{name}"
 
+    def _switch_partitions(self, plan: PreparePlan) -> dict[str, Device]:
+        """Put the GPUs of the claim's AMD dynamic partitions in their modes; the
+        partitions as they exist then (with UUIDs and device nodes)."""
+        wanted = [
+            d.cdi.device
+            for d in plan.devices
+            if d.cdi.device.compute_partition is not None and not d.result.admin_access
+        ]
+        if not wanted:
+            return {}
+        if self.partitions is None:
+            raise PrepareError("this plugin serves no AMD GPUs to switch partition modes of")
+        return self.partitions.switch(wanted)
+
     def _cut_migs(
-        self, plan: PreparePlan, claim: Mapping[str, Any]
+        self, plan: PreparePlan, claim: Mapping[str, Any], switched: Mapping[str, Device]
     ) -> tuple[PreparePlan, tuple[PreparedDevice, ...]]:
-        """Create the claim's MIG instances; the plan again, with their UUIDs and nodes.
+        """Create the claim's MIG instances; the plan again, with their UUIDs and nodes
+        and those of the ``switched`` AMD partitions.
 
         Whole partitionable GPUs get MIG mode switched off (if no instance is left),
-        so that they work as whole GPUs. Plans without either come back unchanged.
+        so that they work as whole GPUs. Plans without any come back unchanged.
         """
         placements = _placements(plan)
         wholes = _whole_partitionable(plan)
-        if not placements and not wholes:
+        if not placements and not wholes and not switched:
             return plan, plan.prepared
-        if self.migs is None:
+        if (placements or wholes) and self.migs is None:
             raise PrepareError("this plugin has no NVML to create MIG instances with")
         for gpu in wholes:
+            assert self.migs is not None
             self.migs.whole_gpu(gpu.uuid)
-        created = {name: self.migs.ensure(placement) for name, placement in placements}
-        realized = {**self.devices}
+        created = {}
+        for name, placement in placements:
+            assert self.migs is not None
+            created[name] = self.migs.ensure(placement)
+        realized = {**self.devices, **switched}
         for name, instance in created.items():
             realized[name] = instance.device(self.devices[name])
         plan = plan_prepare(claim, ref=plan.claim, node=replace(self.node, devices=realized))
+        if not created:
+            return plan, plan.prepared
         prepared = _with_migs(plan.prepared, {n: i.record() for n, i in created.items()})
         ref = plan.claim
         with self.state_lock():
@@ -381,27 +409,32 @@ class Preparer:
         with self.state_lock():
             self.store.remove(uid)
         crash_point("unprepare-after-removed")
-        if self.effects is not None and self._may_need_settling(record):
+        if self._may_need_settling(record):
             self._settle()
 
     def _may_need_settling(self, record: ClaimRecord | None) -> bool:
-        """Whether GPU state may be left to undo: the claim shared a GPU, or a GPU
-        record is still there (a settle that failed). A claim of whole, unshared GPUs
-        changed nothing on them, and skipping the settle keeps its unprepare from
-        visiting every prepared claim. Daemons a crash left unrecorded are swept at
-        start (``GpuEffects.resume``) and by the next shared claim's unprepare."""
-        if record is not None and any(d.sharing is not None for d in record.devices):
+        """Whether GPU state may be left to undo: the claim shared a GPU or held an
+        AMD GPU in a partition mode, or a GPU record is still there (a settle that
+        failed). A claim of whole, unshared GPUs changed nothing on them, and skipping
+        the settle keeps its unprepare from visiting every prepared claim. Daemons a
+        crash left unrecorded are swept at start (``GpuEffects.resume``) and by the
+        next shared claim's unprepare."""
+        if record is not None and any(
+            d.sharing is not None or d.partition is not None for d in record.devices
+        ):
             return True
         return bool(self.store.gpus())
 
     def _settle(self) -> None:
         # The claim is gone from the checkpoint: what is left to undo on its GPUs is
         # node state, settled again by the next unprepare and at start if this fails.
-        assert self.effects is not None
-        try:
-            self.effects.settle()
-        except Exception as err:
-            log.error("settling GPU state failed", extra={"error": str(err)})
+        for settler in (self.effects, self.partitions):
+            if settler is None:
+                continue
+            try:
+                settler.settle()
+            except Exception as err:
+                log.error("settling GPU state failed", extra={"error": str(err)})
 
     def unprepare_uid(self, uid: str) -> None:
         """Unprepare by UID alone (stale entries and leaked specs)."""
@@ -429,6 +462,7 @@ def _whole_partitionable(plan: PreparePlan) -> list[Device]:
         for d in plan.devices
         if d.cdi.device.consumes_counters
         and d.cdi.device.mig_placement is None
+        and d.cdi.device.compute_partition is None  # AMD's: a mode switch, not MIG
         and not d.result.admin_access
     ]
 
@@ -460,8 +494,8 @@ def fault_text(err: Exception, ref: ClaimRef, *, action: str) -> str:
     if (answer := http_answer(err)) is not None:
         return f"{what}: the API server answered {answer[0]} {answer[1]}"
     if isinstance(
-        err, CdiSpecError | MigError | ShareError
-    ):  # a UID that names no file; NVML refused
+        err, CdiSpecError | MigError | ShareError | PartitionSwitchError
+    ):  # a UID that names no file; NVML or amdgpu refused
         return f"{what}: {err}"
     if isinstance(err, OSError):
         where = f" ({err.filename})" if err.filename else ""

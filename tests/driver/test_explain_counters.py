@@ -7,16 +7,20 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
-from mig_slices import DRIVER, GPU_CLASS, MIG_CLASS, h100_slices, placement_name
+from mig_slices import DRIVER, GPU_CLASS, MIG_CLASS, device_class, h100_slices, placement_name
 
+from drasil.driver.amd.simulated import write_simulated_tree
+from drasil.driver.discovery.backends import discover_node, no_nvidia_gpus
 from drasil.driver.explain import jointcounters
 from drasil.driver.explain.claims import ClaimExplanation, explain_claim, render_table
 from drasil.driver.explain.counters import CounterBook, amount_text, listing
 from drasil.driver.explain.inventory import build_inventory, build_usage
 from drasil.driver.explain.requests import CountersOutOfTime, check_counters
+from drasil.driver.slices.build import build_slices
 
 PROFILE = f'device.attributes["{DRIVER}"].profile'
 
@@ -464,3 +468,50 @@ def test_checking_counters_past_the_deadline_stops() -> None:
         check_counters(result.requests[0].free, book, deadline=0.0)
 
     assert stopped.value.text(2.0) == "stopped after 2 s checking the shared counters of 1 devices"
+
+
+# --- AMD dynamic partitions ------------------------------------------------------------
+
+
+def mi300x_slices(tmp_path: Path) -> list[dict[str, Any]]:
+    """The slices a node with one MI300X publishes in ``--amd-partition-mode dynamic``."""
+    tree = tmp_path / "sys"
+    write_simulated_tree([("mi300x", 1)], tree, node_name="node-a")
+    found = discover_node(no_nvidia_gpus(), tree, node_name="node-a", amd_partition_mode="dynamic")
+    return build_slices(
+        driver=DRIVER,
+        pool="node-a",
+        devices=found.devices,
+        node_name="node-a",
+        counter_sets=found.counter_sets,
+        generation=1,
+        owner=None,
+    )
+
+
+AMD_PARTITION_CLASS = device_class("amdgpu-partition.drasil.dev", "amdgpu-partition")
+MODE = f'device.attributes["{DRIVER}"].computePartition'
+
+
+def test_amd_partitions_name_the_dies_and_their_holder(tmp_path: Path) -> None:
+    held = claim("train", [gpu()], namespace="team-a", holds=("amdgpu-1-cpx-0", "amdgpu-1-cpx-4"))
+    selector = [{"cel": {"expression": f'{MODE} == "DPX"'}}]
+    request = {
+        "name": "half",
+        "exactly": {"deviceClassName": "amdgpu-partition.drasil.dev", "selectors": selector},
+    }
+    job = claim("job", [request])
+
+    result = explain_claim(
+        job,
+        slices=mi300x_slices(tmp_path),
+        claims=[job, held],
+        classes=[AMD_PARTITION_CLASS],
+        driver=DRIVER,
+    )
+
+    assert result.unsatisfiable
+    assert result.message().endswith(
+        "2 blocked by shared counters: amdgpu-1: DPX partitions need XCDs 0 and 4, "
+        "held by claim team-a/train"
+    )

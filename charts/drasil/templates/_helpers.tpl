@@ -61,6 +61,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "drasil.pluginPrivileged" -}}
 {{- if and (eq .Values.backend "nvml") .Values.nvml.privileged -}}true
 {{- else if and (eq .Values.mode "dra") (eq .Values.gpuSharing "consumable") -}}true
+{{- else if and (eq .Values.mode "dra") (eq .Values.amdPartitionMode "dynamic") -}}true
 {{- end -}}
 {{- end -}}
 
