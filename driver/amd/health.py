@@ -5,10 +5,14 @@ What is real and what is drasil's:
 - RAS: amdgpu keeps per-IP-block error counts in ``<gpu dir>/ras/<block>_err_count``
   (``umc``, ``gfx``, ``sdma``, ``mmhub``, ``xgmi_wafl``, ...), lines ``ue: N`` and
   ``ce: N`` (newer kernels add ``de: N``, deferred). Real, on RAS-capable GPUs.
-- resets: the kernel has no reset counter in sysfs (a reset shows in the kernel log,
-  a uevent and debugfs). drasil reads ``<gpu dir>/gpu_reset_count`` (one number) when
-  it exists: the simulated tree's convention, for ``drasil fault`` and tests. On a
-  real node the file is absent and only RAS counts are watched.
+- resets: the kernel has no reset counter in sysfs, but amdgpu writes a device core
+  dump when it resets a GPU (``amdgpu_coredump``, with ``CONFIG_DEV_COREDUMP``, which
+  distribution kernels set): ``<root>/class/devcoredump/devcd<N>``, whose
+  ``failing_device`` link names the GPU's PCI device. The kernel numbers dumps from a
+  counter that only grows and removes each after five minutes (or once read), so a
+  name not seen before is a new reset; polling every few seconds misses none. Dumps
+  present when the watcher starts are history. Resets amdgpu makes without a dump
+  (SR-IOV, some RAS-triggered ones) show as RAS counts, or not at all.
 
 Semantics mirror the NVIDIA XID watcher (``drasil.driver.nvidia.xid``): a
 device (a GPU and all its partitions) whose uncorrectable count rose since the watcher
@@ -21,7 +25,9 @@ Correctable errors are corrected by hardware and are not a health problem.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
+import os
 import re
 import threading
 import time
@@ -36,17 +42,33 @@ from drasil.driver.discovery.health import HealthTracker
 log = logging.getLogger(__name__)
 
 SOURCE: Final = "amd"
-RESET_COUNT_FILE: Final = "gpu_reset_count"
 MAX_RAS_BLOCKS: Final = 32
+MAX_CORE_DUMPS: Final = 256  # the kernel keeps a dump five minutes; a few exist at once
 _UE_LINE: Final = re.compile(r"^ue:\s*(\d+)\s*$", re.MULTILINE)
 
 Counters = dict[str, int]
-"""Per GPU: RAS block → uncorrectable count, and ``reset`` → reset count."""
+"""Per GPU: RAS block → uncorrectable count."""
+
+
+def core_dump_dir(root: Path) -> Path:
+    return root / "class" / "devcoredump"
+
+
+def read_core_dumps(root: Path) -> dict[str, str]:
+    """The device core dumps there are now: name → the failing device's PCI address."""
+    base = core_dump_dir(root)
+    if not base.is_dir():
+        return {}
+    dumps = {}
+    for entry in itertools.islice(base.iterdir(), MAX_CORE_DUMPS):
+        with contextlib.suppress(OSError):  # removed meanwhile, or not a dump
+            dumps[entry.name] = Path(os.readlink(entry / "failing_device")).name
+    return dumps
 
 
 def read_counters(gpu_dir: Path) -> Counters:
-    """The uncorrectable RAS counts and the reset count of a GPU; unreadable files
-    (``Query currently inaccessible`` during a reset, say) are left out."""
+    """The uncorrectable RAS counts of a GPU; unreadable files (``Query currently
+    inaccessible`` during a reset, say) are left out."""
     counters: Counters = {}
     ras = gpu_dir / "ras"
     files = sorted(ras.glob("*_err_count"))[:MAX_RAS_BLOCKS] if ras.is_dir() else []
@@ -57,8 +79,6 @@ def read_counters(gpu_dir: Path) -> Counters:
             continue
         if match:
             counters[path.name.removesuffix("_err_count")] = int(match[1])
-    with contextlib.suppress(SysfsError, ValueError):  # no file: a real node
-        counters["reset"] = int(read_text(gpu_dir / RESET_COUNT_FILE))
     return counters
 
 
@@ -67,11 +87,7 @@ def _rises(before: Counters, now: Counters) -> list[str]:
     reasons = []
     for name, count in sorted(now.items()):
         rise = count - before.get(name, count)
-        if rise <= 0:
-            continue
-        if name == "reset":
-            reasons.append(f"GPU reset ({rise} since last check)")
-        else:
+        if rise > 0:
             reasons.append(f"RAS uncorrectable errors in {name}: {rise}")
     return reasons
 
@@ -93,6 +109,7 @@ class AmdHealthWatcher:
         self.interval = interval
         self.recovery_after = recovery_after
         self._clock = clock
+        self._root = sysfs_root
         self._driver = amdgpu_driver_dir(sysfs_root)
         self._by_bdf: dict[str, list[str]] = {}
         for device in devices:
@@ -102,6 +119,7 @@ class AmdHealthWatcher:
         # Counts at start are the baseline: errors from before the plugin ran are
         # history (they may be years old), only new ones mark a device.
         self._seen = {bdf: self._read(bdf) or {} for bdf in self._by_bdf}
+        self._dumps = set(read_core_dumps(sysfs_root))
         self._hit: dict[str, tuple[float, str]] = {}  # device -> (last error time, why)
 
     def _read(self, bdf: str) -> Counters | None:
@@ -112,6 +130,7 @@ class AmdHealthWatcher:
     def poll(self) -> None:
         """Read every GPU's counters once, mark new errors, recover quiet devices."""
         now = self._clock()
+        resets = self._new_resets()
         for bdf, names in self._by_bdf.items():
             counters = self._read(bdf)
             if counters is None:
@@ -119,11 +138,22 @@ class AmdHealthWatcher:
             else:
                 reasons = _rises(self._seen[bdf], counters)
                 self._seen[bdf] = self._seen[bdf] | counters
+            reasons += [f"GPU reset (amdgpu core dump {d})" for d in resets.get(bdf, ())]
             if reasons:
                 for name in names:
                     self._hit[name] = (now, "; ".join(reasons))
         self._recover(now)
         self.tracker.report(SOURCE, {n: why for n, (_, why) in self._hit.items()})
+
+    def _new_resets(self) -> dict[str, list[str]]:
+        """PCI address → the core dumps written for it since the last poll."""
+        dumps = read_core_dumps(self._root)
+        resets: dict[str, list[str]] = {}
+        for name, bdf in sorted(dumps.items()):
+            if name not in self._dumps:
+                resets.setdefault(bdf, []).append(name)
+        self._dumps = set(dumps)  # the kernel never reuses a name within a boot
+        return resets
 
     def _recover(self, now: float) -> None:
         quiet = [n for n, (t, _) in self._hit.items() if now - t >= self.recovery_after]

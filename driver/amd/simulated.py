@@ -14,12 +14,12 @@ an MI250X count is cards, two GPUs each) the way amdgpu does:
 - the KFD topology: nodes 0 and 1 are the CPU nodes of the two NUMA nodes, then one
   node per compute partition of each GPU (one for an unpartitioned GPU), and
   ``class/kfd/kfd/dev`` ``235:0``;
-- RAS counters ``ras/<block>_err_count`` (``ue: N`` / ``ce: N``, the kernel's format),
-  ``gpu_reset_count`` (drasil's convention: the kernel has no such file), and
-  ``module/amdgpu/version`` (a DKMS driver's version).
+- RAS counters ``ras/<block>_err_count`` (``ue: N`` / ``ce: N``, the kernel's format)
+  and ``module/amdgpu/version`` (a DKMS driver's version); ``record_reset`` adds the
+  device core dump amdgpu writes when it resets a GPU (``class/devcoredump/devcd<N>``).
 
 The tree is the simulated GPUs' state, written once per node: writing it again keeps
-the partition modes, RAS counters and reset counts that are there (only files that are
+the partition modes, RAS counters and core dumps that are there (only files that are
 missing are created). Identities are deterministic for (profile, node name): unique
 ids hash the node name and GPU index, so two simulated nodes never share a UUID.
 
@@ -54,7 +54,6 @@ FIRST_CARD: Final = 1
 FIRST_RENDER: Final = 128
 XCP_SPARES: Final = 7  # amdgpu allocates MAX_XCP - 1 platform devices per MI300 GPU
 RAS_BLOCKS: Final = ("umc", "sdma", "gfx", "mmhub", "xgmi_wafl")
-RESET_COUNT_FILE: Final = "gpu_reset_count"
 # A GPU with this file refuses mode switches with EBUSY, as amdgpu does while a process
 # holds the GPU through /dev/kfd (tests create it).
 KFD_BUSY_FILE: Final = "drasil-kfd-busy"
@@ -201,7 +200,6 @@ def _write_gpu(root: Path, gpu: SimGpu) -> None:
         _write_if_missing(path / "current_memory_partition", f"{model.initial_memory}\n")
     for block in RAS_BLOCKS:
         _write_if_missing(path / "ras" / f"{block}_err_count", "ue: 0\nce: 0\n")
-    _write_if_missing(path / RESET_COUNT_FILE, "0\n")
     _link(amdgpu_driver_dir(root) / gpu.bdf, path)
     for xcp in gpu.xcps:
         platform = root / "devices" / "platform" / f"amdgpu_xcp_{xcp.platform_id}"
@@ -212,7 +210,7 @@ def write_simulated_tree(entries: Sequence[tuple[str, int]], root: Path, *, node
     """Write (or complete) the fake sysfs tree of a profile under ``root``.
 
     Files that describe the hardware are (re)written; state files that exist (partition
-    modes, RAS counters, reset counts) are kept, so a mode a running plugin set
+    modes, RAS counters, core dumps) are kept, so a mode a running plugin set
     survives. GPUs of an earlier, different profile lose their driver link.
     """
     gpus = layout(entries, node_name)
@@ -373,8 +371,13 @@ def bump_ras_errors(
     _write(path, "".join(f"{k}: {v}\n" for k, v in counts.items()))
 
 
-def bump_reset_count(root: Path, bdf: str) -> None:
-    """Count one more GPU reset in the GPU's ``gpu_reset_count`` (drasil's convention)."""
-    path = _gpu_dir(root, bdf) / RESET_COUNT_FILE
-    count = int(read_text(path)) if path.exists() else 0
-    _write(path, f"{count + 1}\n")
+def record_reset(root: Path, bdf: str) -> str:
+    """Reset a GPU as amdgpu reports it: a new device core dump whose
+    ``failing_device`` links to the GPU (``class/devcoredump/devcd<N>``); its name."""
+    device = _gpu_dir(root, bdf)
+    dumps = root / "class" / "devcoredump"
+    numbers = [int(p.name[5:]) for p in dumps.glob("devcd*") if p.name[5:].isdigit()]
+    name = f"devcd{max(numbers, default=0) + 1}"
+    _write(dumps / name / "data", f"AMDGPU Device Coredump\nreset of {bdf}\n")
+    _link(dumps / name / "failing_device", device)
+    return name

@@ -1,7 +1,8 @@
-"""The AMD health watcher: RAS and reset counters into HealthTracker, and recovery."""
+"""The AMD health watcher: RAS counters and reset core dumps into HealthTracker, and recovery."""
 
 from __future__ import annotations
 
+import shutil
 import threading
 from pathlib import Path
 
@@ -9,7 +10,7 @@ from amdtrees import tree
 
 from drasil.driver.amd.devices import discover_amd
 from drasil.driver.amd.health import AmdHealthWatcher, read_counters
-from drasil.driver.amd.simulated import bump_ras_errors, bump_reset_count, layout
+from drasil.driver.amd.simulated import bump_ras_errors, layout, record_reset
 from drasil.driver.discovery.health import HealthTracker
 
 
@@ -78,9 +79,33 @@ def test_new_errors_restart_the_recovery_time(tmp_path: Path) -> None:
 
 def test_reset_marks_the_gpu(tmp_path: Path) -> None:
     root, bdfs, watcher, tracker, _ = _setup(tmp_path)
-    bump_reset_count(root, bdfs[1])
+    name = record_reset(root, bdfs[1])
     watcher.poll()
-    assert tracker.unhealthy() == {"amdgpu-9": "amd: GPU reset (1 since last check)"}
+    assert tracker.unhealthy() == {"amdgpu-9": f"amd: GPU reset (amdgpu core dump {name})"}
+
+
+def test_core_dumps_from_before_the_start_and_of_other_devices_mark_nothing(
+    tmp_path: Path,
+) -> None:
+    root, bdfs, _, _, _ = _setup(tmp_path)
+    old = record_reset(root, bdfs[0])  # before the watcher below starts: history
+    other = root / "class/devcoredump/devcd90"  # a dump of a device that is no GPU of ours
+    other.mkdir(parents=True)
+    (other / "failing_device").symlink_to("../../../devices/pci0000:00/0000:00:14.3")
+    devices = discover_amd(root).devices
+    clock = Clock()
+    tracker = HealthTracker(devices, clock=clock)
+    watcher = AmdHealthWatcher(root, devices, tracker, recovery_after=60.0, clock=clock)
+    watcher.poll()
+    assert tracker.unhealthy() == {}
+    # The kernel removes a dump after five minutes; a later one has a new number.
+    shutil.rmtree(root / "class/devcoredump" / old)
+    record_reset(root, bdfs[1])
+    watcher.poll()
+    assert list(tracker.unhealthy()) == ["amdgpu-9"]
+    clock.now += 60
+    watcher.poll()
+    assert tracker.unhealthy() == {}
 
 
 def test_unbound_gpu_stays_unhealthy(tmp_path: Path) -> None:
@@ -104,9 +129,7 @@ def test_read_counters_formats(tmp_path: Path) -> None:
     (ras / "umc_err_count").write_text("ue: 4\nce: 1\nde: 2\n")
     (ras / "gfx_err_count").write_text("Query currently inaccessible\n")
     (ras / "features").write_text("feature mask: 0x3fff\n")
-    assert read_counters(tmp_path) == {"umc": 4}  # no gpu_reset_count: a real node
-    (tmp_path / "gpu_reset_count").write_text("3\n")
-    assert read_counters(tmp_path) == {"umc": 4, "reset": 3}
+    assert read_counters(tmp_path) == {"umc": 4}
 
 
 def test_run_stops(tmp_path: Path) -> None:

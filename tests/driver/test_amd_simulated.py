@@ -10,10 +10,10 @@ from amdtrees import tree
 from drasil.driver.amd.devices import discover_amd
 from drasil.driver.amd.simulated import (
     bump_ras_errors,
-    bump_reset_count,
     is_amd_model,
     layout,
     parse_amd_profile,
+    record_reset,
     set_partition_mode,
     write_simulated_tree,
 )
@@ -108,8 +108,8 @@ def test_bumps(tmp_path: Path) -> None:
     bump_ras_errors(root, bdf, "gfx", uncorrectable=0, correctable=5)
     bump_ras_errors(root, bdf, "gfx")
     assert (gpu_dir / "ras/gfx_err_count").read_text() == "ue: 1\nce: 5\n"
-    bump_reset_count(root, bdf)
-    bump_reset_count(root, bdf)
-    assert (gpu_dir / "gpu_reset_count").read_text() == "2\n"
+    assert (record_reset(root, bdf), record_reset(root, bdf)) == ("devcd1", "devcd2")
+    failing = root / "class/devcoredump/devcd2/failing_device"
+    assert failing.resolve() == gpu_dir.resolve()
     with pytest.raises(ValueError, match="no GPU"):
-        bump_reset_count(root, "0000:ff:00.0")
+        record_reset(root, "0000:ff:00.0")
