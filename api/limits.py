@@ -67,8 +67,10 @@ frames each) and for CEL selectors nested as deep as cel-go's parser allows."""
 def allow_nesting() -> None:
     """Raise Python's recursion limit to ``RECURSION_LIMIT`` (never lower it).
 
-    Called by every entry point (both daemons, the CLI) and by the CEL compiler. The
-    C stack it needs, a few MiB at most, fits the 8 MiB main and thread stacks of Linux.
+    Called where every process starts (both daemons, the CLI, the benchmarks that
+    compile CEL, the test session), never on import: a module that changes the whole
+    process's limit when imported would do it for whoever imports it. The C stack it
+    needs, a few MiB at most, fits the 8 MiB main and thread stacks of Linux.
     """
     if sys.getrecursionlimit() < RECURSION_LIMIT:
         sys.setrecursionlimit(RECURSION_LIMIT)

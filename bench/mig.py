@@ -31,7 +31,8 @@ from typing import Any
 
 from kubernetes import client
 
-from bench.prepare import cluster_kubeconfig, percentile
+from bench.prepare import cluster_kubeconfig
+from bench.stats import percentile
 from e2e.kube import Kube
 from e2e.pluginproc import DRIVER, ClaimId, KubeletClient, PluginProcess
 
@@ -84,11 +85,11 @@ def pairs(kubelet: KubeletClient, claims: list[ClaimId], rounds: int) -> dict[st
     pair = [p + u for p, u in zip(prep, unprep, strict=True)]
     return {
         "prepare_p50_ms": statistics.median(prep) * ms,
-        "prepare_p99_ms": percentile(prep, 0.99) * ms,
+        "prepare_p99_ms": percentile(prep, 99) * ms,
         "unprepare_p50_ms": statistics.median(unprep) * ms,
-        "unprepare_p99_ms": percentile(unprep, 0.99) * ms,
+        "unprepare_p99_ms": percentile(unprep, 99) * ms,
         "pair_p50_ms": statistics.median(pair) * ms,
-        "pair_p99_ms": percentile(pair, 0.99) * ms,
+        "pair_p99_ms": percentile(pair, 99) * ms,
     }
 
 

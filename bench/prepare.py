@@ -52,6 +52,7 @@ from typing import Any
 from kubernetes import client
 
 from bench.drivers import Drasil, DriverUnderTest, Reference
+from bench.stats import percentile
 from drasil.api.checkpoint import PreparedDevice
 from drasil.api.kubelet.dra.v1 import dra_pb2 as v1
 from drasil.api.kubelet.dra.v1 import dra_pb2_grpc as v1_grpc
@@ -136,11 +137,6 @@ def make_claims(kube: Kube, driver: DriverUnderTest, count: int) -> list[ClaimId
     return claims
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def latency(kubelet: KubeletClient, claim: ClaimId) -> dict[str, float]:
     prep, unprep, pair = [], [], []
     for _ in range(LATENCY_ROUNDS):
@@ -159,11 +155,11 @@ def summary(*, prep: list[float], unprep: list[float], pair: list[float]) -> dic
     ms = 1000.0
     return {
         "prepare_p50_ms": statistics.median(prep) * ms,
-        "prepare_p99_ms": percentile(prep, 0.99) * ms,
+        "prepare_p99_ms": percentile(prep, 99) * ms,
         "unprepare_p50_ms": statistics.median(unprep) * ms,
-        "unprepare_p99_ms": percentile(unprep, 0.99) * ms,
+        "unprepare_p99_ms": percentile(unprep, 99) * ms,
         "pair_p50_ms": statistics.median(pair) * ms,
-        "pair_p99_ms": percentile(pair, 0.99) * ms,
+        "pair_p99_ms": percentile(pair, 99) * ms,
     }
 
 

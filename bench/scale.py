@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import platform
 import subprocess
@@ -49,11 +48,13 @@ from typing import Any, cast
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
+from bench.stats import percentile
+from drasil.api.limits import allow_nesting
 from drasil.driver.explain.fromapi import explain_fetched, fetch_inputs
 from drasil.driver.nvidia.simulated import parse_profile_spec
 from e2e import chart
 from e2e.cluster.control_plane import Cluster
-from e2e.cluster.fleet import DEFAULT_FLEET_PROFILE, DRIVER, Fleet
+from e2e.cluster.fleet import DEFAULT_FLEET_PROFILE, DRIVER, KwokFleet
 from e2e.controllerproc import ControllerProcess
 from e2e.fleet import api_from_kubeconfig
 from e2e.kube import Kube, NotYet, wait_for
@@ -89,15 +90,6 @@ class Params:
 
 
 # ---- small helpers ----------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100), nearest rank; 0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), math.ceil(q / 100 * len(ordered))))
-    return ordered[rank - 1]
 
 
 def summary(values: Sequence[float]) -> dict[str, float]:
@@ -597,7 +589,7 @@ def drasil_users(identity_namespace: str) -> dict[str, str]:
     }
 
 
-def health_flip(cluster: Cluster, fleet: Fleet, users: Mapping[str, str]) -> dict[str, Any]:
+def health_flip(cluster: Cluster, fleet: KwokFleet, users: Mapping[str, str]) -> dict[str, Any]:
     """One device of one node unhealthy, then healthy again: the writes of each."""
     node = f"{fleet.state['prefix']}{'0' * len(str(max(fleet.state['nodes'] - 1, 0)))}"
     result = {}
@@ -792,6 +784,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default=DEFAULT_FLEET_PROFILE)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    allow_nesting()  # it explains claims in-process, as the controller does
     sizes = [int(n) for n in args.nodes.split(",") if n.strip()]
     runs = []
     started = time.time()

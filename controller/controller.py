@@ -68,7 +68,7 @@ from drasil.controller.poolsync import PoolSync
 from drasil.controller.state import ClusterView, Key, key_of
 from drasil.driver.cel.selectors import CelDeviceCache
 from drasil.driver.claims.configcheck import config_problems
-from drasil.driver.explain.claims import Fleet, explain_claim, prepare_fleet
+from drasil.driver.explain.claims import ExplainContext, explain_claim, prepare_fleet
 from drasil.driver.kubeapi import KubeApi
 
 log = logging.getLogger(__name__)
@@ -424,7 +424,7 @@ class Controller:
             key = key_of(claim)
             if any(p.waiting for p in self.view.pods_using("ResourceClaim", key)):
                 waiting[_uid(claim)] = key
-        fleet: tuple[float, Fleet] | None = None
+        fleet: tuple[float, ExplainContext] | None = None
         for uid in self.pending.update(waiting, now=now):
             try:
                 fleet = await asyncio.to_thread(self._fresh_fleet, fleet)
@@ -433,7 +433,9 @@ class Controller:
                 log.exception("explaining a claim failed", extra={"claim": "/".join(waiting[uid])})
             self.pending.explained(uid, now=now)
 
-    def _fresh_fleet(self, fleet: tuple[float, Fleet] | None) -> tuple[float, Fleet]:
+    def _fresh_fleet(
+        self, fleet: tuple[float, ExplainContext] | None
+    ) -> tuple[float, ExplainContext]:
         """The fleet (devices and their holders) for a round of explanations: built
         once for all claims due in this tick, not once per claim, so a burst of
         pending claims costs one pass over the fleet plus a little per claim; built
@@ -455,7 +457,7 @@ class Controller:
             self._nodes = (now, nodes)
         return nodes
 
-    def explain(self, key: Key, *, fleet: Fleet | None = None) -> str | None:
+    def explain(self, key: Key, *, fleet: ExplainContext | None = None) -> str | None:
         """Explain one pending claim and post the result; returns the message posted.
         ``fleet``: ``prepare_fleet`` of the current view, shared by a round of claims."""
         claim = self.api.get_claim(*key)

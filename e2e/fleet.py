@@ -42,7 +42,7 @@ from drasil.driver.kubeapi import KubeApi
 from drasil.driver.nvidia.nodedevices import discover
 from drasil.driver.nvidia.simulated import simulated_library
 from drasil.driver.slices.publisher import PoolPublisher
-from drasil.kubeletplugin.dra.nodepool import NodeSlices
+from drasil.kubeletplugin.dra.nodeslices import NodeSlices
 
 log = logging.getLogger("e2e.fleet")
 
@@ -52,7 +52,7 @@ WORKERS = 8  # pools published at once (each is a list and a write or two)
 
 
 class FleetError(ValueError):
-    """A request the fleet cannot serve (unknown node or device)."""
+    """A request the fleet publisher cannot serve (unknown node or device)."""
 
 
 @dataclass
@@ -62,7 +62,7 @@ class FleetNode:
     slices: NodeSlices
 
 
-class Fleet:
+class FleetPublisher:
     """Every fake node's ``NodeSlices``, published with one API client."""
 
     def __init__(self, api: KubeApi, *, driver: str, profile: str, nodes: Sequence[str]) -> None:
@@ -143,7 +143,7 @@ class Fleet:
             stop.wait(resync)
 
 
-def _handler(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
+def _handler(fleet: FleetPublisher) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def _answer(self, code: int, body: Mapping[str, Any]) -> None:
             data = json.dumps(body).encode()
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port-file", type=Path, required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    fleet = Fleet(
+    fleet = FleetPublisher(
         api_from_kubeconfig(args.kubeconfig),
         driver=args.driver,
         profile=args.profile,

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from bench.scale import audit_writes, per_minute, percentile, summary
+from bench.scale import audit_writes, per_minute, summary
+from bench.stats import percentile
 from drasil.driver.kubeapi import KubeApi
 from e2e.cluster.control_plane import Cluster
-from e2e.fleet import Fleet, FleetError, node_names
+from e2e.fleet import FleetError, FleetPublisher, node_names
 
 pytestmark = pytest.mark.pure
 
@@ -104,7 +105,7 @@ def test_a_flip_of_an_unknown_node_or_device_is_refused_before_any_call() -> Non
     # An API client for a server that does not exist: nothing may be called.
     configuration = client.Configuration()
     configuration.host = "https://127.0.0.1:9"
-    fleet = Fleet(
+    fleet = FleetPublisher(
         KubeApi(client.ApiClient(configuration)),
         driver="gpu.drasil.dev",
         profile="h100-80gb:2",

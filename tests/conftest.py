@@ -1,11 +1,18 @@
-"""Fixtures shared by the unit and component tests."""
+"""Hooks and fixtures shared by the unit and component tests."""
 
 from __future__ import annotations
 
 import jsonschema
 import pytest
 
+from drasil.api.limits import allow_nesting
 from drasil.kubeletplugin.gpucheck import cdicheck
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # What every drasil process does where it starts: tests compile selectors and
+    # decode objects as deep as the API server stores.
+    allow_nesting()
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,6 @@ from typing import Any
 from celpy.celparser import CELParseError, CELParser
 from celpy.evaluation import celbytes, celstr
 
-from drasil.api.limits import allow_nesting
 from drasil.driver.cel import functions as lib
 from drasil.driver.cel import operators as ops
 from drasil.driver.cel.values import (
@@ -93,10 +92,13 @@ MAX_NESTING = 500
 cel-go's parser stops at a recursion depth of 250, so everything the API server
 accepts fits; beyond, the expression gets a compile error instead of exhausting
 the stack.
+
+The compiler and the compiled closures recurse a few Python frames per level of the
+parse tree: the recursion limit ``drasil.api.limits.allow_nesting`` sets leaves room
+for MAX_NESTING levels. Importing this module does not set it (that would change the
+whole process for whoever imports it); every process that compiles selectors calls it
+where it starts. Without it, expressions the API server accepts may fail as too deep.
 """
-# The compiler and the compiled closures recurse a few Python frames per level of
-# the parse tree: allow_nesting leaves room for MAX_NESTING levels.
-allow_nesting()
 
 
 def compile_expression(source: str, *, variables: Mapping[str, Fields]) -> Node:

@@ -27,12 +27,10 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 
-from drasil.api.quantity import format_bytes
-from drasil.driver.explain.inventory import PoolDevice, quantity_value
+from drasil.driver.explain.inventory import InventoryDevice, amount_text, quantity_value
 
 JsonEntry = Mapping[str, Any]
 MAX_CAPACITY_GROUPS = 3
-_MIB = 2**20
 
 
 class Why(StrEnum):
@@ -55,20 +53,12 @@ class Shortfall:
     needed: Decimal = Decimal(0)  # after the policy's rounding
 
 
-def amount_text(value: Decimal) -> str:
-    """``12Gi``, ``1536Mi``, ``25``: bytes-like amounts in binary units, others plain."""
-    if value == value.to_integral_value():
-        whole = int(value)
-        return format_bytes(whole) if whole >= _MIB and whole % _MIB == 0 else str(whole)
-    return str(value.normalize())
-
-
 def _display(name: str, driver: str) -> str:
     domain, _, ident = name.rpartition("/")
     return ident if domain in ("", driver) else name
 
 
-def _entries(device: PoolDevice, driver: str) -> dict[str, JsonEntry]:
+def _entries(device: InventoryDevice, driver: str) -> dict[str, JsonEntry]:
     return {
         _display(str(k), driver): v or {} for k, v in (device.spec.get("capacity") or {}).items()
     }
@@ -119,7 +109,7 @@ def _asked(wanted: Mapping[str, Any], driver: str) -> dict[str, Decimal | None]:
 
 
 def shortfall(
-    device: PoolDevice,
+    device: InventoryDevice,
     wanted: Mapping[str, Any],
     *,
     used: Mapping[str, Decimal],

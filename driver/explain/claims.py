@@ -57,7 +57,7 @@ from drasil.driver.explain.counters import CounterBook, listing
 from drasil.driver.explain.inventory import (
     DeviceKey,
     Inventory,
-    PoolDevice,
+    InventoryDevice,
     Usage,
     build_inventory,
     build_usage,
@@ -208,7 +208,7 @@ def _requests(claim: JsonObject) -> Iterator[tuple[str, JsonObject]]:
 
 
 @dataclass(frozen=True)
-class Fleet:
+class ExplainContext:
     """The devices of the driver and who holds them: what every explanation of a
     pending claim starts from, built once for many (``prepare_fleet``)."""
 
@@ -222,14 +222,14 @@ def prepare_fleet(
     claims: Iterable[JsonObject],
     driver: str,
     cache: CelDeviceCache | None = None,
-) -> Fleet:
+) -> ExplainContext:
     """Inventory and usage for explaining any number of **unallocated** claims: an
     unallocated claim holds nothing, so leaving it out of the usage (as
     ``explain_claim`` does for the claim it explains) changes nothing, and one
-    ``Fleet`` serves them all. Building both is linear in the fleet's devices and
-    claims; the controller builds it once per round of explanations instead of once
-    per pending claim (docs/scale.md)."""
-    return Fleet(
+    ``ExplainContext`` serves them all. Building both is linear in the fleet's devices
+    and claims; the controller builds it once per round of explanations instead of
+    once per pending claim (docs/scale.md)."""
+    return ExplainContext(
         inventory=build_inventory(slices, driver=driver, cache=cache),
         usage=build_usage(claims, driver=driver),
     )
@@ -238,18 +238,18 @@ def prepare_fleet(
 def _fleet_for(
     claim: JsonObject,
     *,
-    fleet: Fleet | None,
+    fleet: ExplainContext | None,
     slices: Iterable[JsonObject],
     claims: Iterable[JsonObject],
     driver: str,
     cache: CelDeviceCache | None,
-) -> Fleet:
+) -> ExplainContext:
     allocated = bool((claim.get("status") or {}).get("allocation"))
     if fleet is not None and not allocated:
         return fleet
     # An allocated claim's own devices must not count as held by someone else.
     uid = str(object_meta(claim).get("uid", ""))
-    return Fleet(
+    return ExplainContext(
         inventory=fleet.inventory if fleet else build_inventory(slices, driver=driver, cache=cache),
         usage=build_usage(claims, driver=driver, skip_uid=uid),
     )
@@ -267,7 +267,7 @@ def explain_claim(
     pods: Sequence[JsonObject] = (),
     budget: float = EXPLAIN_BUDGET,
     taint_rules: Iterable[JsonObject] = (),
-    fleet: Fleet | None = None,
+    fleet: ExplainContext | None = None,
 ) -> ClaimExplanation:
     """Explain ``claim`` against the cluster's state (see the module docstring).
 
@@ -400,7 +400,7 @@ def _counters_together(chosen: Mapping[str, RequestExplanation], joint: _Joint) 
 
 
 def _slots(
-    members: Iterable[RequestExplanation], keep: Callable[[PoolDevice], bool] = lambda _: True
+    members: Iterable[RequestExplanation], keep: Callable[[InventoryDevice], bool] = lambda _: True
 ) -> list[list[DeviceKey]]:
     """One slot per device a request needs, listing the free devices that may fill it."""
     slots: list[list[DeviceKey]] = []
@@ -524,7 +524,7 @@ def _node_list(names: Sequence[str], scope: NodeScope | None) -> str:
     return f"{text} and {more} more" if more > 0 else text
 
 
-def attribute_value(device: PoolDevice, name: str, *, driver: str) -> object | None:
+def attribute_value(device: InventoryDevice, name: str, *, driver: str) -> object | None:
     """The value of a fully qualified attribute (``domain/name``) of a device, or None."""
     attributes = device.spec.get("attributes") or {}
     domain, _, ident = name.rpartition("/")
@@ -548,7 +548,7 @@ def _constraint_problem(
     return None
 
 
-def _has_value(device: PoolDevice, *, attribute: str, value: object, driver: str) -> bool:
+def _has_value(device: InventoryDevice, *, attribute: str, value: object, driver: str) -> bool:
     return attribute_value(device, attribute, driver=driver) == value
 
 

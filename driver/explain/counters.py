@@ -32,8 +32,15 @@ from decimal import Decimal
 from types import MappingProxyType
 from typing import Any, Final
 
-from drasil.api.quantity import QuantityError, format_bytes, parse_quantity
-from drasil.driver.explain.inventory import DeviceKey, Inventory, PoolDevice, SetKey, Usage
+from drasil.api.quantity import QuantityError, parse_quantity
+from drasil.driver.explain.inventory import (
+    DeviceKey,
+    Inventory,
+    InventoryDevice,
+    SetKey,
+    Usage,
+    amount_text,
+)
 
 CounterKey = tuple[str, str, str]  # (pool, counter set, counter)
 MAX_COUNTERS: Final = 64
@@ -86,7 +93,7 @@ class _SetValues:
 class Shortage:
     """A device left out for want of counters: what it lacks and who holds it."""
 
-    device: PoolDevice
+    device: InventoryDevice
     short: Mapping[CounterKey, tuple[Decimal, Decimal]]  # counter -> (needed, left)
     # Per short counter: other claims whose devices draw on it, and (the joint check)
     # requests of the claim itself.
@@ -109,7 +116,7 @@ class CounterBook:
         self._taken: dict[CounterKey, Decimal] | None = None
         self._takers: dict[CounterKey, set[str]] = defaultdict(set)
 
-    def draw(self, device: PoolDevice) -> Draw:
+    def draw(self, device: InventoryDevice) -> Draw:
         if not device.spec.get("consumesCounters"):
             return NO_DRAW
         draw = self._draws.get(device.key)
@@ -117,7 +124,7 @@ class CounterBook:
             draw = self._draws[device.key] = self._read_draw(device)
         return draw
 
-    def drawing_already(self, device: PoolDevice) -> bool:
+    def drawing_already(self, device: InventoryDevice) -> bool:
         """An allocated device (shared, or used with admin access) already draws its
         counters: allocating it again takes nothing more."""
         return device.key in self._usage.holders
@@ -132,7 +139,7 @@ class CounterBook:
         return tuple(sorted(self._takers.get(key, ())))
 
     def shortage(
-        self, device: PoolDevice, *, also: Mapping[CounterKey, Decimal] = _NOTHING
+        self, device: InventoryDevice, *, also: Mapping[CounterKey, Decimal] = _NOTHING
     ) -> Shortage | None:
         """Why ``device`` cannot draw its counters (with ``also`` drawn besides)."""
         short = {
@@ -163,7 +170,7 @@ class CounterBook:
             values = self._sets[key] = _read_set(key, self._inventory.counter_sets.get(key, ()))
         return values
 
-    def _read_draw(self, device: PoolDevice) -> Draw:
+    def _read_draw(self, device: InventoryDevice) -> Draw:
         amounts: dict[CounterKey, Decimal] = {}
         try:
             for entry in _entries(device.spec.get("consumesCounters")):
@@ -298,7 +305,7 @@ def _text(groups: Sequence[_Group]) -> str:
     return f"{where}: {groups[0].what}{_holders(claims, requests)}"
 
 
-def device_attribute(device: PoolDevice, name: str, driver: str) -> object | None:
+def device_attribute(device: InventoryDevice, name: str, driver: str) -> object | None:
     """The value of a device's attribute, by bare or driver-qualified name."""
     attributes = device.spec.get("attributes") or {}
     entry = attributes.get(name) or attributes.get(f"{driver}/{name}")
@@ -307,7 +314,7 @@ def device_attribute(device: PoolDevice, name: str, driver: str) -> object | Non
     return next((v for v in entry.values() if v is not None), None)
 
 
-def _subject_key(device: PoolDevice, driver: str) -> str:
+def _subject_key(device: InventoryDevice, driver: str) -> str:
     profile = device_attribute(device, "profile", driver)
     if isinstance(profile, str):
         return f"profile {profile}"
@@ -315,7 +322,7 @@ def _subject_key(device: PoolDevice, driver: str) -> str:
     return f"mode {mode}" if mode else f"device {device.name}"
 
 
-def _partition_mode(device: PoolDevice, driver: str) -> str | None:
+def _partition_mode(device: InventoryDevice, driver: str) -> str | None:
     """An AMD partition's compute mode (``CPX``), else None."""
     if device_attribute(device, "type", driver) != "amdgpu-partition":
         return None
@@ -450,13 +457,3 @@ def listing(items: Sequence[str], *, limit: int = MAX_LISTED) -> str:
     if len(items) < 2:
         return "".join(items)
     return f"{', '.join(items[:-1])} and {items[-1]}"
-
-
-def amount_text(value: Decimal) -> str:
-    """A counter amount as a quantity: ``40Gi`` for whole MiB, else the plain number."""
-    if value == value.to_integral_value():
-        whole = int(value)
-        if whole >= 2**20 and whole % 2**20 == 0:
-            return format_bytes(whole)
-        return str(whole)
-    return format(value.normalize(), "f")

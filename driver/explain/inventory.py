@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, cast
 
-from drasil.api.quantity import QuantityError, parse_quantity
+from drasil.api.quantity import QuantityError, format_bytes, parse_quantity
 from drasil.driver.cel.selectors import CelDevice, CelDeviceCache
 
 JsonObject = Mapping[str, Any]
@@ -27,7 +27,7 @@ SetKey = tuple[str, str]  # (pool, counter set) within one driver
 
 
 @dataclass(frozen=True)
-class PoolDevice:
+class InventoryDevice:
     """One device of a complete pool, with its CEL form converted once."""
 
     pool: str
@@ -48,7 +48,7 @@ class Inventory:
     """The driver's devices the allocator would look at, and pools it would skip."""
 
     driver: str
-    devices: tuple[PoolDevice, ...]
+    devices: tuple[InventoryDevice, ...]
     incomplete_pools: tuple[str, ...] = ()
     # Every definition of each counter set, as published: a set defined twice in a
     # pool is the pool's error, and ``counters`` reports it rather than picking one.
@@ -76,7 +76,7 @@ def build_inventory(
         spec = object_spec(obj)
         if spec.get("driver") == driver:
             pools[str((spec.get("pool") or {}).get("name", ""))].append(obj)
-    devices: list[PoolDevice] = []
+    devices: list[InventoryDevice] = []
     incomplete: list[str] = []
     counter_sets: dict[SetKey, list[JsonObject]] = defaultdict(list)
     for pool, members in sorted(pools.items()):
@@ -109,7 +109,7 @@ def _shared_counters(slices: Sequence[JsonObject]) -> Iterator[JsonObject]:
 
 def _pool_devices(
     pool: str, slices: Sequence[JsonObject], cache: CelDeviceCache | None
-) -> Iterator[PoolDevice]:
+) -> Iterator[InventoryDevice]:
     for obj in slices:
         specs = object_spec(obj).get("devices") or []
         converted = cache.devices(obj) if cache is not None else None
@@ -121,7 +121,7 @@ def _pool_devices(
                 else CelDevice.from_json(spec, driver=str(object_spec(obj)["driver"]))
             )
             node = slice_node or spec.get("nodeName") or None
-            yield PoolDevice(
+            yield InventoryDevice(
                 pool=pool, name=str(spec.get("name", "")), spec=spec, cel=cel, node=node
             )
 
@@ -179,6 +179,17 @@ def quantity_value(value: object) -> Decimal | None:
         return parse_quantity(str(value))
     except QuantityError:
         return None
+
+
+def amount_text(value: Decimal) -> str:
+    """An amount as users write quantities: ``12Gi``, ``1536Mi`` for whole MiB (bytes
+    in binary units), else the plain number: ``25``, ``0.5`` (never ``5E-7``)."""
+    if value == value.to_integral_value():
+        whole = int(value)
+        if whole >= 2**20 and whole % 2**20 == 0:
+            return format_bytes(whole)
+        return str(whole)
+    return format(value.normalize(), "f")
 
 
 # --- DeviceClasses -----------------------------------------------------------------

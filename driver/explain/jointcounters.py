@@ -19,7 +19,7 @@ from decimal import Decimal
 from typing import Final
 
 from drasil.driver.explain.counters import CounterBook, CounterKey, Shortage, shortage_texts
-from drasil.driver.explain.inventory import DeviceKey, PoolDevice
+from drasil.driver.explain.inventory import DeviceKey, InventoryDevice
 from drasil.driver.explain.requests import RequestExplanation
 
 MAX_STEPS: Final = 20_000
@@ -38,7 +38,7 @@ class Slot:
     """One device a request needs, and the devices that may fill it."""
 
     request: str
-    candidates: tuple[PoolDevice, ...]
+    candidates: tuple[InventoryDevice, ...]
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class _Attempt:
     """The deepest partial choice seen: how many slots it filled and with what."""
 
     node: str | None = None
-    filled: list[tuple[str, PoolDevice]] = field(default_factory=list)
+    filled: list[tuple[str, InventoryDevice]] = field(default_factory=list)
     depth: int = -1
 
 
@@ -70,7 +70,7 @@ class _Search:
         self.deadline = deadline
         self.used: set[DeviceKey] = set()
         self.drawn: dict[CounterKey, Decimal] = {}
-        self.filled: list[tuple[str, PoolDevice]] = []
+        self.filled: list[tuple[str, InventoryDevice]] = []
         self.best = _Attempt()
         self.run_left = _run_left(slots)
 
@@ -101,10 +101,10 @@ class _Search:
             self._take(slot.request, device, sign=-1)
         return False
 
-    def _amounts(self, device: PoolDevice) -> Mapping[CounterKey, Decimal]:
+    def _amounts(self, device: InventoryDevice) -> Mapping[CounterKey, Decimal]:
         return {} if self.book.drawing_already(device) else self.book.draw(device).amounts
 
-    def _fits(self, device: PoolDevice) -> bool:
+    def _fits(self, device: InventoryDevice) -> bool:
         self.steps -= 1
         if self.steps < 0 or (self.steps % 256 == 0 and time.monotonic() > self.deadline):
             raise _OutOfSteps
@@ -113,7 +113,7 @@ class _Search:
             for key, amount in self._amounts(device).items()
         )
 
-    def _take(self, request: str, device: PoolDevice, *, sign: int) -> None:
+    def _take(self, request: str, device: InventoryDevice, *, sign: int) -> None:
         for key, amount in self._amounts(device).items():
             self.drawn[key] = self.drawn.get(key, Decimal(0)) + sign * amount
         if sign > 0:

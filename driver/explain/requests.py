@@ -20,7 +20,7 @@ from drasil.driver.explain.counters import (
 )
 from drasil.driver.explain.inventory import (
     Inventory,
-    PoolDevice,
+    InventoryDevice,
     Usage,
     object_spec,
 )
@@ -70,7 +70,7 @@ class RequestExplanation:
     # (devices, why) per counter set and profile: left out for want of shared counters
     short_counters: tuple[tuple[int, str], ...] = ()
     unchecked: str = ""  # devices whose counters were too many to read
-    free: tuple[PoolDevice, ...] = ()
+    free: tuple[InventoryDevice, ...] = ()
     problem: str | None = None  # None: can be satisfied on its own
 
     @property
@@ -190,12 +190,12 @@ class CountersOutOfTime(OutOfTime):
 
 @dataclass(frozen=True)
 class _Filtered:
-    devices: list[PoolDevice]
+    devices: list[InventoryDevice]
     stage: Stage
 
 
 def _select(
-    devices: Sequence[PoolDevice], expression: str, *, phrase: str, deadline: float
+    devices: Sequence[InventoryDevice], expression: str, *, phrase: str, deadline: float
 ) -> _Filtered:
     """Devices passing one selector; a CEL error fails the device and is noted.
 
@@ -205,7 +205,7 @@ def _select(
         selector = compile_selector(expression)
     except CelCompileError as err:
         return _Filtered([], Stage(0, phrase, note=f"does not compile: {err.detail}"))
-    passed: list[PoolDevice] = []
+    passed: list[InventoryDevice] = []
     errors: Counter[str] = Counter()
     for device in devices:
         try:
@@ -230,7 +230,7 @@ def _selectors(owner: JsonObject) -> list[str]:
 
 
 def _class_stage(
-    devices: list[PoolDevice], class_name: str, device_class: JsonObject, *, deadline: float
+    devices: list[InventoryDevice], class_name: str, device_class: JsonObject, *, deadline: float
 ) -> _Filtered:
     """All selectors of the class at once; the note names one that leaves no device."""
     notes: list[str] = []
@@ -251,7 +251,7 @@ def _funnel(
     inventory: Inventory,
     classes: Mapping[str, JsonObject],
     deadline: float,
-) -> tuple[list[PoolDevice], list[Stage], str | None]:
+) -> tuple[list[InventoryDevice], list[Stage], str | None]:
     """Stages 1-3: the driver's devices, the class selectors, the request selectors."""
     devices = list(inventory.devices)
     stages = [Stage(len(devices), f"devices of {inventory.driver}")]
@@ -280,7 +280,7 @@ def _funnel(
     return devices, stages, None
 
 
-def _published_types(devices: Sequence[PoolDevice], driver: str) -> str:
+def _published_types(devices: Sequence[InventoryDevice], driver: str) -> str:
     """``published are 8 amdgpu-partition (compute partition CPX), 1 gpu``: what the
     driver has instead, so a class asking for whole GPUs of a node whose GPUs are cut
     into MIG devices or AMD compute partitions says so."""
@@ -297,7 +297,7 @@ def _published_types(devices: Sequence[PoolDevice], driver: str) -> str:
     return "published are " + listing([f"{n} {kind}" for kind, n in ranked], limit=4)
 
 
-def _blocking_taint(device: PoolDevice, tolerations: Sequence[JsonObject]) -> str | None:
+def _blocking_taint(device: InventoryDevice, tolerations: Sequence[JsonObject]) -> str | None:
     for taint in device.spec.get("taints") or []:
         if taint.get("effect") in BLOCKING_EFFECTS and not tolerated(taint, tolerations):
             return taint_text(taint)
@@ -305,11 +305,11 @@ def _blocking_taint(device: PoolDevice, tolerations: Sequence[JsonObject]) -> st
 
 
 def _by_capacity(
-    devices: Sequence[PoolDevice], request: JsonObject, *, usage: Usage, driver: str
-) -> tuple[list[PoolDevice], list[Shortfall]]:
+    devices: Sequence[InventoryDevice], request: JsonObject, *, usage: Usage, driver: str
+) -> tuple[list[InventoryDevice], list[Shortfall]]:
     """Stage 4: the devices whose capacity takes the request, and why the others do not."""
     wanted = (request.get("capacity") or {}).get("requests") or {}
-    fitting: list[PoolDevice] = []
+    fitting: list[InventoryDevice] = []
     short: list[Shortfall] = []
     for device in devices:
         used = usage.consumed.get(device.key, {})
@@ -355,7 +355,7 @@ def explain_request(
     blocked: Counter[str] = Counter()
     ruled: dict[str, list[str]] = defaultdict(list)
     held: Counter[str] = Counter()
-    free: list[PoolDevice] = []
+    free: list[InventoryDevice] = []
     tolerations = request.get("tolerations") or []
     rules = rules or TaintRules(driver=inventory.driver)
     for device in fitting:
@@ -395,21 +395,21 @@ def explain_request(
 class CounterCheck:
     """Free devices split by their shared counters."""
 
-    free: list[PoolDevice]
+    free: list[InventoryDevice]
     unusable: dict[str, tuple[str, ...]]
     shortages: list[Shortage]
     unchecked: str = ""
 
 
 def check_counters(
-    devices: Sequence[PoolDevice], book: CounterBook, *, deadline: float = math.inf
+    devices: Sequence[InventoryDevice], book: CounterBook, *, deadline: float = math.inf
 ) -> CounterCheck:
     """Which of ``devices`` the counters other claims left still let through.
 
     A device whose counters are too many to read passes (explain cannot tell) and is
     named in ``unchecked``. Raises ``CountersOutOfTime`` past ``deadline``.
     """
-    free: list[PoolDevice] = []
+    free: list[InventoryDevice] = []
     unusable: dict[str, list[str]] = defaultdict(list)
     shortages: list[Shortage] = []
     unchecked: list[str] = []
@@ -441,6 +441,6 @@ def _unchecked_text(devices: Sequence[str]) -> str:
     return f"did not check the shared counters of {devices[0]}{more}"
 
 
-def _shareable(device: PoolDevice, request: JsonObject) -> bool:
+def _shareable(device: InventoryDevice, request: JsonObject) -> bool:
     # Admin access may use devices in use; shared devices were checked by capacity.
     return bool(request.get("adminAccess")) or bool(device.spec.get("allowMultipleAllocations"))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from drasil.driver.explain.counters import listing
-from drasil.driver.explain.inventory import PoolDevice, object_meta, object_spec
+from drasil.driver.explain.inventory import InventoryDevice, object_meta, object_spec
 from drasil.driver.explain.nodefit import BLOCKING_EFFECTS, tolerated
 
 JsonObject = Mapping[str, Any]
@@ -33,7 +33,7 @@ class RuleTaint:
     selector: JsonObject
     taint: JsonObject
 
-    def selects(self, device: PoolDevice, *, driver: str) -> bool:
+    def selects(self, device: InventoryDevice, *, driver: str) -> bool:
         wanted = {"driver": driver, "pool": device.pool, "device": device.name}
         return all(self.selector.get(k) in (None, "", v) for k, v in wanted.items())
 
@@ -55,7 +55,9 @@ class TaintRules:
         mine = [r for r in rules if r.selector.get("driver") in (None, "", driver)]
         return cls(driver=driver, rules=tuple(sorted(mine, key=lambda r: r.rule)))
 
-    def blocking(self, device: PoolDevice, tolerations: Sequence[JsonObject]) -> RuleTaint | None:
+    def blocking(
+        self, device: InventoryDevice, tolerations: Sequence[JsonObject]
+    ) -> RuleTaint | None:
         """The first rule whose taint keeps the request off ``device``."""
         for rule in self.rules:
             effect = rule.taint.get("effect")

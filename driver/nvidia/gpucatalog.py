@@ -109,8 +109,9 @@ def gpu_instance_id_at(placement: Placement, *, memory_slices: int = MEMORY_SLIC
 
 
 @dataclass(frozen=True)
-class MigInstance:
-    """A configured MIG device: its profile, where it sits, and its compute instance."""
+class MigLayoutEntry:
+    """One MIG device of a simulated model's initial layout (``GpuModel.mig_layout``):
+    its profile, where it sits, and its compute instance."""
 
     profile: MigProfile
     start: int
@@ -137,7 +138,7 @@ class GpuModel:
     brand: int = BRAND_NVIDIA
     mig_capable: bool = False
     max_mig_devices: int = 0
-    mig_layout: tuple[MigInstance, ...] = ()
+    mig_layout: tuple[MigLayoutEntry, ...] = ()
     mig_profiles: tuple[MigProfile, ...] = ()
 
     @property
@@ -243,14 +244,14 @@ B200_7G_180GB = MigProfile(
 
 def _mixed_layout(
     big: MigProfile, medium: MigProfile, small: MigProfile
-) -> tuple[MigInstance, ...]:
+) -> tuple[MigLayoutEntry, ...]:
     # 3g at placement 4, 2g at 0, two 1g at 2 and 3: all seven compute slices used
     # (GPU instance ids 2, 3, 9 and 10).
     return (
-        MigInstance(big, start=4),
-        MigInstance(medium, start=0),
-        MigInstance(small, start=2),
-        MigInstance(small, start=3),
+        MigLayoutEntry(big, start=4),
+        MigLayoutEntry(medium, start=0),
+        MigLayoutEntry(small, start=2),
+        MigLayoutEntry(small, start=3),
     )
 
 
@@ -347,7 +348,7 @@ L4 = GpuModel(
 )
 
 
-def _with_mig(model: GpuModel, layout: tuple[MigInstance, ...]) -> GpuModel:
+def _with_mig(model: GpuModel, layout: tuple[MigLayoutEntry, ...]) -> GpuModel:
     return GpuModel(
         product_name=model.product_name,
         architecture=model.architecture,

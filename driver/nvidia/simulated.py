@@ -82,7 +82,7 @@ from drasil.driver.files import FileLock, write_atomic
 from drasil.driver.nvidia.gpucatalog import (
     PROFILES,
     GpuModel,
-    MigInstance,
+    MigLayoutEntry,
     MigProfile,
     gpu_instance_id_at,
 )
@@ -173,7 +173,7 @@ class ProfileSpecError(ValueError):
 class FakeMig:
     """One MIG device of a simulated GPU's initial layout."""
 
-    instance: MigInstance
+    instance: MigLayoutEntry
     uuid: str
 
 

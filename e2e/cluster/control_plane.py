@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 from e2e import binaries, node_images, paths, procs, recipes, versions
 from e2e.cluster import pki, rundir
-from e2e.cluster.fleet import DEFAULT_FLEET_PROFILE, Fleet
+from e2e.cluster.fleet import DEFAULT_FLEET_PROFILE, KwokFleet
 from e2e.cluster.host import free_ports, mounts_under
 from e2e.cluster.node import DEFAULT_PROFILE, NODE_NAME, Node, NodeError
 from e2e.cluster.rundir import STATE_FILE, ClusterError, Ports, RunDir, http_get
@@ -396,13 +396,13 @@ class Cluster(RunDir):
     # -- the fleet ----------------------------------------------------------------------
 
     @property
-    def fleet(self) -> Fleet | None:
+    def fleet(self) -> KwokFleet | None:
         """KWOK, its fake Nodes and the fleet publisher, if this run has them."""
-        return Fleet(self) if self.state().get("fleet") else None
+        return KwokFleet(self) if self.state().get("fleet") else None
 
-    def start_fleet(self, count: int, *, profile: str = DEFAULT_FLEET_PROFILE) -> Fleet:
+    def start_fleet(self, count: int, *, profile: str = DEFAULT_FLEET_PROFILE) -> KwokFleet:
         """KWOK, `count` fake Nodes and one publisher of their pools (e2e.cluster.fleet)."""
-        fleet = Fleet(self)
+        fleet = KwokFleet(self)
         try:
             seconds = fleet.start(count, profile=profile)
         except BaseException:

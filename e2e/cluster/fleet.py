@@ -172,7 +172,7 @@ def _ready_untainted(kube: Kube, count: int) -> tuple[bool, str]:
     return ready >= count, f"{ready} of {count} fake Nodes Ready without taints"
 
 
-class Fleet:
+class KwokFleet:
     """KWOK, the fake Nodes and the fleet publisher of one run."""
 
     def __init__(self, run: RunDir) -> None:

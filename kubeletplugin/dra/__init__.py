@@ -5,7 +5,7 @@
 as an adapter over it), ``prepare`` (carries out a claim's prepare plan from
 ``drasil.driver.claims.plan`` against the checkpoint and the CDI specs), ``reconcile``
 (stale claims, leaked specs, a lost checkpoint), ``healthservice`` (DRAResourceHealth),
-``nodepool`` (the node's ResourceSlices), ``migs`` (MIG instances cut on demand),
+``nodeslices`` (the node's ResourceSlices), ``migs`` (MIG instances cut on demand),
 ``shares`` (what claims change on whole GPUs: MPS daemons from ``mps``, with the
 simulated backend's stand-in in ``mpsstandin``, and time slices). It never imports
 ``kubeletplugin.deviceplugin``.

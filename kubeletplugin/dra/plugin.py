@@ -37,7 +37,7 @@ from drasil.kubeletplugin.dra.mps import (
     ProcessLauncher,
 )
 from drasil.kubeletplugin.dra.mpspods import DaemonPods, KubePods, PodLauncher
-from drasil.kubeletplugin.dra.nodepool import NodeSlices
+from drasil.kubeletplugin.dra.nodeslices import NodeSlices
 from drasil.kubeletplugin.dra.prepare import Preparer
 from drasil.kubeletplugin.dra.registration import Registration
 from drasil.kubeletplugin.dra.service import ClaimWork, DRAPluginV1, DRAPluginV1beta1

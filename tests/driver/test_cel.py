@@ -8,6 +8,8 @@ the upstream DRA docs, the Kubernetes CEL library docs and drasil's own attribut
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -566,6 +568,19 @@ def test_deeper_nesting_is_a_compile_error_naming_the_limit(shape: str) -> None:
         return "compiled"
 
     assert _in_thread(compile_it) == f"expression nests deeper than {MAX_NESTING} levels"
+
+
+def test_importing_the_compiler_leaves_the_recursion_limit_alone() -> None:
+    # Raising it is each process's own choice where it starts (allow_nesting), not a
+    # side effect of an import.
+    check = (
+        "import sys; before = sys.getrecursionlimit(); "
+        "import drasil.driver.cel.selectors; print(sys.getrecursionlimit() == before)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", check], check=False, capture_output=True, text=True
+    )
+    assert done.stdout.strip() == "True", done.stderr
 
 
 def _nested_exists(levels: int) -> str:

@@ -17,8 +17,8 @@ from drasil.driver.amd.simulated import write_simulated_tree
 from drasil.driver.discovery.backends import discover_node, no_nvidia_gpus
 from drasil.driver.explain import jointcounters
 from drasil.driver.explain.claims import ClaimExplanation, explain_claim, render_table
-from drasil.driver.explain.counters import CounterBook, amount_text, listing
-from drasil.driver.explain.inventory import build_inventory, build_usage
+from drasil.driver.explain.counters import CounterBook, listing
+from drasil.driver.explain.inventory import amount_text, build_inventory, build_usage
 from drasil.driver.explain.requests import CountersOutOfTime, check_counters
 from drasil.driver.slices.build import build_slices
 

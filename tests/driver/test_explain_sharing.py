@@ -10,8 +10,8 @@ import pytest
 from test_explain import DRIVER, GPU_CLASS, claim, exactly, explain, held
 
 from drasil.driver.devices import CapacityPolicy, Device, DeviceType
-from drasil.driver.explain.capacity import amount_text
 from drasil.driver.explain.claims import render_table
+from drasil.driver.explain.inventory import amount_text
 from drasil.driver.slices.build import build_slices
 
 GIB = 2**30
@@ -154,6 +154,7 @@ def test_shared_devices_are_not_counted_as_held() -> None:
         (Decimal(25), "25"),
         (Decimal(0), "0"),
         (Decimal("0.5"), "0.5"),
+        (Decimal("0.0000005"), "0.0000005"),  # plain, as quantities are written
     ],
 )
 def test_amount_text(value: Decimal, text: str) -> None:

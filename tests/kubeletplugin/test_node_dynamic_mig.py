@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from drasil.driver.discovery.health import HealthTracker
 from drasil.driver.nvidia.simulated import simulated_library
-from drasil.kubeletplugin.dra.nodepool import NodeSlices
+from drasil.kubeletplugin.dra.nodeslices import NodeSlices
 from drasil.kubeletplugin.metrics import devices_gauge
 from drasil.kubeletplugin.node import NodeRuntime
 from drasil.kubeletplugin.options import parse_options
