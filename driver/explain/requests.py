@@ -283,12 +283,13 @@ def _funnel(
 def _published_types(devices: Sequence[InventoryDevice], driver: str) -> str:
     """``published are 8 amdgpu-partition (compute partition CPX), 1 gpu``: what the
     driver has instead, so a class asking for whole GPUs of a node whose GPUs are cut
-    into MIG devices or AMD compute partitions says so."""
+    into MIG devices or AMD compute partitions says so, and one asking for partitions of
+    AMD GPUs that are whole (SPX) says that too."""
     counts: Counter[str] = Counter()
     for device in devices:
         kind = str(device_attribute(device, "type", driver) or "untyped")
         partition = device_attribute(device, "computePartition", driver)
-        if partition and kind.endswith("-partition"):
+        if partition:  # AMD's, whole GPUs too: the mode says why there are no parts
             kind += f" (compute partition {partition})"
         elif (profile := device_attribute(device, "profile", driver)) is not None:
             kind += f" ({profile})"

@@ -396,6 +396,24 @@ def test_a_whole_gpu_class_on_a_node_of_amd_partitions_says_what_is_published() 
     )
 
 
+def test_a_partition_class_on_whole_amd_gpus_names_their_mode() -> None:
+    whole = {
+        "name": "amdgpu-1",
+        "attributes": {"type": {"string": "amdgpu"}, "computePartition": {"string": "SPX"}},
+    }
+    slices = [resource_slice("node-a", [whole])]
+    expression = f'device.attributes["{DRIVER}"].type == "amdgpu-partition"'
+    partition_class = {
+        "metadata": {"name": "amdgpu-partition.drasil.dev"},
+        "spec": {"selectors": [{"cel": {"expression": expression}}]},
+    }
+    request = {"name": "part", "exactly": {"deviceClassName": "amdgpu-partition.drasil.dev"}}
+
+    result = explain(claim("job", [request]), slices, classes=[partition_class])
+
+    assert result.message().endswith("published are 1 amdgpu (compute partition SPX))")
+
+
 def test_requests_of_other_drivers_are_left_out() -> None:
     nic = {"name": "nic", "exactly": {"deviceClassName": "nic.example.com"}}
 
