@@ -247,9 +247,13 @@ def realize(published: Device, snapshot: AmdSysfs) -> Device:
         found = whole_gpu_device(gpu, snapshot)
     else:
         found = partition_device(gpu, gpu.partitions[slot.index], snapshot)
-    attributes = {**published.attributes, "uuid": found.uuid}
+    # What only the partition that exists has: its UUID and DRM node numbers.
+    own = {k: found.attributes[k] for k in ("uuid", "cardIndex", "renderIndex")}
     return replace(
-        published, uuid=found.uuid, char_devices=found.char_devices, attributes=attributes
+        published,
+        uuid=found.uuid,
+        char_devices=found.char_devices,
+        attributes={**published.attributes, **own},
     )
 
 
