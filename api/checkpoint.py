@@ -67,8 +67,10 @@ CHECKPOINT_VERSION: Final = 1
 RECORD_VERSION: Final = 1
 """The version of one file of the checkpoint directory (a claim's or a GPU's)."""
 
-JsonObject = dict[str, Any]
-Migration = Callable[[JsonObject], JsonObject]
+# The api layer may not import drasil.driver (pyproject.toml), so not drasil.driver.objects:
+# a checkpoint document as read from the file and migrated in place.
+Document = dict[str, Any]
+Migration = Callable[[Document], Document]
 """Turns a document of version N into one of version N + 1 (without ``checksum``)."""
 
 MIGRATIONS: Final[Mapping[int, Migration]] = {}
@@ -238,7 +240,7 @@ def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
     return _seal(document)
 
 
-def _seal(document: JsonObject) -> bytes:
+def _seal(document: Document) -> bytes:
     """Canonical JSON of ``document`` with the checksum appended as the last key."""
     document.pop("checksum", None)
     canonical = _canonical(document)
@@ -299,7 +301,7 @@ def decode_gpu_file(data: bytes) -> GpuFile:
     )
 
 
-def _summed(data: bytes) -> JsonObject:
+def _summed(data: bytes) -> Document:
     """The stored object without its checksum, which must match the rest."""
     document = _parse_object(data)
     expected = document.pop("checksum", None)
@@ -310,7 +312,7 @@ def _summed(data: bytes) -> JsonObject:
     return document
 
 
-def _open_record(data: bytes) -> JsonObject:
+def _open_record(data: bytes) -> Document:
     document = _summed(data)
     version = document.get("version")
     if not isinstance(version, int) or isinstance(version, bool):
@@ -324,7 +326,7 @@ def _open_record(data: bytes) -> JsonObject:
     return document
 
 
-def _string(document: JsonObject, key: str) -> str:
+def _string(document: Document, key: str) -> str:
     value = document.get(key)
     if not isinstance(value, str) or not value:
         raise CorruptCheckpoint(f"{key}: {value!r} is not a non-empty string")
@@ -349,7 +351,7 @@ def decode_checkpoint(
         raise CorruptCheckpoint(f"schema: {_first_error(err)}") from err
 
 
-def migrate(document: JsonObject, *, migrations: Mapping[int, Migration]) -> JsonObject:
+def migrate(document: Document, *, migrations: Mapping[int, Migration]) -> Document:
     """Apply migrations until ``document`` has ``CHECKPOINT_VERSION``."""
     version = document.get("version")
     if not isinstance(version, int) or isinstance(version, bool):
@@ -368,7 +370,7 @@ def migrate(document: JsonObject, *, migrations: Mapping[int, Migration]) -> Jso
     return document
 
 
-def _parse_object(data: bytes) -> JsonObject:
+def _parse_object(data: bytes) -> Document:
     try:
         document = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:

@@ -43,7 +43,8 @@ from drasil.driver.cel.selectors import (
 from drasil.driver.cel.values import Quantity, Semver
 from drasil.driver.nvidia.nodedevices import discover
 from drasil.driver.nvidia.simulated import simulated_library
-from drasil.driver.slices.build import JsonObject, build_slices
+from drasil.driver.objects import JsonDict
+from drasil.driver.slices.build import build_slices
 
 DRIVER = "gpu.drasil.dev"
 DEVICES = 1000
@@ -59,9 +60,9 @@ SELECTORS = (
 ROUNDS = 15
 
 
-def published_slices(count: int = DEVICES) -> list[JsonObject]:
+def published_slices(count: int = DEVICES) -> list[JsonDict]:
     """ResourceSlices of simulated nodes holding exactly ``count`` devices."""
-    slices: list[JsonObject] = []
+    slices: list[JsonDict] = []
     total = 0
     for index, node, profile in _nodes():
         devices = discover(simulated_library(profile, node_name=node), node_name=node).devices
@@ -87,7 +88,7 @@ def _nodes() -> Iterator[tuple[int, str, str]]:
         index += 1
 
 
-def explain(slices: Sequence[JsonObject], cache: CelDeviceCache) -> list[int]:
+def explain(slices: Sequence[JsonDict], cache: CelDeviceCache) -> list[int]:
     """What one claim explanation does: every selector on every device, counted."""
     selectors = [compile_selector(s) for s in SELECTORS]
     counts = [0] * len(selectors)
@@ -109,7 +110,7 @@ def _median_ms(action: Callable[[], object], rounds: int = ROUNDS) -> float:
     return statistics.median(_ms(action) for _ in range(rounds))
 
 
-def measure_drasil(slices: Sequence[JsonObject]) -> dict[str, Any]:
+def measure_drasil(slices: Sequence[JsonDict]) -> dict[str, Any]:
     def cold() -> list[int]:
         clear_compile_cache()
         return explain(slices, CelDeviceCache())
@@ -198,7 +199,7 @@ def _celpy_matches(program: Any, activation: Mapping[str, Any]) -> bool:
     return isinstance(result, celtypes.BoolType) and bool(result)
 
 
-def _devices_of(slices: Sequence[JsonObject]) -> Iterator[tuple[Mapping[str, Any], str]]:
+def _devices_of(slices: Sequence[JsonDict]) -> Iterator[tuple[Mapping[str, Any], str]]:
     for obj in slices:
         for device in obj["spec"].get("devices", ()):
             yield device, obj["spec"]["driver"]
@@ -214,7 +215,7 @@ def _celpy_environment() -> Any:
     return env
 
 
-def naive_celpy_explain(slices: Sequence[JsonObject]) -> list[int]:
+def naive_celpy_explain(slices: Sequence[JsonDict]) -> list[int]:
     """The naive way: parse every selector and convert the device for each evaluation."""
     env = _celpy_environment()
     counts = [0] * len(SELECTORS)
@@ -226,7 +227,7 @@ def naive_celpy_explain(slices: Sequence[JsonObject]) -> list[int]:
     return counts
 
 
-def measure_celpy(slices: Sequence[JsonObject]) -> dict[str, Any]:
+def measure_celpy(slices: Sequence[JsonDict]) -> dict[str, Any]:
     counts: list[int] = []
     naive_ms = _ms(lambda: counts.extend(naive_celpy_explain(slices)))
     env = _celpy_environment()

@@ -20,15 +20,13 @@ restarted controller (or an edited DevicePool) never flips what the scheduler ac
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
 from drasil.api.devicepool import SimulatedFabric
-
-JsonObject = Mapping[str, Any]
+from drasil.driver.objects import JsonObject, ResourceClaim
 
 
 class AttachState(StrEnum):
@@ -59,14 +57,12 @@ def parse_time(text: Any) -> float | None:
 
 def allocated_at(claim: JsonObject) -> float | None:
     """When the scheduler allocated the claim (``status.allocation.allocationTimestamp``)."""
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    return parse_time(allocation.get("allocationTimestamp"))
+    return parse_time(ResourceClaim(claim).allocation_timestamp)
 
 
 def allocated_node(claim: JsonObject) -> str:
     """The node a ``bindsToNode`` allocation is limited to ("" when none is named)."""
-    selector = ((claim.get("status") or {}).get("allocation") or {}).get("nodeSelector") or {}
-    for term in selector.get("nodeSelectorTerms") or []:
+    for term in ResourceClaim(claim).node_selector.get("nodeSelectorTerms") or []:
         for field in term.get("matchFields") or []:
             values = field.get("values") or []
             if field.get("key") == "metadata.name" and len(values) == 1:

@@ -70,10 +70,10 @@ from drasil.driver.cel.selectors import CelDeviceCache
 from drasil.driver.claims.configcheck import config_problems
 from drasil.driver.explain.claims import ExplainContext, explain_claim, prepare_fleet
 from drasil.driver.kubeapi import KubeApi
+from drasil.driver.objects import JsonObject, ResourceClaim, meta
 
 log = logging.getLogger(__name__)
 
-JsonObject = Mapping[str, Any]
 RETRY_DELAYS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 READY_RESULTS = frozenset({"published", "unchanged"})
 MIN_RECHECK = 30.0
@@ -81,15 +81,6 @@ NODES_MAX_AGE = 10.0  # Node labels and taints change rarely; explanations are s
 # A round of explanations shares one view of the fleet's devices and their holders for
 # at most this long; an explanation is a snapshot anyway, re-checked every MIN_RECHECK.
 FLEET_MAX_AGE = 5.0
-
-
-def _meta(obj: JsonObject) -> JsonObject:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
-
-
-def _uid(obj: JsonObject) -> str:
-    return str(_meta(obj).get("uid", ""))
 
 
 @dataclass
@@ -140,7 +131,7 @@ class Controller:
 
     async def on_pool(self, event: Mapping[str, Any], **_: Any) -> None:
         obj = event["object"]
-        name = str(_meta(obj).get("name", ""))
+        name = meta(obj).name
         if event.get("type") == "DELETED":
             self.view.drop_pool(obj)
             self._progress.pop(name, None)
@@ -148,7 +139,7 @@ class Controller:
             return
         self.view.put_pool(obj)
         progress = self._progress.setdefault(name, PoolProgress())
-        if progress.done != (_uid(obj), _meta(obj).get("generation")):
+        if progress.done != (meta(obj).uid, meta(obj).generation):
             await asyncio.to_thread(self.sync_pool, name)
 
     def _remove_pool(self, name: str) -> None:
@@ -179,7 +170,7 @@ class Controller:
                 )
                 return
             first = progress.done is None
-            progress.done = (_uid(obj), int(_meta(obj).get("generation") or 0))
+            progress.done = (meta(obj).uid, meta(obj).generation)
             progress.failures = 0
             progress.due = time.monotonic() + self.options.resync_period
             progress.ready = result in READY_RESULTS
@@ -215,7 +206,7 @@ class Controller:
         await asyncio.to_thread(self.check_configs, obj)
 
     def _forget(self, obj: JsonObject) -> None:
-        uid = _uid(obj)
+        uid = meta(obj).uid
         self.events.memory.forget(uid)
         self.pending.forget(uid)
         namespace, name = key_of(obj)
@@ -269,7 +260,7 @@ class Controller:
         obj = event["object"]
         if event.get("type") == "DELETED":
             self.view.drop_pod(obj)
-            self.events.memory.forget(_uid(obj))
+            self.events.memory.forget(meta(obj).uid)
             return
         ref = self.view.put_pod(obj)
         if ref is None:
@@ -318,14 +309,14 @@ class Controller:
         failure is written: the scheduler reacts to the failure by allocating again,
         and should find the taint by then (KEP-5007 asks the provider for this).
         """
-        existing = {entry_key(e): e for e in (claim.get("status") or {}).get("devices") or []}
+        existing = {entry_key(e): e for e in ResourceClaim(claim).devices}
         now, node = time.time(), allocated_node(claim)
         attaches: dict[EntryKey, Attach] = {}
         for result in pool_results(claim, driver=self.driver, pools=pools):
             if not has_binding_conditions(result):
                 continue
             key, entry = entry_key(result), existing.get(entry_key(result))
-            started = allocated_at(claim) or self._seen(_uid(claim), key, now)
+            started = allocated_at(claim) or self._seen(meta(claim).uid, key, now)
             attach = simulate(
                 result, entry, fabric=self._fabric(key[1]), started=started, now=now, node=node
             )
@@ -384,7 +375,7 @@ class Controller:
             self.view.put_slice(obj)
             return
         self.view.drop_slice(obj)
-        pool = (_meta(obj).get("labels") or {}).get(POOL_LABEL)
+        pool = meta(obj).labels.get(POOL_LABEL)
         progress = self._progress.get(str(pool)) if pool else None
         if progress is not None:
             progress.due = time.monotonic()  # someone deleted a slice of ours: repair it
@@ -423,7 +414,7 @@ class Controller:
         for claim in self.view.unallocated_claims():
             key = key_of(claim)
             if any(p.waiting for p in self.view.pods_using("ResourceClaim", key)):
-                waiting[_uid(claim)] = key
+                waiting[meta(claim).uid] = key
         fleet: tuple[float, ExplainContext] | None = None
         for uid in self.pending.update(waiting, now=now):
             try:
@@ -461,7 +452,7 @@ class Controller:
         """Explain one pending claim and post the result; returns the message posted.
         ``fleet``: ``prepare_fleet`` of the current view, shared by a round of claims."""
         claim = self.api.get_claim(*key)
-        if claim is None or (claim.get("status") or {}).get("allocation"):
+        if claim is None or ResourceClaim(claim).allocated:
             return None
         snapshot = self.view.explain_snapshot()
         # Read fresh, like the claim: the Pods' node constraints and the Nodes decide

@@ -28,8 +28,8 @@ from drasil.api.devicepool import (
 )
 from drasil.api.quantity import QuantityError, parse_quantity
 from drasil.driver.devices import AttributeValue, Device, DeviceType, Version
+from drasil.driver.objects import JsonDict
 from drasil.driver.slices.build import (
-    JsonObject,
     OwnerRef,
     SliceValidationError,
     Taint,
@@ -148,7 +148,7 @@ def _node_selection(pool: DevicePool) -> dict[str, Any]:
 
 def desired_slices(
     pool: DevicePool, *, driver: str, attach_failed: Collection[str] = ()
-) -> list[JsonObject]:
+) -> list[JsonDict]:
     """The ResourceSlices of the pool (generation 0: the planner sets the real one);
     devices in ``attach_failed`` are tainted while the fabric still fails them."""
     _check_fabric(pool)

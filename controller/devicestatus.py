@@ -22,6 +22,7 @@ from typing import Any
 
 from drasil.controller.attach import Attach, AttachState
 from drasil.driver.kubeapi import RESOURCE_GROUP, RESOURCE_VERSION, KubeApi
+from drasil.driver.objects import ResourceClaim
 
 READY_REASON = "DevicePoolDevice"
 ATTACHING = "Attaching"
@@ -40,8 +41,7 @@ def _key(entry: Mapping[str, Any]) -> EntryKey:
 
 
 def _existing(claim: Mapping[str, Any]) -> dict[EntryKey, Mapping[str, Any]]:
-    devices = (claim.get("status") or {}).get("devices") or []
-    return {_key(entry): entry for entry in devices}
+    return {_key(entry): entry for entry in ResourceClaim(claim).devices}
 
 
 def entry_key(result: Mapping[str, Any]) -> EntryKey:
@@ -106,9 +106,7 @@ def _binding_conditions(
 def pool_results(
     claim: Mapping[str, Any], *, driver: str, pools: Collection[str]
 ) -> list[Mapping[str, Any]]:
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    results = (allocation.get("devices") or {}).get("results") or []
-    return [r for r in results if r.get("driver") == driver and r.get("pool") in pools]
+    return [r for r in ResourceClaim(claim).results(driver) if r.get("pool") in pools]
 
 
 def desired_entries(

@@ -42,7 +42,7 @@ from drasil.controller.devicepools import (
 )
 from drasil.controller.metrics import ControllerMetrics
 from drasil.driver.kubeapi import RESOURCE_GROUP, RESOURCE_VERSION, ApiError, KubeApi
-from drasil.driver.slices.build import JsonObject
+from drasil.driver.objects import JsonDict
 from drasil.driver.slices.plan import PublishPlan, plan_publish
 from drasil.driver.slices.publisher import PoolPublisher
 
@@ -151,7 +151,7 @@ class PoolSync:
                     raise
         return None
 
-    def _dry_write(self, obj: JsonObject, *, create: bool) -> None:
+    def _dry_write(self, obj: JsonDict, *, create: bool) -> None:
         group, version, plural = RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices"
         if create:
             self.api.custom.create_cluster_custom_object(
@@ -163,7 +163,7 @@ class PoolSync:
                 group, version, plural, name, dict(obj), dry_run="All"
             )
 
-    def _apply(self, pool: str, desired: Sequence[JsonObject]) -> str | None:
+    def _apply(self, pool: str, desired: Sequence[JsonDict]) -> str | None:
         publisher = PoolPublisher(
             api=self.api, driver=self.driver, pool=pool, on_write=self.metrics.slice_write
         )
@@ -177,7 +177,7 @@ class PoolSync:
 
     # ---- slices by label ----------------------------------------------------------
 
-    def labelled_slices(self, name: str) -> list[JsonObject]:
+    def labelled_slices(self, name: str) -> list[JsonDict]:
         """Every slice of our driver this DevicePool published."""
         result = self.api.custom.list_cluster_custom_object(
             RESOURCE_GROUP,

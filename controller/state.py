@@ -13,29 +13,31 @@ import threading
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from drasil.controller.events import ObjectRef
 from drasil.driver.explain.inventory import is_driver_class, request_classes
+from drasil.driver.objects import JsonObject, ResourceClaim, meta
 
-JsonObject = Mapping[str, Any]
 Key = tuple[str, str]  # namespace, name
 
 
-def _meta(obj: JsonObject) -> JsonObject:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
-
-
 def key_of(obj: JsonObject) -> Key:
-    meta = _meta(obj)
-    return str(meta.get("namespace", "")), str(meta.get("name", ""))
+    m = meta(obj)
+    return m.namespace, m.name
 
 
 def _allocated_pools(claim: JsonObject) -> set[tuple[str, str]]:
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    results = (allocation.get("devices") or {}).get("results") or []
+    results = ResourceClaim(claim).results()
     return {(str(r.get("driver", "")), str(r.get("pool", ""))) for r in results}
+
+
+def _unallocated_of(claim: ResourceClaim, classes: set[str]) -> bool:
+    """Not allocated, not being deleted, and asking for one of ``classes``."""
+    return (
+        not claim.allocated
+        and not claim.meta.deletion_timestamp
+        and bool(request_classes(claim.spec) & classes)
+    )
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,7 @@ class PodRef:
     @classmethod
     def of(cls, pod: JsonObject) -> PodRef | None:
         """None for a Pod that uses no ResourceClaim."""
-        spec, status, meta = pod.get("spec") or {}, pod.get("status") or {}, _meta(pod)
+        spec, status, m = pod.get("spec") or {}, pod.get("status") or {}, meta(pod)
         entries = spec.get("resourceClaims") or []
         if not entries:
             return None
@@ -73,11 +75,11 @@ class PodRef:
             for e in entries
             if e.get("resourceClaimTemplateName")
         }
-        waiting = not spec.get("nodeName") and not meta.get("deletionTimestamp")
+        waiting = not spec.get("nodeName") and not m.deletion_timestamp
         return cls(
-            namespace=str(meta.get("namespace", "")),
-            name=str(meta.get("name", "")),
-            uid=str(meta.get("uid", "")),
+            namespace=m.namespace,
+            name=m.name,
+            uid=m.uid,
             claims=frozenset(claims),
             templates=frozenset(templates),
             waiting=waiting and status.get("phase", "Pending") == "Pending",
@@ -131,13 +133,7 @@ class ClusterView:
         with self._lock:
             classes = self._driver_classes()
             claims = list(self._claims.values())
-        return [
-            c
-            for c in claims
-            if not (c.get("status") or {}).get("allocation")
-            and not _meta(c).get("deletionTimestamp")
-            and request_classes(c.get("spec") or {}) & classes
-        ]
+        return [c for c in claims if _unallocated_of(ResourceClaim(c), classes)]
 
     def claims_allocated_from(self, pool: str) -> list[JsonObject]:
         """Claims with a result of the driver from ``pool``."""
@@ -149,7 +145,7 @@ class ClusterView:
 
     def put_pod(self, pod: JsonObject) -> PodRef | None:
         ref = PodRef.of(pod)
-        uid = str(_meta(pod).get("uid", ""))
+        uid = meta(pod).uid
         with self._lock:
             self._unindex(uid)
             if ref is not None:
@@ -162,7 +158,7 @@ class ClusterView:
 
     def drop_pod(self, pod: JsonObject) -> None:
         with self._lock:
-            self._unindex(str(_meta(pod).get("uid", "")))
+            self._unindex(meta(pod).uid)
 
     def _unindex(self, uid: str) -> None:
         old = self._pods.pop(uid, None)
@@ -188,7 +184,7 @@ class ClusterView:
         spec = obj.get("spec") or {}
         if spec.get("driver") != self.driver:
             return
-        name = str(_meta(obj).get("name", ""))
+        name = meta(obj).name
         devices = spec.get("devices")
         sharing = isinstance(devices, list) and any(
             isinstance(d, Mapping) and d.get("allowMultipleAllocations") is True for d in devices
@@ -201,7 +197,7 @@ class ClusterView:
                 self._sharing_slices.discard(name)
 
     def drop_slice(self, obj: JsonObject) -> None:
-        name = str(_meta(obj).get("name", ""))
+        name = meta(obj).name
         with self._lock:
             self._slices.pop(name, None)
             self._sharing_slices.discard(name)
@@ -215,11 +211,11 @@ class ClusterView:
 
     def put_class(self, obj: JsonObject) -> None:
         with self._lock:
-            self._classes[str(_meta(obj).get("name", ""))] = obj
+            self._classes[meta(obj).name] = obj
 
     def drop_class(self, obj: JsonObject) -> None:
         with self._lock:
-            self._classes.pop(str(_meta(obj).get("name", "")), None)
+            self._classes.pop(meta(obj).name, None)
 
     def _driver_classes(self) -> set[str]:
         return {n for n, c in self._classes.items() if is_driver_class(c, self.driver)}
@@ -227,19 +223,19 @@ class ClusterView:
     def put_taint_rule(self, obj: JsonObject) -> None:
         # Cluster-scoped and few; kept whole, since matching needs only their spec.
         with self._lock:
-            self._taint_rules[str(_meta(obj).get("name", ""))] = obj
+            self._taint_rules[meta(obj).name] = obj
 
     def drop_taint_rule(self, obj: JsonObject) -> None:
         with self._lock:
-            self._taint_rules.pop(str(_meta(obj).get("name", "")), None)
+            self._taint_rules.pop(meta(obj).name, None)
 
     def put_pool(self, obj: JsonObject) -> None:
         with self._lock:
-            self._pools[str(_meta(obj).get("name", ""))] = obj
+            self._pools[meta(obj).name] = obj
 
     def drop_pool(self, obj: JsonObject) -> None:
         with self._lock:
-            self._pools.pop(str(_meta(obj).get("name", "")), None)
+            self._pools.pop(meta(obj).name, None)
 
     def pool(self, name: str) -> JsonObject | None:
         with self._lock:
@@ -250,7 +246,7 @@ class ClusterView:
         with self._lock:
             pools = list(self._pools.values())
         return {
-            str(_meta(p).get("name", ""))
+            meta(p).name
             for p in pools
             if ((p.get("spec") or {}).get("driver") or self.driver) == self.driver
         }

@@ -26,6 +26,7 @@ from kubernetes.config import ConfigException
 
 from drasil.driver.apierrors import ApiUnavailable, ConflictError, InvalidName
 from drasil.driver.keptalive import KeptAliveGets
+from drasil.driver.objects import JsonDict
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,6 @@ KubeconfigError = ConfigException
 
 RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_VERSION = "v1"
-JsonObject = dict[str, Any]
 
 
 API_TIMEOUT: Final = (5.0, 20.0)
@@ -174,7 +174,7 @@ class KubeApi:
         )
         return self._get_json(path, query=[("resourceVersion", "0")] if cached else [])
 
-    def _get_json(self, path: str, *, query: list[tuple[str, str]]) -> JsonObject | None:
+    def _get_json(self, path: str, *, query: list[tuple[str, str]]) -> JsonDict | None:
         # A plain GET, not the generated client's request building: this is on
         # kubelet's prepare path. Over this thread's own kept-alive connection
         # (``drasil.driver.keptalive``), or the client's pool when there is a proxy.
@@ -184,7 +184,7 @@ class KubeApi:
             return None
         if status >= 300:
             raise ApiException(status=status, reason=reason)
-        return cast(JsonObject, json.loads(data))
+        return cast(JsonDict, json.loads(data))
 
     def _get(self, path: str) -> tuple[int, str, bytes]:
         host = self.api_client.configuration.host
@@ -218,7 +218,7 @@ class KubeApi:
 
     # ---- ResourceSlices ---------------------------------------------------------
 
-    def list_slices(self, *, driver: str, pool: str) -> list[JsonObject]:
+    def list_slices(self, *, driver: str, pool: str) -> list[JsonDict]:
         """The slices of one pool of one driver (field selectors, server-side)."""
         result = self.custom.list_cluster_custom_object(
             RESOURCE_GROUP,
@@ -226,7 +226,7 @@ class KubeApi:
             "resourceslices",
             field_selector=f"spec.driver={driver},spec.pool.name={pool}",
         )
-        return list(cast(JsonObject, result).get("items", []))
+        return list(cast(JsonDict, result).get("items", []))
 
     def watch_slices(self, *, field_selector: str, timeout_seconds: int) -> Iterator[str]:
         """Event types (ADDED, MODIFIED, DELETED) of the selected slices, until the
@@ -244,14 +244,14 @@ class KubeApi:
         for event in stream:
             yield str(event["type"])
 
-    def create_slice(self, obj: Mapping[str, Any]) -> JsonObject:
+    def create_slice(self, obj: Mapping[str, Any]) -> JsonDict:
         return self._write(
             lambda: self.custom.create_cluster_custom_object(
                 RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices", dict(obj)
             )
         )
 
-    def replace_slice(self, obj: Mapping[str, Any]) -> JsonObject:
+    def replace_slice(self, obj: Mapping[str, Any]) -> JsonDict:
         """PUT with the resourceVersion the planner copied in: fails on a concurrent write."""
         name = obj["metadata"]["name"]
         return self._write(
@@ -275,9 +275,9 @@ class KubeApi:
                 raise ConflictError(f"ResourceSlice {name} changed: {err.reason}") from err
             raise
 
-    def _write(self, call: Any) -> JsonObject:
+    def _write(self, call: Any) -> JsonDict:
         try:
-            return cast(JsonObject, call())
+            return cast(JsonDict, call())
         except ApiException as err:
             if err.status in (409, 412):
                 raise ConflictError(f"{err.status} {err.reason}") from err
@@ -285,24 +285,24 @@ class KubeApi:
 
     # ---- Nodes, Pods and Events -------------------------------------------------
 
-    def list_nodes(self) -> list[JsonObject] | None:
+    def list_nodes(self) -> list[JsonDict] | None:
         """Every Node (from the API server's watch cache), or None when this identity
         may not list them."""
         return self._list_json("/api/v1/nodes", query=[("resourceVersion", "0")])
 
-    def get_pod(self, namespace: str, name: str) -> JsonObject | None:
+    def get_pod(self, namespace: str, name: str) -> JsonDict | None:
         checked_name(namespace, what="namespace", label=True)
         checked_name(name, what="Pod name")
         return self._get_json(f"/api/v1/namespaces/{namespace}/pods/{name}", query=[])
 
-    def list_pods(self, namespace: str, *, field_selector: str = "") -> list[JsonObject] | None:
+    def list_pods(self, namespace: str, *, field_selector: str = "") -> list[JsonDict] | None:
         """The namespace's Pods (those matching ``field_selector``, filtered by the API
         server), or None when this identity may not list them."""
         checked_name(namespace, what="namespace", label=True)
         query = [("fieldSelector", field_selector)] if field_selector else []
         return self._list_json(f"/api/v1/namespaces/{namespace}/pods", query=query)
 
-    def _list_json(self, path: str, *, query: list[tuple[str, str]]) -> list[JsonObject] | None:
+    def _list_json(self, path: str, *, query: list[tuple[str, str]]) -> list[JsonDict] | None:
         # Optional reads (explanations): a user's RBAC may not allow them.
         try:
             data = self._get_json(path, query=query)

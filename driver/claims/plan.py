@@ -58,6 +58,7 @@ from drasil.driver.claims.sharing import (
     sharing_settings,
 )
 from drasil.driver.devices import AttributeValue, Device, DeviceType, Vendor
+from drasil.driver.objects import meta
 
 
 class PlanError(ValueError):
@@ -169,8 +170,7 @@ def claim_metadata(
     by_request: dict[str, list[MetadataDevice]] = {}
     for plan in devices:
         by_request.setdefault(plan.result.request, []).append(_metadata_device(plan))
-    annotations = claim.get("metadata", {}).get("annotations") or {}
-    pod_claim_name = annotations.get(POD_CLAIM_NAME_ANNOTATION)
+    pod_claim_name = meta(claim).annotations.get(POD_CLAIM_NAME_ANNOTATION)
     return ClaimMetadata(
         claim_uid=ref.uid,
         namespace=ref.namespace,

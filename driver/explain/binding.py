@@ -14,11 +14,10 @@ entry; without either it is left out.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-JsonObject = Mapping[str, Any]
+from drasil.driver.objects import JsonObject, ResourceClaim
 
 
 def _time(text: Any) -> float | None:
@@ -30,9 +29,9 @@ def _time(text: Any) -> float | None:
         return None
 
 
-def _entry(claim: JsonObject, result: JsonObject) -> JsonObject:
+def _entry(claim: ResourceClaim, result: JsonObject) -> JsonObject:
     # The scheduler matches entries on driver, pool and device (not shareID).
-    for entry in (claim.get("status") or {}).get("devices") or []:
+    for entry in claim.devices:
         if all(entry.get(k) == result.get(k) for k in ("driver", "pool", "device")):
             return dict(entry)
     return {}
@@ -45,9 +44,8 @@ def _condition(entry: JsonObject, kind: str) -> JsonObject:
     return {}
 
 
-def _since(claim: JsonObject, entry: JsonObject) -> float | None:
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    started = _time(allocation.get("allocationTimestamp"))
+def _since(claim: ResourceClaim, entry: JsonObject) -> float | None:
+    started = _time(claim.allocation_timestamp)
     if started is not None:
         return started
     times = [_time(c.get("lastTransitionTime")) for c in entry.get("conditions") or []]
@@ -55,7 +53,7 @@ def _since(claim: JsonObject, entry: JsonObject) -> float | None:
     return min(known) if known else None
 
 
-def _one(claim: JsonObject, result: JsonObject, now: float) -> str | None:
+def _one(claim: ResourceClaim, result: JsonObject, now: float) -> str | None:
     entry, device = _entry(claim, result), f"{result.get('pool')}/{result.get('device')}"
     for kind in result.get("bindingFailureConditions") or []:
         failed = _condition(entry, str(kind))
@@ -72,11 +70,6 @@ def _one(claim: JsonObject, result: JsonObject, now: float) -> str | None:
 
 def binding_waits(claim: JsonObject, *, driver: str, now: float) -> list[str]:
     """One text per device of ``driver`` whose binding conditions are not all True."""
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    results: Sequence[JsonObject] = (allocation.get("devices") or {}).get("results") or []
-    texts = [
-        _one(claim, r, now)
-        for r in results
-        if r.get("driver") == driver and r.get("bindingConditions")
-    ]
+    view = ResourceClaim(claim)
+    texts = [_one(view, r, now) for r in view.results(driver) if r.get("bindingConditions")]
     return [t for t in texts if t]

@@ -49,7 +49,6 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
 
 from drasil.driver.cel.selectors import CelDeviceCache
 from drasil.driver.explain.binding import binding_waits
@@ -63,15 +62,14 @@ from drasil.driver.explain.inventory import (
     build_usage,
     claim_ref,
     is_driver_class,
-    object_meta,
     object_spec,
 )
 from drasil.driver.explain.jointcounters import JointVerdict, joint_counter_problem
 from drasil.driver.explain.nodefit import misfit, node_name
 from drasil.driver.explain.requests import OutOfTime, RequestExplanation, explain_request
 from drasil.driver.explain.taintrules import TaintRules, ruled_text
+from drasil.driver.objects import JsonObject, ResourceClaim, meta
 
-JsonObject = Mapping[str, Any]
 EXPLAIN_BUDGET = 2.0
 """Seconds of selector evaluation one explanation may take (see ``explain_claim``)."""
 MAX_MATCHING_SLOTS = 512  # beyond this the joint check would cost more than it tells
@@ -168,11 +166,10 @@ def _alternatives_text(parent: str, group: Sequence[RequestExplanation]) -> str:
 
 def taken_alternatives(claim: JsonObject, driver: str) -> dict[str, str]:
     """``{"gpu": '"h100" (gpu-3 of pool node-a)'}`` from an allocated claim's results."""
-    allocation = (claim.get("status") or {}).get("allocation") or {}
     devices: dict[tuple[str, str], list[str]] = defaultdict(list)
-    for result in (allocation.get("devices") or {}).get("results") or []:
+    for result in ResourceClaim(claim).results(driver):
         parent, _, sub = str(result.get("request", "")).partition("/")
-        if sub and result.get("driver") == driver:
+        if sub:
             devices[parent, sub].append(f"{result.get('device')} of pool {result.get('pool')}")
     return {parent: f'"{sub}" ({", ".join(names)})' for (parent, sub), names in devices.items()}
 
@@ -199,7 +196,7 @@ def node_scope(nodes: Iterable[JsonObject], pods: Sequence[JsonObject]) -> NodeS
 
 
 def _requests(claim: JsonObject) -> Iterator[tuple[str, JsonObject]]:
-    for request in (object_spec(claim).get("devices") or {}).get("requests") or []:
+    for request in ResourceClaim(claim).requests:
         name = str(request.get("name", ""))
         if request.get("exactly") is not None:
             yield name, request["exactly"]
@@ -244,11 +241,11 @@ def _fleet_for(
     driver: str,
     cache: CelDeviceCache | None,
 ) -> ExplainContext:
-    allocated = bool((claim.get("status") or {}).get("allocation"))
-    if fleet is not None and not allocated:
+    view = ResourceClaim(claim)
+    if fleet is not None and not view.allocated:
         return fleet
     # An allocated claim's own devices must not count as held by someone else.
-    uid = str(object_meta(claim).get("uid", ""))
+    uid = view.meta.uid
     return ExplainContext(
         inventory=fleet.inventory if fleet else build_inventory(slices, driver=driver, cache=cache),
         usage=build_usage(claims, driver=driver, skip_uid=uid),
@@ -281,7 +278,7 @@ def explain_claim(
     usage again; ``slices`` and ``claims`` are then read only for an allocated claim.
     """
     deadline = time.monotonic() + budget
-    by_name = {str(object_meta(c).get("name", "")): c for c in classes}
+    by_name = {meta(c).name: c for c in classes}
     prepared = _fleet_for(
         claim, fleet=fleet, slices=slices, claims=claims, driver=driver, cache=cache
     )
@@ -323,7 +320,7 @@ def explain_claim(
         driver=driver,
         requests=tuple(explained),
         notes=tuple(notes),
-        allocated=bool((claim.get("status") or {}).get("allocation")),
+        allocated=ResourceClaim(claim).allocated,
         cut_short=cut_short,
         taken=taken_alternatives(claim, driver),
         binding=tuple(binding_waits(claim, driver=driver, now=time.time())),

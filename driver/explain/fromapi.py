@@ -8,8 +8,7 @@ from typing import Any, cast
 
 from drasil.driver.explain.claims import ClaimExplanation, explain_claim
 from drasil.driver.kubeapi import RESOURCE_GROUP, RESOURCE_VERSION, ApiError, KubeApi
-
-JsonObject = Mapping[str, Any]
+from drasil.driver.objects import JsonObject
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from typing import Any, cast
 
 from drasil.api.quantity import QuantityError, format_bytes, parse_quantity
 from drasil.driver.cel.selectors import CelDevice, CelDeviceCache
+from drasil.driver.objects import JsonObject, ResourceClaim, meta
 
-JsonObject = Mapping[str, Any]
 DeviceKey = tuple[str, str]  # (pool, device) within one driver
 SetKey = tuple[str, str]  # (pool, counter set) within one driver
 
@@ -53,10 +53,6 @@ class Inventory:
     # Every definition of each counter set, as published: a set defined twice in a
     # pool is the pool's error, and ``counters`` reports it rather than picking one.
     counter_sets: Mapping[SetKey, tuple[JsonObject, ...]] = field(default_factory=dict)
-
-
-def object_meta(obj: JsonObject) -> JsonObject:
-    return cast(JsonObject, obj.get("metadata") or {})
 
 
 def object_spec(obj: JsonObject) -> JsonObject:
@@ -138,8 +134,7 @@ class Usage:
 
 
 def claim_ref(claim: JsonObject) -> str:
-    meta = object_meta(claim)
-    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+    return meta(claim).ref
 
 
 def build_usage(claims: Iterable[JsonObject], *, driver: str, skip_uid: str = "") -> Usage:
@@ -147,10 +142,11 @@ def build_usage(claims: Iterable[JsonObject], *, driver: str, skip_uid: str = ""
     holders: dict[DeviceKey, list[str]] = defaultdict(list)
     consumed: dict[DeviceKey, dict[str, Decimal]] = defaultdict(dict)
     for claim in claims:
-        if skip_uid and object_meta(claim).get("uid") == skip_uid:
+        view = ResourceClaim(claim)
+        if skip_uid and view.meta.uid == skip_uid:
             continue
-        for result in _results(claim):
-            if result.get("driver") != driver or result.get("adminAccess"):
+        for result in view.results(driver):
+            if result.get("adminAccess"):
                 continue
             key = (str(result.get("pool", "")), str(result.get("device", "")))
             if result.get("shareID"):
@@ -160,11 +156,6 @@ def build_usage(claims: Iterable[JsonObject], *, driver: str, skip_uid: str = ""
         holders={k: tuple(sorted(set(v))) for k, v in holders.items()},
         consumed=dict(consumed),
     )
-
-
-def _results(claim: JsonObject) -> Sequence[JsonObject]:
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    return cast(Sequence[JsonObject], (allocation.get("devices") or {}).get("results") or [])
 
 
 def _add_consumed(total: dict[str, Decimal], consumed: Mapping[str, Any]) -> None:

@@ -13,9 +13,10 @@ and topology spread. Pure functions over the API server's JSON.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Final
 
-JsonObject = Mapping[str, Any]
+from drasil.driver.objects import JsonObject
+
 BLOCKING_EFFECTS: Final = frozenset({"NoSchedule", "NoExecute"})
 # What kubelet's node controller turns spec.unschedulable into (the scheduler checks it
 # the same way: a Pod tolerating this taint may go to a cordoned node).

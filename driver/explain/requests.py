@@ -7,7 +7,6 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from drasil.driver.cel.selectors import CelCompileError, CelDeadlineExceeded, compile_selector
 from drasil.driver.explain.capacity import Shortfall, shortfall, shortfall_texts
@@ -26,8 +25,8 @@ from drasil.driver.explain.inventory import (
 )
 from drasil.driver.explain.nodefit import BLOCKING_EFFECTS, taint_text, tolerated
 from drasil.driver.explain.taintrules import TaintRules, ruled_text
+from drasil.driver.objects import JsonObject
 
-JsonObject = Mapping[str, Any]
 MAX_SELECTOR_TEXT = 160
 MAX_HOLDERS_NAMED = 3
 MAX_COUNTER_GROUPS = 3  # counter sets and profiles worded per request

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from drasil.driver.explain.counters import listing
-from drasil.driver.explain.inventory import InventoryDevice, object_meta, object_spec
+from drasil.driver.explain.inventory import InventoryDevice, object_spec
 from drasil.driver.explain.nodefit import BLOCKING_EFFECTS, tolerated
+from drasil.driver.objects import JsonObject, meta
 
-JsonObject = Mapping[str, Any]
 MAX_DEVICES_NAMED = 3
 
 
@@ -76,7 +75,7 @@ def _rule(obj: JsonObject) -> RuleTaint | None:
     # Without a selector a rule selects nothing; without a taint it does nothing.
     if not isinstance(selector, Mapping) or not isinstance(taint, Mapping):
         return None
-    return RuleTaint(rule=str(object_meta(obj).get("name", "")), selector=selector, taint=taint)
+    return RuleTaint(rule=meta(obj).name, selector=selector, taint=taint)
 
 
 def ruled_text(rule: str, devices: Sequence[str]) -> str:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Any, TypeAlias
+from typing import Any
 
 from drasil.api.limits import MAX_BINDING_CONDITIONS, MAX_BINDING_FAILURE_CONDITIONS
 from drasil.api.quantity import QuantityError, format_bytes, parse_quantity
@@ -39,8 +39,7 @@ from drasil.driver.devices import (
     Device,
     Version,
 )
-
-JsonObject: TypeAlias = dict[str, Any]
+from drasil.driver.objects import JsonDict
 
 API_VERSION = "resource.k8s.io/v1"
 KIND = "ResourceSlice"
@@ -94,7 +93,7 @@ class OwnerRef:
     def node(cls, *, name: str, uid: str) -> OwnerRef:
         return cls(api_version="v1", kind="Node", name=name, uid=uid)
 
-    def to_json(self) -> JsonObject:
+    def to_json(self) -> JsonDict:
         return {
             "apiVersion": self.api_version,
             "kind": self.kind,
@@ -187,7 +186,7 @@ def quantity(value: int) -> str:
     return str(value)
 
 
-def _attribute(value: AttributeValue) -> JsonObject:
+def _attribute(value: AttributeValue) -> JsonDict:
     # bool before int: bool is an int subclass.
     if isinstance(value, bool):
         return {"bool": value}
@@ -198,12 +197,12 @@ def _attribute(value: AttributeValue) -> JsonObject:
     return {"string": str(value)}
 
 
-def _counters(counters: Mapping[str, int]) -> JsonObject:
+def _counters(counters: Mapping[str, int]) -> JsonDict:
     return {name: {"value": quantity(counters[name])} for name in sorted(counters)}
 
 
-def _request_policy(policy: CapacityPolicy) -> JsonObject:
-    valid_range: JsonObject = {"min": quantity(policy.minimum)}
+def _request_policy(policy: CapacityPolicy) -> JsonDict:
+    valid_range: JsonDict = {"min": quantity(policy.minimum)}
     if policy.maximum is not None:
         valid_range["max"] = quantity(policy.maximum)
     if policy.step is not None:
@@ -211,7 +210,7 @@ def _request_policy(policy: CapacityPolicy) -> JsonObject:
     return {"default": quantity(policy.default), "validRange": valid_range}
 
 
-def _capacity(device: Device) -> JsonObject:
+def _capacity(device: Device) -> JsonDict:
     out = _counters(device.capacity)
     for name in sorted(device.capacity_policies):
         if name not in out:
@@ -224,8 +223,8 @@ def _capacity(device: Device) -> JsonObject:
     return out
 
 
-def _taint(taint: Taint) -> JsonObject:
-    out: JsonObject = {"key": taint.key}
+def _taint(taint: Taint) -> JsonDict:
+    out: JsonDict = {"key": taint.key}
     if taint.value:
         out["value"] = taint.value
     out["effect"] = taint.effect.value
@@ -236,8 +235,8 @@ def _taint(taint: Taint) -> JsonObject:
 
 def _device(
     device: Device, taints: Sequence[Taint], consumes: Sequence[CounterConsumption]
-) -> JsonObject:
-    out: JsonObject = {"name": device.name}
+) -> JsonDict:
+    out: JsonDict = {"name": device.name}
     if device.attributes:
         attrs = device.attributes
         out["attributes"] = {name: _attribute(attrs[name]) for name in sorted(attrs)}
@@ -255,8 +254,8 @@ def _device(
     return out
 
 
-def _binding(device: Device) -> JsonObject:
-    out: JsonObject = {}
+def _binding(device: Device) -> JsonDict:
+    out: JsonDict = {}
     if device.binds_to_node:
         out["bindsToNode"] = True
     if device.binding_conditions:
@@ -274,8 +273,8 @@ def _consumed_counters(device: Mapping[str, Any]) -> int:
     return sum(len(use.get("counters") or {}) for use in device.get("consumesCounters") or ())
 
 
-def _device_chunks(devices: Sequence[JsonObject]) -> Iterator[list[JsonObject]]:
-    chunk: list[JsonObject] = []
+def _device_chunks(devices: Sequence[JsonDict]) -> Iterator[list[JsonDict]]:
+    chunk: list[JsonDict] = []
     restricted = False
     consumed = 0
     for device in devices:
@@ -298,7 +297,7 @@ def _device_chunks(devices: Sequence[JsonObject]) -> Iterator[list[JsonObject]]:
         yield chunk
 
 
-def _counter_chunks(counter_sets: Sequence[CounterSet]) -> Iterator[list[JsonObject]]:
+def _counter_chunks(counter_sets: Sequence[CounterSet]) -> Iterator[list[JsonDict]]:
     ordered = sorted(counter_sets, key=lambda c: natural_key(c.name))
     for start in range(0, len(ordered), MAX_COUNTER_SETS_PER_SLICE):
         chunk = ordered[start : start + MAX_COUNTER_SETS_PER_SLICE]
@@ -307,7 +306,7 @@ def _counter_chunks(counter_sets: Sequence[CounterSet]) -> Iterator[list[JsonObj
 
 def _node_selection(
     *, node_name: str | None, node_selector: Mapping[str, Any] | None, all_nodes: bool
-) -> JsonObject:
+) -> JsonDict:
     chosen = [node_name is not None, node_selector is not None, all_nodes]
     if sum(chosen) != 1:
         raise ValueError("set exactly one of node_name, node_selector and all_nodes")
@@ -347,7 +346,7 @@ def build_slices(
     generation: int,
     owner: OwnerRef | None,
     labels: Mapping[str, str] = _EMPTY,
-) -> list[JsonObject]:
+) -> list[JsonDict]:
     """All ResourceSlices of one pool (see the module docstring).
 
     Exactly one of ``node_name``, ``node_selector`` (a NodeSelector with one term) and
@@ -365,7 +364,7 @@ def build_slices(
         _device(d, taints.get(d.name, ()), consumes.get(d.name, d.consumes_counters))
         for d in ordered
     ]
-    bodies: list[JsonObject] = [{"sharedCounters": c} for c in _counter_chunks(counter_sets)]
+    bodies: list[JsonDict] = [{"sharedCounters": c} for c in _counter_chunks(counter_sets)]
     bodies += [{"devices": chunk} for chunk in _device_chunks(device_objects)]
     if not bodies:
         bodies = [{"devices": []}]
@@ -390,9 +389,9 @@ def build_slices(
 
 
 def _slice(
-    *, name: str, spec: JsonObject, owner: OwnerRef | None, labels: Mapping[str, str]
-) -> JsonObject:
-    metadata: JsonObject = {"name": name}
+    *, name: str, spec: JsonDict, owner: OwnerRef | None, labels: Mapping[str, str]
+) -> JsonDict:
+    metadata: JsonDict = {"name": name}
     if labels:
         metadata["labels"] = {key: labels[key] for key in sorted(labels)}
     if owner is not None:
@@ -400,7 +399,7 @@ def _slice(
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec}
 
 
-def _check_counter_references(slices: Sequence[JsonObject]) -> None:
+def _check_counter_references(slices: Sequence[JsonDict]) -> None:
     known: dict[str, set[str]] = {}
     for obj in slices:
         for counter_set in obj["spec"].get("sharedCounters", ()):

@@ -35,7 +35,7 @@ from decimal import Decimal
 from typing import Any
 
 from drasil.api.quantity import QuantityError, parse_quantity
-from drasil.driver.slices.build import JsonObject
+from drasil.driver.objects import JsonDict
 
 
 @dataclass(frozen=True)
@@ -52,8 +52,8 @@ class PublishPlan:
     """Writes for one pool; apply ``creates`` and ``updates``, then ``deletes``."""
 
     generation: int
-    creates: tuple[JsonObject, ...] = field(default=())
-    updates: tuple[JsonObject, ...] = field(default=())
+    creates: tuple[JsonDict, ...] = field(default=())
+    updates: tuple[JsonDict, ...] = field(default=())
     deletes: tuple[SliceDeletion, ...] = field(default=())
 
     @property
@@ -78,7 +78,7 @@ def _pool_id(obj: Mapping[str, Any]) -> tuple[str, str]:
     return str(obj["spec"]["driver"]), str(_pool(obj)["name"])
 
 
-def _check_one_pool(desired: Sequence[JsonObject], existing: Sequence[Mapping[str, Any]]) -> None:
+def _check_one_pool(desired: Sequence[JsonDict], existing: Sequence[Mapping[str, Any]]) -> None:
     pools = {_pool_id(s) for s in (*desired, *existing)}
     if len(pools) > 1:
         found = ", ".join(f"{driver}/{pool}" for driver, pool in sorted(pools))
@@ -86,7 +86,7 @@ def _check_one_pool(desired: Sequence[JsonObject], existing: Sequence[Mapping[st
 
 
 def plan_publish(
-    *, desired: Sequence[JsonObject], existing: Sequence[Mapping[str, Any]]
+    *, desired: Sequence[JsonDict], existing: Sequence[Mapping[str, Any]]
 ) -> PublishPlan:
     """The writes that turn ``existing`` into ``desired`` (see the module docstring)."""
     _check_one_pool(desired, existing)
@@ -95,8 +95,8 @@ def plan_publish(
         return PublishPlan(generation=current)
     generation = current + 1
     by_name = {_name(s): s for s in existing}
-    creates: list[JsonObject] = []
-    updates: list[JsonObject] = []
+    creates: list[JsonDict] = []
+    updates: list[JsonDict] = []
     for obj in desired:
         body = _at_generation(obj, generation=generation, count=len(desired))
         old = by_name.get(_name(obj))
@@ -122,14 +122,14 @@ def _deletion(obj: Mapping[str, Any]) -> SliceDeletion:
     )
 
 
-def _at_generation(obj: JsonObject, *, generation: int, count: int) -> JsonObject:
+def _at_generation(obj: JsonDict, *, generation: int, count: int) -> JsonDict:
     body = copy.deepcopy(obj)
     body["spec"]["pool"]["generation"] = generation
     body["spec"]["pool"]["resourceSliceCount"] = count
     return body
 
 
-def _unchanged(desired: Sequence[JsonObject], existing: Sequence[Mapping[str, Any]]) -> bool:
+def _unchanged(desired: Sequence[JsonDict], existing: Sequence[Mapping[str, Any]]) -> bool:
     if len(desired) != len(existing) or not existing:
         return False
     if len({_pool(s).get("generation") for s in existing}) != 1:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from drasil.driver.kubeapi import ConflictError, KubeApi
-from drasil.driver.slices.build import JsonObject
+from drasil.driver.objects import JsonDict
 from drasil.driver.slices.plan import PublishPlan, plan_publish
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ class PoolPublisher:
     pool: str
     on_write: Callable[[str, bool], None] | None = None  # (verb, ok), for metrics
 
-    def publish(self, desired: Sequence[JsonObject]) -> PublishPlan:
+    def publish(self, desired: Sequence[JsonDict]) -> PublishPlan:
         """Apply the minimal plan; returns it (``plan.writes == 0``: nothing changed)."""
         for attempt in range(1, MAX_CONFLICT_RETRIES + 1):
             existing = self.api.list_slices(driver=self.driver, pool=self.pool)

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from drasil.driver.devices import CounterSet, Device
 from drasil.driver.discovery.health import HealthTracker
 from drasil.driver.kubeapi import KubeApi
-from drasil.driver.slices.build import JsonObject, OwnerRef, Taint, TaintEffect, build_slices
+from drasil.driver.objects import JsonDict
+from drasil.driver.slices.build import OwnerRef, Taint, TaintEffect, build_slices
 from drasil.driver.slices.plan import PublishPlan
 from drasil.driver.slices.publisher import PoolPublisher
 
@@ -63,7 +64,7 @@ class NodeSlices:
         """Publish again now (e.g. kubelet registered us: it may have wiped our slices)."""
         self._poke.set()
 
-    def desired(self) -> list[JsonObject]:
+    def desired(self) -> list[JsonDict]:
         taint = unhealthy_taint_key(self.driver)
         taints = {
             name: [Taint(key=taint, value="true", effect=TaintEffect.NO_SCHEDULE)]

@@ -65,6 +65,7 @@ from drasil.driver.devices import Device, MigPlacement
 from drasil.driver.files import FileLock, LockTimeoutError, crash_point
 from drasil.driver.nvidia.driveredits import NodeEdits
 from drasil.driver.nvidia.driverfiles import DriverFilesError
+from drasil.driver.objects import ResourceClaim
 from drasil.kubeletplugin.dra.amdpartitions import PartitionModes
 from drasil.kubeletplugin.dra.migs import MigError, MigInstances, creating_record
 from drasil.kubeletplugin.dra.shares import GpuEffects, ShareError
@@ -477,9 +478,10 @@ def _with_migs(
 
 
 def _usable(claim: Mapping[str, Any] | None, uid: str) -> bool:
-    if claim is None or claim.get("metadata", {}).get("uid") != uid:
+    if claim is None:
         return False
-    return bool(claim.get("status", {}).get("allocation"))
+    view = ResourceClaim(claim)
+    return view.meta.uid == uid and view.allocated
 
 
 def _names(devices: Sequence[PreparedDevice]) -> str:

@@ -45,6 +45,7 @@ from drasil.driver.nvidia.nvml import (
     NvmlLibrary,
     nvml_session,
 )
+from drasil.driver.objects import ResourceClaim
 from drasil.kubeletplugin.dra.mps import (
     CLIENT_LIMIT,
     CONTAINER_SHM_DIR,
@@ -114,12 +115,12 @@ class GpuEffects:
         brings its own ``/dev/shm``)."""
         if self.pods is None or not any(d.share_limits is not None for d in plan.devices):
             return
-        reserved = (claim.get("status") or {}).get("reservedFor") or []
-        namespace = (claim.get("metadata") or {}).get("namespace", "")
-        for consumer in reserved:
-            if consumer.get("resource") != "pods" or consumer.get("apiGroup"):
+        view = ResourceClaim(claim)
+        namespace = view.meta.namespace
+        for consumer in view.reserved_for:
+            if not consumer.is_pod:
                 continue
-            name = str(consumer.get("name", ""))
+            name = consumer.name
             try:
                 pod = self.pods.get_pod(namespace, name)
             except Exception as err:  # the check is a courtesy: never a reason to fail

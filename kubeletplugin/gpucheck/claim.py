@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from drasil.driver.claims.plan import ClaimRef
+from drasil.driver.objects import ResourceClaim, meta
 
 CLAIM_NAME = "gpu-check"
 CLAIM_NAMESPACE = "default"
@@ -70,7 +71,7 @@ def read_claim(path: Path) -> dict[str, Any]:
         raise ClaimFileError(f"{path}: metadata.name is missing")
     meta.setdefault("namespace", CLAIM_NAMESPACE)
     meta.setdefault("uid", str(uuid.uuid4()))
-    if not (data.get("status") or {}).get("allocation"):
+    if not ResourceClaim(data).allocated:
         raise ClaimFileError(f"{path}: status.allocation is missing (the check allocates nothing)")
     return data
 
@@ -80,13 +81,12 @@ def write_claim(claim: Mapping[str, Any], path: Path) -> None:
 
 
 def claim_ref(claim: Mapping[str, Any]) -> ClaimRef:
-    meta = claim["metadata"]
-    return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+    m = meta(claim)
+    return ClaimRef(namespace=m.namespace, name=m.name, uid=m.uid)
 
 
 def allocated_devices(claim: Mapping[str, Any], *, driver: str) -> list[str]:
-    results = claim["status"]["allocation"].get("devices", {}).get("results") or []
-    return [r["device"] for r in results if r.get("driver") == driver]
+    return [r["device"] for r in ResourceClaim(claim).results(driver)]
 
 
 class FileClaims:
@@ -98,7 +98,7 @@ class FileClaims:
     def get_claim(
         self, namespace: str, name: str, *, cached: bool = False
     ) -> Mapping[str, Any] | None:
-        meta = self.claim["metadata"]
-        if (meta["namespace"], meta["name"]) == (namespace, name):
+        m = meta(self.claim)
+        if (m.namespace, m.name) == (namespace, name):
             return self.claim
         return None

@@ -59,6 +59,7 @@ LAYOUT: dict[str, set[str]] = {
         "kubeapi",
         "keptalive",
         "logs",
+        "objects",
         "cdi/",
         "cel/",
         "claims/",

@@ -16,8 +16,8 @@ from drasil.driver.nvidia.nodedevices import (
     memory_policy,
 )
 from drasil.driver.nvidia.simulated import simulated_library
+from drasil.driver.objects import JsonDict
 from drasil.driver.slices.build import (
-    JsonObject,
     SliceValidationError,
     build_slices,
     validate_device,
@@ -36,7 +36,7 @@ def _shareable(result: DiscoveryResult) -> list[str]:
     return [d.name for d in result.devices if d.allow_multiple_allocations]
 
 
-def _slice(devices: list[Device]) -> JsonObject:
+def _slice(devices: list[Device]) -> JsonDict:
     (obj,) = build_slices(
         driver=DRIVER, pool="n", devices=devices, node_name="n", generation=1, owner=None
     )
@@ -146,8 +146,8 @@ def test_policy_for_a_missing_capacity_is_a_bug() -> None:
         _slice([device])
 
 
-def _shared(policy: dict[str, Any], *, value: str = "8Gi", allow: bool = True) -> JsonObject:
-    device: JsonObject = {"name": "gpu-0", "capacity": {"memory": {"value": value}}}
+def _shared(policy: dict[str, Any], *, value: str = "8Gi", allow: bool = True) -> JsonDict:
+    device: JsonDict = {"name": "gpu-0", "capacity": {"memory": {"value": value}}}
     device["capacity"]["memory"]["requestPolicy"] = policy
     if allow:
         device["allowMultipleAllocations"] = True
@@ -204,7 +204,7 @@ def test_policies_the_api_server_rejects(policy: dict[str, Any], allow: bool, me
 # -- planning -------------------------------------------------------------------------
 
 
-def _stored(desired: list[JsonObject]) -> list[JsonObject]:
+def _stored(desired: list[JsonDict]) -> list[JsonDict]:
     """The slices as a server could return them: the same quantities spelled otherwise."""
     stored = copy.deepcopy(desired)
     for obj in stored:
@@ -221,7 +221,7 @@ def parse_bytes(text: str) -> int:
     return int(text[:-2]) * GiB if text.endswith("Gi") else int(text)
 
 
-def _published(**kwargs: str) -> list[JsonObject]:
+def _published(**kwargs: str) -> list[JsonDict]:
     result = _discover("h100-80gb:2", **kwargs)
     return build_slices(
         driver=DRIVER, pool="n", devices=result.devices, node_name="n", generation=1, owner=None

@@ -22,8 +22,8 @@ from drasil.driver.devices import (
 )
 from drasil.driver.nvidia.nodedevices import discover
 from drasil.driver.nvidia.simulated import simulated_library
+from drasil.driver.objects import JsonDict
 from drasil.driver.slices.build import (
-    JsonObject,
     OwnerRef,
     SliceValidationError,
     Taint,
@@ -55,7 +55,7 @@ def _devices(count: int) -> list[Device]:
     return [_device(f"gpu-{i}") for i in range(count)]
 
 
-def _build(devices: Sequence[Device], **kwargs: Any) -> list[JsonObject]:
+def _build(devices: Sequence[Device], **kwargs: Any) -> list[JsonDict]:
     args: dict[str, Any] = {
         "driver": DRIVER,
         "pool": "node-a",
@@ -67,11 +67,11 @@ def _build(devices: Sequence[Device], **kwargs: Any) -> list[JsonObject]:
     return build_slices(devices=devices, **args)
 
 
-def _sizes(slices: Sequence[JsonObject]) -> list[int]:
+def _sizes(slices: Sequence[JsonDict]) -> list[int]:
     return [len(s["spec"].get("devices", [])) for s in slices]
 
 
-def _validated(slices: list[JsonObject]) -> list[JsonObject]:
+def _validated(slices: list[JsonDict]) -> list[JsonDict]:
     # The helper every test uses: each built slice must pass the API-limit checks and
     # survive a JSON round trip unchanged (no Python-only types leak out).
     for obj in slices:
@@ -293,11 +293,11 @@ class _Server:
     defaults and canonical quantities, and checks the planner's preconditions."""
 
     def __init__(self) -> None:
-        self.objects: dict[str, JsonObject] = {}
+        self.objects: dict[str, JsonDict] = {}
         self._versions = itertools.count(1)
         self.writes = 0
 
-    def _stored(self, body: Mapping[str, Any], uid: str) -> JsonObject:
+    def _stored(self, body: Mapping[str, Any], uid: str) -> JsonDict:
         obj = copy.deepcopy(dict(body))
         obj["metadata"].update(uid=uid, resourceVersion=str(next(self._versions)))
         for device in obj["spec"].get("devices") or []:
@@ -322,10 +322,10 @@ class _Server:
             assert old["metadata"]["resourceVersion"] == deletion.resource_version
         self.writes += plan.writes
 
-    def list(self) -> list[JsonObject]:
+    def list(self) -> list[JsonDict]:
         return copy.deepcopy(list(self.objects.values()))
 
-    def publish(self, desired: list[JsonObject]) -> PublishPlan:
+    def publish(self, desired: list[JsonDict]) -> PublishPlan:
         plan = plan_publish(desired=desired, existing=self.list())
         self.apply(plan)
         return plan
