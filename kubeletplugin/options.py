@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from drasil.driver.amd.partitions import PARTITION_MODES
 from drasil.driver.endpoints import parse_addr
 from drasil.driver.logs import LOG_FORMATS, LogFormat
 
@@ -19,7 +20,6 @@ BACKENDS = ("nvml", "simulated")
 MODES = ("dra", "device-plugin")
 MIG_STRATEGIES = ("none", "single", "mixed")
 MIG_MODES = ("static", "dynamic")
-AMD_PARTITION_MODES = ("static", "dynamic")
 GPU_SHARING = ("exclusive", "consumable")
 CDI_HOOKS = ("enabled", "disabled")
 VENDORS = ("nvidia", "amd")
@@ -283,7 +283,7 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--amd-partition-mode",
-        choices=AMD_PARTITION_MODES,
+        choices=PARTITION_MODES,
         default=env.get("AMD_PARTITION_MODE", "static"),
         help="env AMD_PARTITION_MODE; DRA mode: static publishes AMD GPUs in the compute "
         "partition mode they are in; dynamic publishes every partition of MI300-class GPUs "
@@ -337,7 +337,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
     _check_addr("--health-addr", ns.health_addr)
     _check_choice("--mig-strategy", ns.mig_strategy, MIG_STRATEGIES)
     _check_choice("--mig-mode", ns.mig_mode, MIG_MODES)
-    _check_choice("--amd-partition-mode", ns.amd_partition_mode, AMD_PARTITION_MODES)
+    _check_choice("--amd-partition-mode", ns.amd_partition_mode, PARTITION_MODES)
     _check_choice("--gpu-sharing", ns.gpu_sharing, GPU_SHARING)
     _check_choice("--cdi-hooks", ns.cdi_hooks, CDI_HOOKS)
     for flag, value in (

@@ -241,7 +241,8 @@ def realize(published: Device, snapshot: AmdSysfs) -> Device:
     if current != slot.mode or slot.index >= len(gpu.partitions):
         raise PartitionSwitchError(
             f"GPU {slot.parent_bus_id} is in {current} mode with {len(gpu.partitions)} "
-            f"partition(s); {published.name} needs {slot.mode}"
+            f"partition(s); {published.name} needs {slot.mode} (was the mode changed by "
+            "hand meanwhile?); kubelet retries the claim"
         )
     if slot.mode == WHOLE_MODE:
         found = whole_gpu_device(gpu, snapshot)
@@ -257,12 +258,18 @@ def realize(published: Device, snapshot: AmdSysfs) -> Device:
     )
 
 
-def current_mode(root: Path, bdf: str) -> str:
-    """The GPU's compute partition mode now (SPX for a GPU without partitions)."""
-    gpu = next((g for g in read_sysfs(root).gpus if g.bdf == bdf), None)
+def mode_of(snapshot: AmdSysfs, bdf: str) -> str:
+    """The GPU's compute partition mode in ``snapshot`` (SPX for a GPU without
+    partitions); ``PartitionSwitchError`` when the GPU is not bound to amdgpu."""
+    gpu = next((g for g in snapshot.gpus if g.bdf == bdf), None)
     if gpu is None:
-        raise PartitionSwitchError(f"GPU {bdf} is not bound to amdgpu under {root}")
+        raise PartitionSwitchError(f"GPU {bdf} is not bound to amdgpu any more")
     return gpu.compute_partition or WHOLE_MODE
+
+
+def current_mode(root: Path, bdf: str) -> str:
+    """The GPU's compute partition mode now, read from the tree."""
+    return mode_of(read_sysfs(root), bdf)
 
 
 def switch_mode(root: Path, bdf: str, mode: str) -> None:

@@ -34,11 +34,11 @@ from drasil.api.checkpoint import GpuRecord
 from drasil.driver.amd.devices import gpu_uuid
 from drasil.driver.amd.partitions import (
     PartitionSwitchError,
-    current_mode,
+    mode_of,
     realize,
     switch_mode,
 )
-from drasil.driver.amd.sysfs import read_sysfs
+from drasil.driver.amd.sysfs import AmdSysfs, read_sysfs
 from drasil.driver.checkpoint import CheckpointStore
 from drasil.driver.devices import Device
 from drasil.driver.files import FileLock, crash_point
@@ -80,13 +80,17 @@ class PartitionModes:
         """
         wanted = _modes_by_gpu(devices)
         with self._locked():
-            for (uuid, bdf), mode in sorted(wanted.items()):
-                self._switch(uuid, bdf, mode)
             snapshot = read_sysfs(self.root)
+            switched = [
+                self._switch(uuid, bdf, mode, now=mode_of(snapshot, bdf))
+                for (uuid, bdf), mode in sorted(wanted.items())
+            ]
+            if any(switched):  # the switch rebuilt the topology: read it again
+                snapshot = read_sysfs(self.root)
         return {d.name: realize(d, snapshot) for d in devices}
 
-    def _switch(self, uuid: str, bdf: str, mode: str) -> None:
-        now = current_mode(self.root, bdf)
+    def _switch(self, uuid: str, bdf: str, mode: str, *, now: str) -> bool:
+        """Put one GPU in ``mode`` (it is in ``now``); whether it had to switch."""
         with self.state_lock():
             record = self.store.gpus().get(uuid) or GpuRecord()
             if record.previous_compute_partition is None:
@@ -101,6 +105,7 @@ class PartitionModes:
             record = self.store.gpus().get(uuid) or GpuRecord()
             if record.compute_partition != mode:
                 self.store.set_gpu(uuid, record.model_copy(update={"compute_partition": mode}))
+        return now != mode
 
     # ---- unprepare and start ------------------------------------------------------------
 
@@ -118,22 +123,25 @@ class PartitionModes:
             switched = {u: r for u, r in gpus.items() if _switched(r) and u not in held}
             if not switched:
                 return done
-            bus_ids = {gpu_uuid(g.unique_id): g.bdf for g in read_sysfs(self.root).gpus}
+            snapshot = read_sysfs(self.root)
+            bus_ids = {gpu_uuid(g.unique_id): g.bdf for g in snapshot.gpus}
             for uuid, record in sorted(switched.items()):
                 try:
-                    done += self._restore(uuid, bus_ids.get(uuid), record)
+                    done += self._restore(uuid, bus_ids.get(uuid), record, snapshot)
                 except PartitionSwitchError as err:
                     log.error("compute partition mode not restored", extra={"error": str(err)})
         for what in done:
             log.info(what)
         return done
 
-    def _restore(self, uuid: str, bdf: str | None, record: GpuRecord) -> list[str]:
+    def _restore(
+        self, uuid: str, bdf: str | None, record: GpuRecord, snapshot: AmdSysfs
+    ) -> list[str]:
         previous = record.previous_compute_partition
         done = []
         if bdf is None:
             done.append(f"forgot the partition mode of GPU {uuid}, which is not here any more")
-        elif previous is not None and current_mode(self.root, bdf) != previous:
+        elif previous is not None and mode_of(snapshot, bdf) != previous:
             switch_mode(self.root, bdf, previous)
             done.append(f"restored compute partition mode {previous} of GPU {bdf}")
         with self.state_lock():
