@@ -51,7 +51,7 @@ from kubernetes.client.exceptions import ApiException
 from bench.stats import percentile
 from drasil.api.limits import allow_nesting
 from drasil.driver.explain.fromapi import explain_fetched, fetch_inputs
-from drasil.driver.nvidia.simulated import parse_profile_spec
+from drasil.driver.nvidia.simgpus import parse_profile_spec
 from e2e import chart
 from e2e.cluster.control_plane import Cluster
 from e2e.cluster.fleet import DEFAULT_FLEET_PROFILE, DRIVER, KwokFleet

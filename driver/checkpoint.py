@@ -20,38 +20,48 @@ Crash points (see ``drasil.driver.files``): ``checkpoint-mid-write``,
 ``checkpoint-before-rename``, ``checkpoint-after-rename`` (every claim and GPU file
 write, the tombstone of a removal included), and ``checkpoint-legacy-before-remove``
 (a migrated ``checkpoint.json`` about to be removed).
+
+The directory's files (names, reading, the generation file) and the records of what a
+load found are ``drasil.driver.checkpointdisk``'s; this module is the store that keeps
+memory and disk in step. ``CheckpointStore`` stays one class: loading, re-reading, restoring and
+migrating all change the same in-memory records and device index under one lock.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
-from enum import StrEnum
 from pathlib import Path
 from types import MappingProxyType
-from typing import Final, TypeVar
-from urllib.parse import quote, unquote
+from typing import Final
 
 from drasil.api.checkpoint import (
     Checkpoint,
     CheckpointError,
-    ClaimFile,
     ClaimRecord,
     ClaimState,
     CorruptCheckpoint,
-    GpuFile,
     GpuRecord,
     PreparedDevice,
     decode_checkpoint,
-    decode_claim_file,
-    decode_gpu_file,
     encode_claim_file,
     encode_gpu_file,
+)
+from drasil.driver.checkpointdisk import (
+    CLAIMS,
+    FILE_MODE,
+    GENERATION,
+    GPUS,
+    Disk,
+    GenerationFile,
+    LoadFindings,
+    LoadResult,
+    key_file,
+    key_of,
+    read_disk,
 )
 from drasil.driver.files import fsync_directory, remove_file, sweep_temp_files, write_atomic
 
@@ -61,26 +71,16 @@ __all__ = [
     "LEGACY_CHECKPOINT_FILE",
     "CheckpointStore",
     "CorruptCheckpoint",
-    "LoadOutcome",
-    "LoadResult",
     "read_boot_id",
-    "read_state",
 ]
 
 log = logging.getLogger(__name__)
-
-_F = TypeVar("_F", ClaimFile, GpuFile)
 
 CHECKPOINT_DIR: Final = "checkpoint"
 LEGACY_CHECKPOINT_FILE: Final = "checkpoint.json"
 """The single-file checkpoint of earlier drasil, beside the directory; migrated at load."""
 BOOT_ID_PATH: Final = Path("/proc/sys/kernel/random/boot_id")
-CLAIMS: Final = "claims"
-GPUS: Final = "gpus"
-GENERATION: Final = "generation"
-_SUFFIX: Final = ".json"
 _CRASH_TAG: Final = "checkpoint"
-_MODE: Final = 0o600
 
 
 def read_boot_id() -> str:
@@ -92,182 +92,8 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-class LoadOutcome(StrEnum):
-    """What ``load`` found on disk."""
-
-    LOADED = "Loaded"
-    MISSING = "Missing"
-    BOOT_CHANGED = "BootChanged"
-    QUARANTINED = "Quarantined"
-
-
-@dataclass(frozen=True)
-class LoadResult:
-    """The checkpoint in force after ``load`` and why it looks the way it does.
-
-    ``discarded`` holds the claims of an earlier boot: their CDI specs lived in tmpfs
-    and are gone, but other state they left may need cleaning. ``quarantined`` lists
-    the unreadable files moved aside (``quarantined_to`` is the first) and ``detail``
-    says why, for the Event; the other claims are loaded.
-    """
-
-    checkpoint: Checkpoint
-    outcome: LoadOutcome
-    discarded: Mapping[str, ClaimRecord] = field(default_factory=dict)
-    quarantined: tuple[Path, ...] = ()
-    detail: str = ""
-
-    @property
-    def quarantined_to(self) -> Path | None:
-        return self.quarantined[0] if self.quarantined else None
-
-
-# --- reading the directory -------------------------------------------------------------
-
-
-@dataclass
-class _Disk:
-    """What the directory holds, file by file."""
-
-    claims: dict[str, ClaimFile] = field(default_factory=dict)
-    gpus: dict[str, GpuFile] = field(default_factory=dict)
-    tombstones: list[Path] = field(default_factory=list)
-    unreadable: list[tuple[Path, CheckpointError]] = field(default_factory=list)
-
-
-def _files(folder: Path) -> Iterator[tuple[Path, bytes]]:
-    try:
-        entries = list(os.scandir(folder))
-    except FileNotFoundError:
-        return
-    for entry in entries:
-        if entry.name.endswith(_SUFFIX):
-            try:
-                yield Path(entry.path), Path(entry.path).read_bytes()
-            except FileNotFoundError:  # removed between the listing and the read
-                continue
-
-
-def _decoded(
-    folder: Path,
-    decode: Callable[[bytes], _F],
-    key: Callable[[_F], str],
-    unreadable: list[tuple[Path, CheckpointError]],
-) -> Iterator[tuple[Path, _F]]:
-    """The folder's files decoded and checked against their names; the others are
-    added to ``unreadable``."""
-    for path, data in _files(folder):
-        try:
-            item = decode(data)
-            _check_name(path, key(item))
-        except CheckpointError as err:
-            unreadable.append((path, err))
-            continue
-        yield path, item
-
-
-def _read_disk(directory: Path) -> _Disk:
-    disk = _Disk()
-    for path, claim in _decoded(
-        directory / CLAIMS, decode_claim_file, lambda c: c.uid, disk.unreadable
-    ):
-        if claim.record is None:
-            disk.tombstones.append(path)
-        else:
-            disk.claims[claim.uid] = claim
-    for _, gpu in _decoded(directory / GPUS, decode_gpu_file, lambda g: g.uuid, disk.unreadable):
-        disk.gpus[gpu.uuid] = gpu
-    return disk
-
-
-def _check_name(path: Path, key: str) -> None:
-    if path.name != _file_name(key):
-        raise CorruptCheckpoint(f"{key!r} does not match the file name")
-
-
-def read_state(directory: Path) -> Checkpoint | None:
-    """What the checkpoint directory holds, read without changing anything.
-
-    For tests and people: no sweep, no quarantine, no migration; ``None`` when the
-    directory does not exist; ``CheckpointError`` names the first unreadable file.
-    ``boot_id`` is that of a file found ("" for none).
-    """
-    if not directory.is_dir():
-        return None
-    disk = _read_disk(directory)
-    if disk.unreadable:
-        path, err = disk.unreadable[0]
-        raise type(err)(f"{path}: {err}")
-    boots = [c.boot_id for c in disk.claims.values()] + [g.boot_id for g in disk.gpus.values()]
-    return Checkpoint(
-        boot_id=boots[0] if boots else "",
-        claims={uid: c.record for uid, c in disk.claims.items() if c.record is not None},
-        gpus={uuid: g.record for uuid, g in disk.gpus.items()},
-    )
-
-
 def _device_name(device: PreparedDevice) -> str:
     return device.device_name
-
-
-def _file_name(key: str) -> str:
-    # Claim UIDs and GPU UUIDs come from the API server and NVML; quoting keeps a
-    # separator in one from putting its file anywhere but in its folder.
-    return f"{quote(key, safe='')}{_SUFFIX}"
-
-
-def _key_of(path: Path) -> str:
-    return unquote(path.name.removesuffix(_SUFFIX))
-
-
-def _key_file(folder: Path, key: str) -> Path:
-    return folder / _file_name(key)
-
-
-class _GenerationFile:
-    """The ``generation`` file, kept open: read and written on every state-lock
-    acquisition and change, without a path lookup each time.
-
-    A file that lost its name (deleted, or its directory removed) is opened again by
-    name; that fails with ``FileNotFoundError`` when the directory is gone.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._fd: int | None = None
-
-    def read(self) -> bytes | None:
-        """The value, or ``None`` when there is no such file."""
-        fd = self._open(create=False)
-        return None if fd is None else os.pread(fd, 64, 0)
-
-    def write(self, value: bytes) -> None:
-        """Overwrite the value in place (fixed width, so no truncation is needed)."""
-        fd = self._open(create=True)
-        assert fd is not None
-        os.pwrite(fd, value, 0)
-
-    def _open(self, *, create: bool) -> int | None:
-        if self._fd is not None:
-            if os.fstat(self._fd).st_nlink > 0:
-                return self._fd
-            self.close()
-        flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
-        try:
-            self._fd = os.open(self.path, flags, _MODE)
-        except FileNotFoundError:
-            if create:
-                raise
-            return None
-        return self._fd
-
-    def close(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
-
-    def __del__(self) -> None:
-        self.close()
 
 
 class CheckpointStore:
@@ -284,7 +110,7 @@ class CheckpointStore:
         self.legacy_path = directory.parent / LEGACY_CHECKPOINT_FILE
         self._claims_dir = directory / CLAIMS
         self._gpus_dir = directory / GPUS
-        self._generation = _GenerationFile(directory / GENERATION)
+        self._generation = GenerationFile(directory / GENERATION)
         self._boot_id_reader = boot_id_reader
         self._clock = clock
         self._lock = threading.Lock()
@@ -369,7 +195,7 @@ class CheckpointStore:
                 self._load(quarantine=False)
                 return True
             if self.legacy_path.exists():  # written by an earlier drasil beside us
-                self._migrate_legacy(self._require_loaded(), quarantine=True, found=_Found())
+                self._migrate_legacy(self._require_loaded(), quarantine=True, found=LoadFindings())
                 self._reread()
                 return True
             generation = self._read_generation()
@@ -432,7 +258,7 @@ class CheckpointStore:
                     self._gpus[gpu_uuid] = record
             elif gpu_uuid in self._gpus:
                 self._bump()
-                _key_file(self._gpus_dir, gpu_uuid).unlink(missing_ok=True)
+                key_file(self._gpus_dir, gpu_uuid).unlink(missing_ok=True)
                 del self._gpus[gpu_uuid]
 
     def remove(self, claim_uid: str) -> bool:
@@ -447,7 +273,7 @@ class CheckpointStore:
             self._write_claim(claim_uid, None)
             del self._claims[claim_uid]
             self._unindex(claim_uid, before)
-            _key_file(self._claims_dir, claim_uid).unlink(missing_ok=True)
+            key_file(self._claims_dir, claim_uid).unlink(missing_ok=True)
         return True
 
     # --- internals --------------------------------------------------------------------
@@ -482,11 +308,11 @@ class CheckpointStore:
         self._store_gpu(gpu_uuid, record, self._require_loaded())
 
     def _store_claim(self, claim_uid: str, record: ClaimRecord | None, boot_id: str) -> None:
-        path = _key_file(self._claims_dir, claim_uid)
+        path = key_file(self._claims_dir, claim_uid)
         self._write(path, encode_claim_file(claim_uid, record, boot_id=boot_id))
 
     def _store_gpu(self, gpu_uuid: str, record: GpuRecord, boot_id: str) -> None:
-        path = _key_file(self._gpus_dir, gpu_uuid)
+        path = key_file(self._gpus_dir, gpu_uuid)
         self._write(path, encode_gpu_file(gpu_uuid, record, boot_id=boot_id))
 
     @staticmethod
@@ -495,7 +321,7 @@ class CheckpointStore:
         # A power loss or kernel crash is a reboot, and a new boot id discards the
         # prepared state anyway (a torn file is quarantined). fsync would cost two
         # disk flushes on every prepare for nothing.
-        write_atomic(path, data, mode=_MODE, crash_tag=_CRASH_TAG, durable=False)
+        write_atomic(path, data, mode=FILE_MODE, crash_tag=_CRASH_TAG, durable=False)
 
     def _bump(self) -> None:
         """Tell other instances that something changes, before it does."""
@@ -547,14 +373,14 @@ class CheckpointStore:
     def _load(self, *, quarantine: bool) -> LoadResult:
         boot_id = self._boot_id_reader()
         existed = self._make_dirs()
-        found = _Found()
+        found = LoadFindings()
         migrated = self._migrate_legacy(boot_id, quarantine=quarantine, found=found)
         # A crash between a temp write and its rename leaves a temp file; the caller
         # holds the FileLock at load, so no live writer owns one.
         for folder in (self._claims_dir, self._gpus_dir):
             sweep_temp_files(folder, prefix="")
         sweep_temp_files(self.directory.parent, prefix=f"{LEGACY_CHECKPOINT_FILE}.")
-        disk = _read_disk(self.directory)
+        disk = read_disk(self.directory)
         for path, err in disk.unreadable:
             if not quarantine:
                 raise type(err)(f"{path}: {err}") from err
@@ -570,7 +396,7 @@ class CheckpointStore:
         return found.result(self._snapshot(), missing=not existed and not migrated, boot_id=boot_id)
 
     def _current_boot(
-        self, disk: _Disk, boot_id: str, found: _Found
+        self, disk: Disk, boot_id: str, found: LoadFindings
     ) -> tuple[dict[str, ClaimRecord], dict[str, GpuRecord]]:
         """The records of this boot; those of an earlier one are removed from disk
         (each on its own, so a crash half-way leaves the rest to the next load)."""
@@ -581,17 +407,17 @@ class CheckpointStore:
                 claims[uid] = claim.record
             else:
                 found.discard(uid, claim.record, claim.boot_id)
-                _key_file(self._claims_dir, uid).unlink(missing_ok=True)
+                key_file(self._claims_dir, uid).unlink(missing_ok=True)
         gpus: dict[str, GpuRecord] = {}
         for uuid, gpu in disk.gpus.items():
             if gpu.boot_id == boot_id:
                 gpus[uuid] = gpu.record
             else:
                 found.previous_boot = found.previous_boot or gpu.boot_id
-                _key_file(self._gpus_dir, uuid).unlink(missing_ok=True)
+                key_file(self._gpus_dir, uuid).unlink(missing_ok=True)
         return claims, gpus
 
-    def _migrate_legacy(self, boot_id: str, *, quarantine: bool, found: _Found) -> bool:
+    def _migrate_legacy(self, boot_id: str, *, quarantine: bool, found: LoadFindings) -> bool:
         """Split a single-file checkpoint (earlier drasil) into the directory.
 
         Its records are written into the directory, over those of the same keys, and
@@ -626,7 +452,7 @@ class CheckpointStore:
     def _reread(self) -> None:
         """Take what another instance wrote; a file damaged under us is moved aside and
         our record of it written back (its devices stay reserved)."""
-        disk = _read_disk(self.directory)
+        disk = read_disk(self.directory)
         restored: list[str] = []
         for path, err in disk.unreadable:
             moved = self._quarantine(path)
@@ -634,7 +460,7 @@ class CheckpointStore:
                 "checkpoint file corrupted while running; quarantined",
                 extra={"path": str(path), "error": str(err), "moved_to": str(moved)},
             )
-            restored.append(_key_of(path))
+            restored.append(key_of(path))
         claims = {uid: c.record for uid, c in disk.claims.items() if c.record is not None}
         gpus = {uuid: g.record for uuid, g in disk.gpus.items()}
         boot_id = self._require_loaded()
@@ -670,40 +496,3 @@ class CheckpointStore:
     def _unindex(self, uid: str, record: ClaimRecord) -> None:
         for device in record.devices:
             self._holders.get(self._device_key(device), set()).discard(uid)
-
-
-@dataclass
-class _Found:
-    """What a load came across besides the current records, for its ``LoadResult``."""
-
-    discarded: dict[str, ClaimRecord] = field(default_factory=dict)
-    previous_boot: str = ""
-    quarantined: list[Path] = field(default_factory=list)
-    details: list[str] = field(default_factory=list)
-
-    def discard(self, uid: str, record: ClaimRecord, boot_id: str) -> None:
-        self.discarded[uid] = record
-        self.previous_boot = self.previous_boot or boot_id
-
-    def quarantine(self, moved: Path, detail: str) -> None:
-        self.quarantined.append(moved)
-        self.details.append(detail)
-
-    def result(self, checkpoint: Checkpoint, *, missing: bool, boot_id: str) -> LoadResult:
-        if self.quarantined:
-            outcome = LoadOutcome.QUARANTINED
-            detail = "; ".join(self.details)
-        elif self.previous_boot:
-            # Rebooted: CDI specs in tmpfs are gone and kubelet prepares again.
-            outcome = LoadOutcome.BOOT_CHANGED
-            detail = f"boot id changed from {self.previous_boot} to {boot_id}"
-        else:
-            outcome = LoadOutcome.MISSING if missing else LoadOutcome.LOADED
-            detail = ""
-        return LoadResult(
-            checkpoint,
-            outcome,
-            discarded=self.discarded,
-            quarantined=tuple(self.quarantined),
-            detail=detail,
-        )

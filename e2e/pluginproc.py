@@ -26,9 +26,10 @@ from drasil.api.kubelet.dra.v1 import dra_pb2, dra_pb2_grpc
 from drasil.api.kubelet.dra.v1beta1 import dra_pb2 as dra_v1beta1_pb2
 from drasil.api.kubelet.dra.v1beta1 import dra_pb2_grpc as dra_v1beta1_grpc
 from drasil.api.kubelet.pluginregistration import registration_pb2, registration_pb2_grpc
-from drasil.driver.checkpoint import CHECKPOINT_DIR, read_state
+from drasil.driver.checkpoint import CHECKPOINT_DIR
+from drasil.driver.checkpointdisk import read_state
 from drasil.driver.nvidia.nvml import NO_INSTANCE
-from drasil.driver.nvidia.simulated import simulated_gpus
+from drasil.driver.nvidia.simgpus import simulated_gpus
 from drasil.kubeletplugin.deviceplugin.resources import socket_name
 from e2e import driverroot, mocknvml, procs
 
@@ -141,7 +142,7 @@ class PluginProcess:
     @property
     def gpu_state_file(self) -> Path:
         """Where the GPUs' MIG state lives: the simulated backend's file, or the mock
-        NVML's (the same JSON format, ``drasil.driver.nvidia.simulated``)."""
+        NVML's (the same JSON format, ``drasil.driver.nvidia.simstate``)."""
         if self.backend == "nvml":
             return self.mock_root().node.state_file
         return self.state_dir / "simulated-gpus.json"

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from drasil.driver.nvidia.simulated import simulated_gpus
+from drasil.driver.nvidia.simgpus import simulated_gpus
 from e2e.kube import Kube, NotYet, wait_for
 from e2e.mocknvml import CAPS_MAJOR, mig_cap_minor
 from e2e.pluginproc import DRIVER, ClaimId, KubeletClient, PluginProcess

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from bench.scale import Params, PodTimes, allocation_problems, run_fleet
-from drasil.driver.slices.build import validate_slice
+from drasil.driver.slices.validate import validate_slice
 from e2e.cluster.control_plane import Cluster
 from e2e.cluster.fleet import DRIVER, fleet_nodes, published_slices
 from e2e.kube import Kube

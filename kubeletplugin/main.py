@@ -14,7 +14,7 @@ from drasil.driver.discovery.backends import NodeBackends, VendorError, open_bac
 from drasil.driver.kubeapi import KubeApi, KubeconfigError, load_api_client
 from drasil.driver.logs import setup_logging
 from drasil.driver.nvidia.nvml import NvmlError
-from drasil.driver.nvidia.simulated import ProfileSpecError
+from drasil.driver.nvidia.simgpus import ProfileSpecError
 from drasil.kubeletplugin.deviceplugin.plugin import DevicePluginServer
 from drasil.kubeletplugin.deviceplugin.resources import DevicePluginConfigError
 from drasil.kubeletplugin.dra.plugin import KubeletPlugin

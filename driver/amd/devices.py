@@ -44,7 +44,7 @@ from drasil.driver.devices import (
     DeviceType,
     Version,
 )
-from drasil.driver.slices.build import is_semver
+from drasil.driver.slices.validate import is_semver
 
 PARTITIONED_MODES: Final = frozenset({"DPX", "QPX", "CPX"})
 

@@ -38,8 +38,10 @@ from drasil.driver.amd.simulated import (
 from drasil.driver.amd.sysfs import AmdGpuError, amdgpu_driver_dir
 from drasil.driver.devices import CounterSet, Device, Vendor, Version
 from drasil.driver.nvidia.nodedevices import SkippedDevice, discover
-from drasil.driver.nvidia.nvml import NvmlLibrary, PynvmlLibrary
-from drasil.driver.nvidia.simulated import FakeNvml, ProfileSpecError, simulated_library
+from drasil.driver.nvidia.nvml import NvmlLibrary
+from drasil.driver.nvidia.nvmladapter import PynvmlLibrary
+from drasil.driver.nvidia.simgpus import ProfileSpecError
+from drasil.driver.nvidia.simulated import FakeNvml, simulated_library
 
 BACKENDS = ("nvml", "simulated")
 AUTO = "auto"

@@ -17,9 +17,10 @@ from drasil.driver.devices import CounterSet, Device
 from drasil.driver.discovery.health import HealthTracker
 from drasil.driver.kubeapi import KubeApi
 from drasil.driver.objects import JsonDict
-from drasil.driver.slices.build import OwnerRef, Taint, TaintEffect, build_slices
+from drasil.driver.slices.build import OwnerRef, Taint, build_slices
 from drasil.driver.slices.plan import PublishPlan
 from drasil.driver.slices.publisher import PoolPublisher
+from drasil.driver.slices.validate import TaintEffect
 
 log = logging.getLogger(__name__)
 

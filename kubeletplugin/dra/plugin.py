@@ -19,7 +19,8 @@ from drasil.api.kubelet.health.v1alpha1 import health_pb2_grpc as health_v1alpha
 from drasil.api.kubelet.pluginregistration import registration_pb2 as reg_pb
 from drasil.api.kubelet.pluginregistration import registration_pb2_grpc as reg_grpc
 from drasil.driver.cdi.claimspecs import delete_claim_spec
-from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore, LoadOutcome, LoadResult
+from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore
+from drasil.driver.checkpointdisk import LoadOutcome, LoadResult
 from drasil.driver.files import FileLock
 from drasil.driver.kubeapi import KubeApi
 from drasil.driver.nvidia.driverfiles import DriverRoot, find_binary

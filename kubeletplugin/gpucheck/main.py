@@ -27,7 +27,8 @@ from typing import Any
 from drasil.driver.cdi.claimspecs import read_claim_spec
 from drasil.driver.devices import Device, DeviceType
 from drasil.driver.nvidia.nodedevices import discover
-from drasil.driver.slices.build import build_slices, validate_slice
+from drasil.driver.slices.build import build_slices
+from drasil.driver.slices.validate import validate_slice
 from drasil.kubeletplugin.dra.mps import CONTROL_PROGRAM
 from drasil.kubeletplugin.dra.prepare import Preparer
 from drasil.kubeletplugin.gpucheck import (

@@ -15,7 +15,8 @@ from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore
 from drasil.driver.devices import Device
 from drasil.driver.nvidia.driveredits import NodeEdits, control_edits
 from drasil.driver.nvidia.driverfiles import DriverRoot, load_nvml
-from drasil.driver.nvidia.nvml import NvmlLibrary, PynvmlLibrary
+from drasil.driver.nvidia.nvml import NvmlLibrary
+from drasil.driver.nvidia.nvmladapter import PynvmlLibrary
 from drasil.kubeletplugin.dra.migs import MigInstances
 from drasil.kubeletplugin.dra.mps import DaemonProgram, MpsDaemons
 from drasil.kubeletplugin.dra.prepare import Preparer

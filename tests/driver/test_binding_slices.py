@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from drasil.driver.devices import Device, DeviceType
-from drasil.driver.slices.build import SliceValidationError, build_slices, validate_device
+from drasil.driver.slices.build import build_slices
+from drasil.driver.slices.validate import SliceValidationError, validate_device
 
 OK, FAILED = "drasil.dev/Attached", "drasil.dev/AttachFailed"
 

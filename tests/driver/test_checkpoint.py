@@ -25,15 +25,11 @@ from drasil.api.checkpoint import (
 )
 from drasil.driver.checkpoint import (
     CHECKPOINT_DIR,
-    CLAIMS,
-    GENERATION,
-    GPUS,
     CheckpointStore,
     CorruptCheckpoint,
-    LoadOutcome,
     read_boot_id,
-    read_state,
 )
+from drasil.driver.checkpointdisk import CLAIMS, GENERATION, GPUS, LoadOutcome, read_state
 from drasil.driver.files import CRASH_ENV, CRASH_EXIT_CODE, FileLock, LockTimeoutError
 
 UID = "0b7c3f2e-8d1a-4c55-9e0f-1a2b3c4d5e6f"

@@ -19,15 +19,8 @@ from drasil.api.checkpoint import (
     PreparedDevice,
     encode_checkpoint,
 )
-from drasil.driver.checkpoint import (
-    CHECKPOINT_DIR,
-    CLAIMS,
-    GPUS,
-    LEGACY_CHECKPOINT_FILE,
-    CheckpointStore,
-    LoadOutcome,
-    read_state,
-)
+from drasil.driver.checkpoint import CHECKPOINT_DIR, LEGACY_CHECKPOINT_FILE, CheckpointStore
+from drasil.driver.checkpointdisk import CLAIMS, GPUS, LoadOutcome, read_state
 from drasil.driver.files import CRASH_ENV, CRASH_EXIT_CODE
 
 WHEN = datetime(2026, 3, 1, 12, 30, tzinfo=UTC)

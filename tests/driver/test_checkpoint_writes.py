@@ -14,7 +14,8 @@ import pytest
 
 import drasil.driver.checkpoint as checkpoint_module
 from drasil.api.checkpoint import ClaimRecord, ClaimState, GpuRecord, PreparedDevice
-from drasil.driver.checkpoint import CHECKPOINT_DIR, CLAIMS, GPUS, CheckpointStore, read_state
+from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore
+from drasil.driver.checkpointdisk import CLAIMS, GPUS, read_state
 from drasil.driver.files import write_atomic
 
 WHEN = datetime(2026, 3, 1, 12, 30, tzinfo=UTC)

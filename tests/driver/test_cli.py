@@ -14,8 +14,9 @@ import yaml
 
 from drasil.driver.cli import main
 from drasil.driver.nvidia.nvml import Placement
-from drasil.driver.nvidia.simulated import mig_uuid, simulated_library
-from drasil.driver.slices.build import validate_slice
+from drasil.driver.nvidia.simgpus import mig_uuid
+from drasil.driver.nvidia.simulated import simulated_library
+from drasil.driver.slices.validate import validate_slice
 
 
 def run(*argv: str) -> tuple[int, str]:

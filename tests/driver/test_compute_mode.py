@@ -25,16 +25,13 @@ from drasil.driver.nvidia.nvml import (
     NvmlInvalidArgument,
     NvmlNotSupported,
     NvmlQueryError,
-    PynvmlLibrary,
     check_compute_mode,
 )
-from drasil.driver.nvidia.simulated import (
-    COMPUTE_MODE_CALLS,
-    FakeNvml,
-    StateFileError,
-    _parse_state,
-    simulated_gpus,
-)
+from drasil.driver.nvidia.nvmladapter import PynvmlLibrary
+from drasil.driver.nvidia.simcore import COMPUTE_MODE_CALLS
+from drasil.driver.nvidia.simgpus import simulated_gpus
+from drasil.driver.nvidia.simstate import StateFileError, parse_state
+from drasil.driver.nvidia.simulated import FakeNvml
 
 # ---- the values -------------------------------------------------------------------------
 
@@ -245,7 +242,7 @@ def test_a_bad_compute_mode_makes_the_file_damaged(
     doc["gpus"][lib.device_uuid(gpu)]["computeMode"] = bad
     path.write_text(json.dumps(doc))
     with pytest.raises(StateFileError, match="compute mode"):
-        _parse_state(path.read_bytes(), lib.gpus)
+        parse_state(path.read_bytes(), lib.gpus)
     with caplog.at_level(logging.ERROR):
         assert fake(path, spec="l4:1").device_compute_mode(gpu) == COMPUTE_MODE_DEFAULT
     assert "damaged" in caplog.text

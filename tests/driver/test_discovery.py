@@ -29,10 +29,11 @@ from drasil.driver.nvidia.nvml import (
     NvmlNotFound,
     NvmlQueryError,
     NvmlUnavailable,
-    PynvmlLibrary,
-    sysfs_pcie_root,
 )
-from drasil.driver.nvidia.simulated import FakeNvml, simulated_gpus, simulated_library
+from drasil.driver.nvidia.nvmladapter import PynvmlLibrary
+from drasil.driver.nvidia.nvmlhost import sysfs_pcie_root
+from drasil.driver.nvidia.simgpus import simulated_gpus
+from drasil.driver.nvidia.simulated import FakeNvml, simulated_library
 
 GiB = 2**30
 MiB = 2**20

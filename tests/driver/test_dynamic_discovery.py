@@ -28,14 +28,15 @@ from drasil.driver.nvidia.nvml import (
     Placement,
 )
 from drasil.driver.nvidia.partitions import placement_device_name
-from drasil.driver.nvidia.simulated import FakeNvml, simulated_gpus, simulated_library
-from drasil.driver.slices.build import (
+from drasil.driver.nvidia.simgpus import simulated_gpus
+from drasil.driver.nvidia.simulated import FakeNvml, simulated_library
+from drasil.driver.slices.build import build_slices
+from drasil.driver.slices.validate import (
     MAX_CONSUMED_COUNTER_SETS,
     MAX_CONSUMED_COUNTERS_PER_SLICE,
     MAX_COUNTER_SETS_PER_SLICE,
     MAX_COUNTERS_PER_SET,
     MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS,
-    build_slices,
 )
 
 MiB = 2**20

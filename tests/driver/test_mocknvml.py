@@ -33,9 +33,10 @@ from drasil.driver.nvidia.nvml import (
     NvmlNotSupported,
     NvmlQueryError,
     Placement,
-    PynvmlLibrary,
 )
-from drasil.driver.nvidia.simulated import FakeNvml, mig_uuid
+from drasil.driver.nvidia.nvmladapter import PynvmlLibrary
+from drasil.driver.nvidia.simgpus import mig_uuid
+from drasil.driver.nvidia.simulated import FakeNvml
 from e2e import mocknvml
 from e2e.mocknvml import MockNode
 

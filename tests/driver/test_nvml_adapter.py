@@ -32,8 +32,8 @@ from drasil.driver.nvidia.nvml import (
     NvmlNotSupported,
     NvmlQueryError,
     Placement,
-    PynvmlLibrary,
 )
+from drasil.driver.nvidia.nvmladapter import PynvmlLibrary
 from drasil.driver.nvidia.simulated import FakeNvml
 from drasil.driver.nvidia.xid import XidWatcher
 from drasil.kubeletplugin.dra.migs import MigError, MigInstances
@@ -273,7 +273,7 @@ def test_the_simulated_backend_and_the_mock_share_the_compute_mode(
 # A plugin process on the mock: reads GPU 0's compute mode, then restores the default.
 RESTORE = """import ctypes, sys
 ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)
-from drasil.driver.nvidia.nvml import PynvmlLibrary
+from drasil.driver.nvidia.nvmladapter import PynvmlLibrary
 lib = PynvmlLibrary()
 lib.init()
 gpu = lib.device_handle_by_index(0)

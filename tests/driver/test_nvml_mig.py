@@ -25,9 +25,9 @@ from drasil.driver.nvidia.nvml import (
     NvmlNotFound,
     NvmlQueryError,
     Placement,
-    PynvmlLibrary,
-    read_mig_minors,
 )
+from drasil.driver.nvidia.nvmladapter import PynvmlLibrary
+from drasil.driver.nvidia.nvmlhost import read_mig_minors
 from drasil.driver.nvidia.simulated import FakeNvml, simulated_library
 
 # pynvml's NVML_GPU_INSTANCE_PROFILE_* index → the profile id NVML answers with.

@@ -17,12 +17,9 @@ from drasil.driver.nvidia.nodedevices import (
 )
 from drasil.driver.nvidia.simulated import simulated_library
 from drasil.driver.objects import JsonDict
-from drasil.driver.slices.build import (
-    SliceValidationError,
-    build_slices,
-    validate_device,
-)
+from drasil.driver.slices.build import build_slices
 from drasil.driver.slices.plan import plan_publish
+from drasil.driver.slices.validate import SliceValidationError, validate_device
 
 GiB = 2**30
 DRIVER = "gpu.drasil.dev"

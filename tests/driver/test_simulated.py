@@ -18,15 +18,10 @@ from drasil.driver.nvidia.nvml import (
     NvmlNotSupported,
     NvmlQueryError,
     NvmlUnavailable,
-    PynvmlLibrary,
 )
-from drasil.driver.nvidia.simulated import (
-    FakeNvml,
-    ProfileSpecError,
-    parse_profile_spec,
-    simulated_gpus,
-    simulated_library,
-)
+from drasil.driver.nvidia.nvmladapter import PynvmlLibrary
+from drasil.driver.nvidia.simgpus import ProfileSpecError, parse_profile_spec, simulated_gpus
+from drasil.driver.nvidia.simulated import FakeNvml, simulated_library
 
 UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 

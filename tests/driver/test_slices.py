@@ -23,18 +23,14 @@ from drasil.driver.devices import (
 from drasil.driver.nvidia.nodedevices import discover
 from drasil.driver.nvidia.simulated import simulated_library
 from drasil.driver.objects import JsonDict
-from drasil.driver.slices.build import (
-    OwnerRef,
+from drasil.driver.slices.build import OwnerRef, Taint, build_slices, natural_key, slice_name
+from drasil.driver.slices.plan import PublishPlan, plan_publish
+from drasil.driver.slices.validate import (
     SliceValidationError,
-    Taint,
     TaintEffect,
-    build_slices,
     is_dns_subdomain,
-    natural_key,
-    slice_name,
     validate_slice,
 )
-from drasil.driver.slices.plan import PublishPlan, plan_publish
 
 DRIVER = "gpu.drasil.dev"
 UNHEALTHY = Taint(key="gpu.drasil.dev/unhealthy", value="xid-79", effect=TaintEffect.NO_SCHEDULE)

@@ -10,16 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from drasil.driver.nvidia import nvml
+from drasil.driver.nvidia import nvmlhost
 from drasil.driver.nvidia.nvml import (
     NVML_ERROR_INVALID_ARGUMENT,
     NVML_ERROR_NOT_SUPPORTED,
     NvmlNotSupported,
     NvmlQueryError,
-    PynvmlLibrary,
-    parse_time_slice,
 )
-from drasil.driver.nvidia.simulated import FakeNvml, simulated_gpus
+from drasil.driver.nvidia.nvmladapter import PynvmlLibrary
+from drasil.driver.nvidia.nvmlhost import parse_time_slice
+from drasil.driver.nvidia.simgpus import simulated_gpus
+from drasil.driver.nvidia.simulated import FakeNvml
 
 UUID = "GPU-11111111-2222-3333-4444-555555555555"
 
@@ -136,7 +137,7 @@ def test_a_hung_tool_times_out(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     hung.write_text("#!/bin/sh\nexec sleep 30\n")
     hung.chmod(0o755)
     monkeypatch.setitem(sys.modules, "pynvml", UuidPynvml())
-    monkeypatch.setattr(nvml, "NVIDIA_SMI_TIMEOUT", 0.3)
+    monkeypatch.setattr(nvmlhost, "NVIDIA_SMI_TIMEOUT", 0.3)
     with pytest.raises(NvmlQueryError, match="no answer"):
         PynvmlLibrary(nvidia_smi=str(hung)).device_set_time_slice(UUID, 1)
 

@@ -24,7 +24,7 @@ from drasil.driver.discovery.backends import (
     open_backends,
     split_profile,
 )
-from drasil.driver.nvidia.simulated import ProfileSpecError
+from drasil.driver.nvidia.simgpus import ProfileSpecError
 
 NODE = "node-a"
 

@@ -26,7 +26,8 @@ from kubelet_client import (
 from prometheus_client import CollectorRegistry
 from test_deviceplugin_main import process
 
-from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore, read_state
+from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore
+from drasil.driver.checkpointdisk import read_state
 from drasil.driver.discovery.health import FAULT_FILE, write_faults
 from drasil.driver.nvidia.simulated import simulated_library
 from drasil.kubeletplugin.dra.prepare import Preparer

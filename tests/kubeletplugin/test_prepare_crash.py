@@ -20,7 +20,8 @@ import pytest
 from kubelet_client import FileClaims, claim_json, make_preparer, result, spec_file
 
 from drasil.api.checkpoint import ClaimState
-from drasil.driver.checkpoint import CHECKPOINT_DIR, GENERATION, read_state
+from drasil.driver.checkpoint import CHECKPOINT_DIR
+from drasil.driver.checkpointdisk import GENERATION, read_state
 from drasil.driver.claims.plan import ClaimRef
 from drasil.driver.files import CRASH_ENV, CRASH_EXIT_CODE
 

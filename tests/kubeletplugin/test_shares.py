@@ -27,7 +27,8 @@ from kubelet_client import (
     spec_file,
 )
 
-from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore, read_state
+from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore
+from drasil.driver.checkpointdisk import read_state
 from drasil.driver.devices import CapacityPolicy, Device
 from drasil.driver.nvidia.nodedevices import discover
 from drasil.driver.nvidia.nvml import NvmlLibrary
