@@ -26,7 +26,7 @@ from enum import StrEnum
 from typing import Any
 
 from drasil.api.devicepool import SimulatedFabric
-from drasil.driver.objects import JsonObject, ResourceClaim
+from drasil.driver.objects import JsonObject, ResourceClaim, is_true
 
 
 class AttachState(StrEnum):
@@ -74,18 +74,11 @@ def has_binding_conditions(result: JsonObject) -> bool:
     return bool(result.get("bindingConditions"))
 
 
-def _true(entry: JsonObject | None, kind: str) -> bool:
-    return any(
-        c.get("type") == kind and c.get("status") == "True"
-        for c in (entry or {}).get("conditions") or []
-    )
-
-
 def recorded(result: JsonObject, entry: JsonObject | None) -> AttachState | None:
     """The outcome the claim already says (None: still open)."""
-    if any(_true(entry, kind) for kind in result.get("bindingFailureConditions") or []):
+    if any(is_true(entry, kind) for kind in result.get("bindingFailureConditions") or []):
         return AttachState.FAILED
-    if all(_true(entry, kind) for kind in result.get("bindingConditions") or []):
+    if all(is_true(entry, kind) for kind in result.get("bindingConditions") or []):
         return AttachState.ATTACHED
     return None
 

@@ -28,14 +28,9 @@ from drasil.api.devicepool import (
 )
 from drasil.api.quantity import QuantityError, parse_quantity
 from drasil.driver.devices import AttributeValue, Device, DeviceType, Version
-from drasil.driver.objects import JsonDict
-from drasil.driver.slices.build import (
-    OwnerRef,
-    SliceValidationError,
-    Taint,
-    TaintEffect,
-    build_slices,
-)
+from drasil.driver.objects import JsonDict, condition
+from drasil.driver.slices.build import OwnerRef, Taint, build_slices
+from drasil.driver.slices.validate import SliceValidationError, TaintEffect
 
 POOL_LABEL = "drasil.dev/devicepool"
 """Label on every slice of a DevicePool: finds them when the driver changes or the pool goes."""
@@ -201,13 +196,6 @@ def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _current_ready(status: Mapping[str, Any]) -> Mapping[str, Any]:
-    for condition in status.get("conditions") or []:
-        if condition.get("type") == READY:
-            return dict(condition)
-    return {}
-
-
 def status_patch(
     current: Mapping[str, Any] | None, wanted: PoolStatus, *, now: str
 ) -> dict[str, Any] | None:
@@ -217,22 +205,21 @@ def status_patch(
     metav1.Condition asks, so repeated reconciles do not write.
     """
     current = current or {}
-    old = _current_ready(current)
+    old = condition(current, READY)
     status = "True" if wanted.ready else "False"
-    condition: dict[str, Any] = {
+    since = old.last_transition_time if old is not None and old.status == status else ""
+    ready: dict[str, Any] = {
         "type": READY,
         "status": status,
         "reason": wanted.reason,
         "message": wanted.message[:32768],
-        "lastTransitionTime": old.get("lastTransitionTime") or now,
+        "lastTransitionTime": since or now,
     }
-    if old.get("status") != status:
-        condition["lastTransitionTime"] = now
     if wanted.generation is not None:
-        condition["observedGeneration"] = wanted.generation
+        ready["observedGeneration"] = wanted.generation
     others = [c for c in current.get("conditions") or [] if c.get("type") != READY]
     body = {
-        "conditions": [*others, condition],
+        "conditions": [*others, ready],
         "publishedSlices": list(wanted.published),
         "observedGeneration": wanted.generation,
     }

@@ -21,8 +21,8 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from drasil.controller.attach import Attach, AttachState
-from drasil.driver.kubeapi import RESOURCE_GROUP, RESOURCE_VERSION, KubeApi
-from drasil.driver.objects import ResourceClaim
+from drasil.driver.kubeapi import KubeApi
+from drasil.driver.objects import ResourceClaim, condition, conditions, meta
 
 READY_REASON = "DevicePoolDevice"
 ATTACHING = "Attaching"
@@ -50,10 +50,10 @@ def entry_key(result: Mapping[str, Any]) -> EntryKey:
 
 
 def _since(entry: Mapping[str, Any] | None, kind: str, status: str) -> str | None:
-    for condition in (entry or {}).get("conditions") or []:
-        if condition.get("type") == kind and condition.get("status") == status:
-            return str(condition.get("lastTransitionTime") or "") or None
-    return None
+    found = condition(entry, kind)
+    if found is None or found.status != status:
+        return None
+    return found.last_transition_time or None
 
 
 def _condition(
@@ -160,31 +160,12 @@ def needs_apply(
 
 def _states(entry: Mapping[str, Any]) -> set[tuple[str, str, str]]:
     """What an apply would change: condition types, statuses and reasons (not times)."""
-    return {
-        (str(c.get("type")), str(c.get("status")), str(c.get("reason")))
-        for c in entry.get("conditions") or []
-    }
+    return {(c.type, c.status, c.reason) for c in conditions(entry)}
 
 
 def apply_entries(
     api: KubeApi, claim: Mapping[str, Any], entries: Sequence[Mapping[str, Any]], *, manager: str
 ) -> None:
     """Server-side apply of ``status.devices`` holding exactly our ``entries``."""
-    meta = claim["metadata"]
-    body = {
-        "apiVersion": f"{RESOURCE_GROUP}/{RESOURCE_VERSION}",
-        "kind": "ResourceClaim",
-        "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-        "status": {"devices": list(entries)},
-    }
-    api.custom.patch_namespaced_custom_object_status(
-        RESOURCE_GROUP,
-        RESOURCE_VERSION,
-        meta["namespace"],
-        "resourceclaims",
-        meta["name"],
-        body,
-        field_manager=manager,
-        force=True,
-        _content_type="application/apply-patch+yaml",
-    )
+    m = meta(claim)
+    api.apply_claim_device_status(m.namespace, m.name, entries, manager=manager)

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from enum import Enum
-from typing import Any, cast
+from typing import Any
 
 from drasil.controller.options import LeaderElection
 from drasil.driver.kubeapi import ApiError, KubeApi
@@ -73,20 +73,7 @@ class LeaseElector:
         return max(self.config.retry_period, 1.0)
 
     def _get(self) -> dict[str, Any] | None:
-        try:
-            lease = self.api.custom.get_namespaced_custom_object(
-                GROUP,
-                VERSION,
-                self.config.namespace,
-                PLURAL,
-                self.config.name,
-                _request_timeout=self._timeout(),
-            )
-        except ApiError as err:
-            if err.status == 404:
-                return None
-            raise
-        return cast(dict[str, Any], lease)
+        return self.api.get_lease(self.config.namespace, self.config.name, timeout=self._timeout())
 
     def _spec(self, old: dict[str, Any], now: datetime) -> dict[str, Any]:
         spec = dict(old)
@@ -141,16 +128,12 @@ class LeaseElector:
             "metadata": {"name": self.config.name, "namespace": self.config.namespace},
             "spec": self._spec({}, now),
         }
-        namespace, timeout = self.config.namespace, self._timeout()
-        self.api.custom.create_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, body, _request_timeout=timeout
-        )
+        self.api.create_lease(self.config.namespace, body, timeout=self._timeout())
 
     def _replace(self, lease: dict[str, Any]) -> None:
         # The body keeps metadata.resourceVersion: a concurrent write makes this a 409.
-        namespace, name, timeout = self.config.namespace, self.config.name, self._timeout()
-        self.api.custom.replace_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, name, lease, _request_timeout=timeout
+        self.api.replace_lease(
+            self.config.namespace, self.config.name, lease, timeout=self._timeout()
         )
 
     def release(self) -> None:

@@ -25,9 +25,9 @@ import json
 import logging
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
-from drasil.api.devicepool import GROUP, PLURAL, VERSION, DevicePool, DevicePoolError
+from drasil.api.devicepool import DevicePool, DevicePoolError
 from drasil.api.devicepool import parse_devicepool as parse_pool
 from drasil.controller.devicepools import (
     POOL_LABEL,
@@ -41,8 +41,8 @@ from drasil.controller.devicepools import (
     status_patch,
 )
 from drasil.controller.metrics import ControllerMetrics
-from drasil.driver.kubeapi import RESOURCE_GROUP, RESOURCE_VERSION, ApiError, KubeApi
-from drasil.driver.objects import JsonDict
+from drasil.driver.kubeapi import ApiError, KubeApi
+from drasil.driver.objects import JsonDict, status_of
 from drasil.driver.slices.plan import PublishPlan, plan_publish
 from drasil.driver.slices.publisher import PoolPublisher
 
@@ -97,12 +97,12 @@ class PoolSync:
                 return SKIPPED
             outcome = self._publish(pool, obj, attach_failed)
         if outcome.status is not None:
-            self._write_status(name, obj.get("status"), outcome.status)
+            self._write_status(name, status_of(obj), outcome.status)
         self.metrics.pool_publishes.labels(outcome.result).inc()
         return outcome.result
 
     def _invalid(self, obj: Mapping[str, Any], reason: str, *, generation: int | None) -> Outcome:
-        kept = list((obj.get("status") or {}).get("publishedSlices") or [])
+        kept = list(status_of(obj).get("publishedSlices") or [])
         suffix = "; the previously published slices are kept" if kept else ""
         status = PoolStatus(False, "InvalidSpec", reason + suffix, tuple(kept), generation)
         return Outcome("invalid", status)
@@ -142,7 +142,7 @@ class PoolSync:
         writes = [(obj, True) for obj in plan.creates] + [(obj, False) for obj in plan.updates]
         for obj, create in writes:
             try:
-                self._dry_write(obj, create=create)
+                self.api.dry_run_slice(obj, create=create)
             except ApiError as err:
                 if err.status == 422:
                     name = obj["metadata"]["name"]
@@ -150,18 +150,6 @@ class PoolSync:
                 if err.status not in (404, 409):  # races are the publisher's to resolve
                     raise
         return None
-
-    def _dry_write(self, obj: JsonDict, *, create: bool) -> None:
-        group, version, plural = RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices"
-        if create:
-            self.api.custom.create_cluster_custom_object(
-                group, version, plural, dict(obj), dry_run="All"
-            )
-        else:
-            name = str(obj["metadata"]["name"])
-            self.api.custom.replace_cluster_custom_object(
-                group, version, plural, name, dict(obj), dry_run="All"
-            )
 
     def _apply(self, pool: str, desired: Sequence[JsonDict]) -> str | None:
         publisher = PoolPublisher(
@@ -179,14 +167,11 @@ class PoolSync:
 
     def labelled_slices(self, name: str) -> list[JsonDict]:
         """Every slice of our driver this DevicePool published."""
-        result = self.api.custom.list_cluster_custom_object(
-            RESOURCE_GROUP,
-            RESOURCE_VERSION,
+        return self.api.list_resources(
             "resourceslices",
             label_selector=f"{POOL_LABEL}={name}",
             field_selector=f"spec.driver={self.driver}",
         )
-        return list(cast(Mapping[str, Any], result).get("items") or [])
 
     def remove(self, name: str) -> int:
         """The DevicePool is gone or no longer ours: delete our slices of it now."""
@@ -216,11 +201,8 @@ class PoolSync:
         )
         if patch is None:
             return
-        try:
-            self.api.custom.patch_cluster_custom_object_status(GROUP, VERSION, PLURAL, name, patch)
-        except ApiError as err:
-            if err.status != 404:  # deleted meanwhile: nothing to report on
-                raise
+        if not self.api.patch_devicepool_status(name, patch):
+            return  # deleted meanwhile: nothing to report on
         log.info(
             "DevicePool status",
             extra={

@@ -3,8 +3,13 @@
 Nothing here is written to the objects themselves (docs/design.md#decisions: no kopf annotations,
 finalizers or status on objects we do not own): claims, Pods, slices, classes,
 DeviceTaintRules and DevicePools live in plain dicts, replaced on every event and
-dropped on deletion. Pods are reduced to the claims they use, which is all the
-controller needs of them. Readers on worker threads get copies under the lock.
+dropped on deletion. Readers on worker threads get copies under the lock.
+
+Memory follows what the controller needs, not what the cluster holds: a claim is
+kept as ``kept_claim`` (its name, uid, deletion, and what the driver was allocated:
+no spec, no other drivers' results, no managedFields), and an index of the
+unallocated ones with the classes they ask for lets the tick walk only those. Pods
+are reduced to the claims they use. Other objects are kept without managedFields.
 """
 
 from __future__ import annotations
@@ -16,7 +21,16 @@ from dataclasses import dataclass, field
 
 from drasil.controller.events import ObjectRef
 from drasil.driver.explain.inventory import is_driver_class, request_classes
-from drasil.driver.objects import JsonObject, ResourceClaim, meta
+from drasil.driver.objects import (
+    JsonDict,
+    JsonObject,
+    Pod,
+    ResourceClaim,
+    ResourceSlice,
+    mapping,
+    meta,
+    text,
+)
 
 Key = tuple[str, str]  # namespace, name
 
@@ -31,13 +45,48 @@ def _allocated_pools(claim: JsonObject) -> set[tuple[str, str]]:
     return {(str(r.get("driver", "")), str(r.get("pool", ""))) for r in results}
 
 
-def _unallocated_of(claim: ResourceClaim, classes: set[str]) -> bool:
-    """Not allocated, not being deleted, and asking for one of ``classes``."""
-    return (
-        not claim.allocated
-        and not claim.meta.deletion_timestamp
-        and bool(request_classes(claim.spec) & classes)
-    )
+def without_managed_fields(obj: JsonObject) -> JsonObject:
+    """``obj`` without ``metadata.managedFields`` (often half an object's size)."""
+    metadata = obj.get("metadata")
+    if not isinstance(metadata, Mapping) or "managedFields" not in metadata:
+        return obj
+    kept = {k: v for k, v in metadata.items() if k != "managedFields"}
+    return {**obj, "metadata": kept}
+
+
+def kept_claim(obj: JsonObject, *, driver: str) -> JsonDict:
+    """What the controller keeps of a claim: what the usage of devices (explanations),
+    ``status.devices`` and the attaches read. A pending claim is explained from a
+    fresh read of the API server, so its spec is not kept."""
+    claim = ResourceClaim(obj)
+    m = claim.meta
+    metadata: JsonDict = {"name": m.name, "namespace": m.namespace, "uid": m.uid}
+    if m.deletion_timestamp:
+        metadata["deletionTimestamp"] = m.deletion_timestamp
+    kept: JsonDict = {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind")}
+    kept["metadata"] = metadata
+    status: JsonDict = {}
+    if claim.allocated:
+        allocation: JsonDict = {"devices": {"results": list(claim.results(driver))}}
+        if claim.node_selector:
+            allocation["nodeSelector"] = claim.node_selector
+        if claim.allocation_timestamp:
+            allocation["allocationTimestamp"] = claim.allocation_timestamp
+        status["allocation"] = allocation
+    ours = [entry for entry in claim.devices if entry.get("driver") == driver]
+    if ours:
+        status["devices"] = ours
+    if status:
+        kept["status"] = status
+    return kept
+
+
+@dataclass(frozen=True, slots=True)
+class Unallocated:
+    """A claim the scheduler has yet to allocate, and the DeviceClasses it asks for."""
+
+    uid: str
+    classes: frozenset[str]
 
 
 @dataclass(frozen=True)
@@ -58,31 +107,24 @@ class PodRef:
     direct: frozenset[str] = frozenset()
 
     @classmethod
-    def of(cls, pod: JsonObject) -> PodRef | None:
+    def of(cls, obj: JsonObject) -> PodRef | None:
         """None for a Pod that uses no ResourceClaim."""
-        spec, status, m = pod.get("spec") or {}, pod.get("status") or {}, meta(pod)
-        entries = spec.get("resourceClaims") or []
+        pod = Pod(obj)
+        entries = pod.resource_claims
         if not entries:
             return None
-        direct = {str(e["resourceClaimName"]) for e in entries if e.get("resourceClaimName")}
-        claims = direct | {
-            str(s["resourceClaimName"])
-            for s in status.get("resourceClaimStatuses") or []
-            if s.get("resourceClaimName")
-        }
-        templates = {
-            str(e["resourceClaimTemplateName"])
-            for e in entries
-            if e.get("resourceClaimTemplateName")
-        }
-        waiting = not spec.get("nodeName") and not m.deletion_timestamp
+        direct = {text(e.get("resourceClaimName")) for e in entries} - {""}
+        made = {text(s.get("resourceClaimName")) for s in pod.claim_statuses} - {""}
+        templates = {text(e.get("resourceClaimTemplateName")) for e in entries} - {""}
+        m = pod.meta
+        waiting = not pod.node_name and not m.deletion_timestamp
         return cls(
             namespace=m.namespace,
             name=m.name,
             uid=m.uid,
-            claims=frozenset(claims),
+            claims=frozenset(direct | made),
             templates=frozenset(templates),
-            waiting=waiting and status.get("phase", "Pending") == "Pending",
+            waiting=waiting and (pod.phase or "Pending") == "Pending",
             direct=frozenset(direct),
         )
 
@@ -104,7 +146,8 @@ class ClusterView:
     def __init__(self, *, driver: str) -> None:
         self.driver = driver
         self._lock = threading.Lock()
-        self._claims: dict[Key, JsonObject] = {}
+        self._claims: dict[Key, JsonObject] = {}  # kept_claim of each
+        self._unallocated: dict[Key, Unallocated] = {}
         self._pods: dict[str, PodRef] = {}
         self._by_claim: dict[Key, set[str]] = defaultdict(set)
         self._by_template: dict[Key, set[str]] = defaultdict(set)
@@ -117,23 +160,32 @@ class ClusterView:
     # ---- claims -------------------------------------------------------------------
 
     def put_claim(self, claim: JsonObject) -> None:
+        key, kept, view = key_of(claim), kept_claim(claim, driver=self.driver), ResourceClaim(claim)
+        pending = not view.allocated and not view.meta.deletion_timestamp
+        classes = frozenset(request_classes(view.spec)) if pending else frozenset()
         with self._lock:
-            self._claims[key_of(claim)] = claim
+            self._claims[key] = kept
+            if classes:
+                self._unallocated[key] = Unallocated(view.meta.uid, classes)
+            else:
+                self._unallocated.pop(key, None)
 
     def drop_claim(self, claim: JsonObject) -> None:
+        key = key_of(claim)
         with self._lock:
-            self._claims.pop(key_of(claim), None)
+            self._claims.pop(key, None)
+            self._unallocated.pop(key, None)
 
     def claim(self, key: Key) -> JsonObject | None:
         with self._lock:
             return self._claims.get(key)
 
-    def unallocated_claims(self) -> list[JsonObject]:
-        """Claims without an allocation that use a DeviceClass of the driver."""
+    def unallocated_claims(self) -> list[tuple[str, Key]]:
+        """(uid, key) of the claims without an allocation, not being deleted, that ask
+        for a DeviceClass of the driver: only those are walked, not every claim."""
         with self._lock:
             classes = self._driver_classes()
-            claims = list(self._claims.values())
-        return [c for c in claims if _unallocated_of(ResourceClaim(c), classes)]
+            return [(u.uid, key) for key, u in self._unallocated.items() if u.classes & classes]
 
     def claims_allocated_from(self, pool: str) -> list[JsonObject]:
         """Claims with a result of the driver from ``pool``."""
@@ -181,16 +233,13 @@ class ClusterView:
     # ---- slices, classes, pools ---------------------------------------------------
 
     def put_slice(self, obj: JsonObject) -> None:
-        spec = obj.get("spec") or {}
-        if spec.get("driver") != self.driver:
+        view = ResourceSlice(obj)
+        if view.driver != self.driver:
             return
-        name = meta(obj).name
-        devices = spec.get("devices")
-        sharing = isinstance(devices, list) and any(
-            isinstance(d, Mapping) and d.get("allowMultipleAllocations") is True for d in devices
-        )
+        name = view.meta.name
+        sharing = any(d.get("allowMultipleAllocations") is True for d in view.devices)
         with self._lock:
-            self._slices[name] = obj
+            self._slices[name] = without_managed_fields(obj)
             if sharing:
                 self._sharing_slices.add(name)
             else:
@@ -211,7 +260,7 @@ class ClusterView:
 
     def put_class(self, obj: JsonObject) -> None:
         with self._lock:
-            self._classes[meta(obj).name] = obj
+            self._classes[meta(obj).name] = without_managed_fields(obj)
 
     def drop_class(self, obj: JsonObject) -> None:
         with self._lock:
@@ -223,7 +272,7 @@ class ClusterView:
     def put_taint_rule(self, obj: JsonObject) -> None:
         # Cluster-scoped and few; kept whole, since matching needs only their spec.
         with self._lock:
-            self._taint_rules[meta(obj).name] = obj
+            self._taint_rules[meta(obj).name] = without_managed_fields(obj)
 
     def drop_taint_rule(self, obj: JsonObject) -> None:
         with self._lock:
@@ -231,7 +280,7 @@ class ClusterView:
 
     def put_pool(self, obj: JsonObject) -> None:
         with self._lock:
-            self._pools[meta(obj).name] = obj
+            self._pools[meta(obj).name] = without_managed_fields(obj)
 
     def drop_pool(self, obj: JsonObject) -> None:
         with self._lock:
@@ -248,7 +297,7 @@ class ClusterView:
         return {
             meta(p).name
             for p in pools
-            if ((p.get("spec") or {}).get("driver") or self.driver) == self.driver
+            if (text(mapping(p.get("spec")).get("driver")) or self.driver) == self.driver
         }
 
     def explain_snapshot(self) -> ExplainSnapshot:

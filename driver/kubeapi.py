@@ -14,7 +14,7 @@ import logging
 import re
 import ssl
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final, TypeAlias, cast
 from urllib.parse import urlencode
@@ -24,6 +24,9 @@ from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config import ConfigException
 
+from drasil.api.devicepool import GROUP as DEVICEPOOL_GROUP
+from drasil.api.devicepool import PLURAL as DEVICEPOOL_PLURAL
+from drasil.api.devicepool import VERSION as DEVICEPOOL_VERSION
 from drasil.driver.apierrors import ApiUnavailable, ConflictError, InvalidName
 from drasil.driver.keptalive import KeptAliveGets
 from drasil.driver.objects import JsonDict
@@ -42,6 +45,13 @@ KubeconfigError = ConfigException
 
 RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_VERSION = "v1"
+LEASE_API: Final = ("coordination.k8s.io", "v1", "leases")
+
+
+def _leases(namespace: str) -> tuple[str, str, str, str]:
+    """The custom-objects API's (group, version, namespace, plural) of Leases."""
+    group, version, plural = LEASE_API
+    return group, version, namespace, plural
 
 
 API_TIMEOUT: Final = (5.0, 20.0)
@@ -155,8 +165,10 @@ class KubeApi:
             read_timeout=API_TIMEOUT[1],
         )
         self._gets = gets if gets.usable else None
-        self.custom = client.CustomObjectsApi(api_client)
-        self.core = client.CoreV1Api(api_client)
+        # The generated clients stay inside: callers get typed methods, so every call
+        # drasil makes is listed here (and its timeout is ``with_timeouts``').
+        self._custom = client.CustomObjectsApi(api_client)
+        self._core = client.CoreV1Api(api_client)
 
     # ---- ResourceClaims ---------------------------------------------------------
 
@@ -220,7 +232,7 @@ class KubeApi:
 
     def list_slices(self, *, driver: str, pool: str) -> list[JsonDict]:
         """The slices of one pool of one driver (field selectors, server-side)."""
-        result = self.custom.list_cluster_custom_object(
+        result = self._custom.list_cluster_custom_object(
             RESOURCE_GROUP,
             RESOURCE_VERSION,
             "resourceslices",
@@ -232,7 +244,7 @@ class KubeApi:
         """Event types (ADDED, MODIFIED, DELETED) of the selected slices, until the
         server ends the watch after about ``timeout_seconds``."""
         stream = watch.Watch().stream(  # type: ignore[no-untyped-call]
-            self.custom.list_cluster_custom_object,
+            self._custom.list_cluster_custom_object,
             RESOURCE_GROUP,
             RESOURCE_VERSION,
             "resourceslices",
@@ -246,7 +258,7 @@ class KubeApi:
 
     def create_slice(self, obj: Mapping[str, Any]) -> JsonDict:
         return self._write(
-            lambda: self.custom.create_cluster_custom_object(
+            lambda: self._custom.create_cluster_custom_object(
                 RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices", dict(obj)
             )
         )
@@ -255,7 +267,7 @@ class KubeApi:
         """PUT with the resourceVersion the planner copied in: fails on a concurrent write."""
         name = obj["metadata"]["name"]
         return self._write(
-            lambda: self.custom.replace_cluster_custom_object(
+            lambda: self._custom.replace_cluster_custom_object(
                 RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices", name, dict(obj)
             )
         )
@@ -265,7 +277,7 @@ class KubeApi:
             preconditions=client.V1Preconditions(uid=uid, resource_version=resource_version)
         )
         try:
-            self.custom.delete_cluster_custom_object(
+            self._custom.delete_cluster_custom_object(
                 RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices", name, body=body
             )
         except ApiException as err:
@@ -274,6 +286,97 @@ class KubeApi:
             if err.status in (409, 412):
                 raise ConflictError(f"ResourceSlice {name} changed: {err.reason}") from err
             raise
+
+    def dry_run_slice(self, obj: Mapping[str, Any], *, create: bool) -> None:
+        """Create (or replace) the slice as a server-side dry run: ``ApiError`` 422
+        says what the API server would reject, and nothing is written."""
+        group, version, plural = RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices"
+        if create:
+            self._custom.create_cluster_custom_object(
+                group, version, plural, dict(obj), dry_run="All"
+            )
+            return
+        name = str(obj["metadata"]["name"])
+        self._custom.replace_cluster_custom_object(
+            group, version, plural, name, dict(obj), dry_run="All"
+        )
+
+    # ---- resource.k8s.io lists and claim status ---------------------------------
+
+    def list_resources(
+        self, plural: str, *, field_selector: str = "", label_selector: str = ""
+    ) -> list[JsonDict]:
+        """Every object of a cluster-wide list of resource.k8s.io/v1 (``plural``:
+        ``resourceslices``, ``resourceclaims``, ``deviceclasses``, ...)."""
+        result = self._custom.list_cluster_custom_object(
+            RESOURCE_GROUP,
+            RESOURCE_VERSION,
+            plural,
+            field_selector=field_selector or None,
+            label_selector=label_selector or None,
+        )
+        return list(cast(JsonDict, result).get("items") or [])
+
+    def apply_claim_device_status(
+        self, namespace: str, name: str, entries: Sequence[Mapping[str, Any]], *, manager: str
+    ) -> None:
+        """Server-side apply of the claim's ``status.devices`` holding exactly
+        ``entries`` under field manager ``manager`` (other writers' entries stay)."""
+        body = {
+            "apiVersion": f"{RESOURCE_GROUP}/{RESOURCE_VERSION}",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "status": {"devices": list(entries)},
+        }
+        self._custom.patch_namespaced_custom_object_status(
+            RESOURCE_GROUP,
+            RESOURCE_VERSION,
+            namespace,
+            "resourceclaims",
+            name,
+            body,
+            field_manager=manager,
+            force=True,
+            _content_type="application/apply-patch+yaml",
+        )
+
+    # ---- DevicePools (drasil.dev/v1alpha1) --------------------------------------
+
+    def patch_devicepool_status(self, name: str, patch: Mapping[str, Any]) -> bool:
+        """Merge-patch a DevicePool's status; False when the pool is gone."""
+        try:
+            self._custom.patch_cluster_custom_object_status(
+                DEVICEPOOL_GROUP, DEVICEPOOL_VERSION, DEVICEPOOL_PLURAL, name, dict(patch)
+            )
+        except ApiException as err:
+            _or_none(err)
+            return False
+        return True
+
+    # ---- Leases (coordination.k8s.io/v1) ----------------------------------------
+
+    def get_lease(self, namespace: str, name: str, *, timeout: float) -> JsonDict | None:
+        try:
+            lease = self._custom.get_namespaced_custom_object(
+                *_leases(namespace), name, _request_timeout=timeout
+            )
+        except ApiException as err:
+            _or_none(err)
+            return None
+        return cast(JsonDict, lease)
+
+    def create_lease(self, namespace: str, body: Mapping[str, Any], *, timeout: float) -> None:
+        self._custom.create_namespaced_custom_object(
+            *_leases(namespace), dict(body), _request_timeout=timeout
+        )
+
+    def replace_lease(
+        self, namespace: str, name: str, body: Mapping[str, Any], *, timeout: float
+    ) -> None:
+        """PUT with the body's resourceVersion: a concurrent write is ``ApiError`` 409."""
+        self._custom.replace_namespaced_custom_object(
+            *_leases(namespace), name, dict(body), _request_timeout=timeout
+        )
 
     def _write(self, call: Any) -> JsonDict:
         try:
@@ -314,7 +417,7 @@ class KubeApi:
 
     def get_node_uid(self, name: str) -> str | None:
         try:
-            node = self.core.read_node(name)
+            node = self._core.read_node(name)
         except ApiException as err:
             _or_none(err)
             return None
@@ -323,7 +426,7 @@ class KubeApi:
     def get_node_labels(self, name: str) -> dict[str, str] | None:
         """The Node's labels, or None when there is no such Node."""
         try:
-            node = self.core.read_node(name)
+            node = self._core.read_node(name)
         except ApiException as err:
             _or_none(err)
             return None
@@ -353,7 +456,7 @@ class KubeApi:
             count=1,
         )
         try:
-            self.core.create_namespaced_event(namespace, event)
+            self._core.create_namespaced_event(namespace, event)
         except ApiException as err:  # events are best effort; never fail the caller
             log.warning("could not post event", extra={"reason": reason, "error": str(err)})
 

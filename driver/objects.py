@@ -1,5 +1,6 @@
 """Kubernetes objects as the API server's JSON: the one set of type aliases, and
-read-only views of object metadata and ResourceClaims.
+read-only views of object metadata, conditions, ResourceClaims, Pods, ResourceSlices,
+DeviceClasses and any object's status.
 
 Everything drasil reads from the API server stays plain JSON (docs/design.md#decisions:
 typed models drop fields they do not know). The views here only spare every reader
@@ -84,6 +85,53 @@ def meta(obj: JsonObject) -> ObjectMeta:
         labels=mapping(raw.get("labels")),
         annotations=mapping(raw.get("annotations")),
     )
+
+
+def status_of(obj: JsonObject) -> JsonObject:
+    """``status`` of any object (a DevicePool, a Node); empty when absent or malformed."""
+    return mapping(obj.get("status"))
+
+
+# --- conditions --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """One ``metav1.Condition`` (or a Pod's condition) as written."""
+
+    type: str
+    status: str
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str = ""
+
+    @property
+    def true(self) -> bool:
+        return self.status == "True"
+
+
+def conditions(obj: JsonObject) -> tuple[Condition, ...]:
+    """``obj["conditions"]`` (a status, a status.devices entry), malformed ones left out."""
+    return tuple(
+        Condition(
+            type=text(c.get("type")),
+            status=text(c.get("status")),
+            reason=text(c.get("reason")),
+            message=text(c.get("message")),
+            last_transition_time=text(c.get("lastTransitionTime")),
+        )
+        for c in objects(obj.get("conditions"))
+    )
+
+
+def condition(obj: JsonObject | None, kind: str) -> Condition | None:
+    """The condition of type ``kind`` in ``obj`` (None: no such condition)."""
+    return next((c for c in conditions(obj or _EMPTY) if c.type == kind), None)
+
+
+def is_true(obj: JsonObject | None, kind: str) -> bool:
+    found = condition(obj, kind)
+    return found is not None and found.true
 
 
 # --- ResourceClaims ----------------------------------------------------------------
@@ -173,3 +221,115 @@ class ResourceClaim:
     def devices(self) -> tuple[JsonObject, ...]:
         """``status.devices``: the drivers' per-device entries (conditions, data)."""
         return objects(self.status.get("devices"))
+
+
+# --- Pods --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    """A read-only view of one Pod's JSON: the parts about scheduling and claims."""
+
+    obj: JsonObject
+
+    @property
+    def meta(self) -> ObjectMeta:
+        return meta(self.obj)
+
+    @property
+    def spec(self) -> JsonObject:
+        return mapping(self.obj.get("spec"))
+
+    @property
+    def status(self) -> JsonObject:
+        return mapping(self.obj.get("status"))
+
+    @property
+    def node_name(self) -> str:
+        """``spec.nodeName``: "" until the Pod is bound."""
+        return text(self.spec.get("nodeName"))
+
+    @property
+    def phase(self) -> str:
+        return text(self.status.get("phase"))
+
+    @property
+    def conditions(self) -> tuple[Condition, ...]:
+        return conditions(self.status)
+
+    @property
+    def container_statuses(self) -> tuple[JsonObject, ...]:
+        return objects(self.status.get("containerStatuses"))
+
+    @property
+    def resource_claims(self) -> tuple[JsonObject, ...]:
+        """``spec.resourceClaims``: the claims the Pod names or has made from templates."""
+        return objects(self.spec.get("resourceClaims"))
+
+    @property
+    def claim_statuses(self) -> tuple[JsonObject, ...]:
+        """``status.resourceClaimStatuses``: the names of the claims made for it."""
+        return objects(self.status.get("resourceClaimStatuses"))
+
+
+# --- ResourceSlices and DeviceClasses ----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceSlice:
+    """A read-only view of one ResourceSlice's JSON."""
+
+    obj: JsonObject
+
+    @property
+    def meta(self) -> ObjectMeta:
+        return meta(self.obj)
+
+    @property
+    def spec(self) -> JsonObject:
+        return mapping(self.obj.get("spec"))
+
+    @property
+    def driver(self) -> str:
+        return text(self.spec.get("driver"))
+
+    @property
+    def pool(self) -> str:
+        """``spec.pool.name``."""
+        return text(mapping(self.spec.get("pool")).get("name"))
+
+    @property
+    def node_name(self) -> str:
+        return text(self.spec.get("nodeName"))
+
+    @property
+    def devices(self) -> tuple[JsonObject, ...]:
+        return objects(self.spec.get("devices"))
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceClass:
+    """A read-only view of one DeviceClass's JSON."""
+
+    obj: JsonObject
+
+    @property
+    def meta(self) -> ObjectMeta:
+        return meta(self.obj)
+
+    @property
+    def spec(self) -> JsonObject:
+        return mapping(self.obj.get("spec"))
+
+    @property
+    def expressions(self) -> tuple[str, ...]:
+        """The CEL expressions of ``spec.selectors``."""
+        return tuple(
+            text(mapping(s.get("cel")).get("expression"))
+            for s in objects(self.spec.get("selectors"))
+        )
+
+    @property
+    def config(self) -> tuple[JsonObject, ...]:
+        """``spec.config``: the class's opaque configs."""
+        return objects(self.spec.get("config"))

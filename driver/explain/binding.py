@@ -17,7 +17,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from drasil.driver.objects import JsonObject, ResourceClaim
+from drasil.driver.objects import JsonObject, ResourceClaim, condition, is_true
 
 
 def _time(text: Any) -> float | None:
@@ -37,13 +37,6 @@ def _entry(claim: ResourceClaim, result: JsonObject) -> JsonObject:
     return {}
 
 
-def _condition(entry: JsonObject, kind: str) -> JsonObject:
-    for condition in entry.get("conditions") or []:
-        if condition.get("type") == kind:
-            return dict(condition)
-    return {}
-
-
 def _since(claim: ResourceClaim, entry: JsonObject) -> float | None:
     started = _time(claim.allocation_timestamp)
     if started is not None:
@@ -56,12 +49,12 @@ def _since(claim: ResourceClaim, entry: JsonObject) -> float | None:
 def _one(claim: ResourceClaim, result: JsonObject, now: float) -> str | None:
     entry, device = _entry(claim, result), f"{result.get('pool')}/{result.get('device')}"
     for kind in result.get("bindingFailureConditions") or []:
-        failed = _condition(entry, str(kind))
-        if failed.get("status") == "True":
-            reason, message = failed.get("reason") or kind, failed.get("message") or ""
+        failed = condition(entry, str(kind))
+        if failed is not None and failed.true:
+            reason, message = failed.reason or kind, failed.message
             return f"attach of {device} failed: {reason}" + (f": {message}" if message else "")
     kinds = [str(k) for k in result.get("bindingConditions") or []]
-    if all(_condition(entry, k).get("status") == "True" for k in kinds):
+    if all(is_true(entry, k) for k in kinds):
         return None
     since = _since(claim, entry)
     waited = f" ({max(0, round(now - since))} s)" if since is not None else ""

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
 
 from drasil.driver.explain.claims import ClaimExplanation, explain_claim
-from drasil.driver.kubeapi import RESOURCE_GROUP, RESOURCE_VERSION, ApiError, KubeApi
-from drasil.driver.objects import JsonObject
+from drasil.driver.kubeapi import ApiError, KubeApi
+from drasil.driver.objects import JsonObject, Pod
 
 
 @dataclass(frozen=True)
@@ -29,10 +28,7 @@ class ClaimNotFound(LookupError):
 
 
 def _list(api: KubeApi, plural: str, *, field_selector: str = "") -> list[JsonObject]:
-    result = api.custom.list_cluster_custom_object(
-        RESOURCE_GROUP, RESOURCE_VERSION, plural, field_selector=field_selector or None
-    )
-    return list(cast(Mapping[str, Any], result).get("items") or [])
+    return list(api.list_resources(plural, field_selector=field_selector))
 
 
 def list_taint_rules(api: KubeApi) -> list[JsonObject]:
@@ -78,10 +74,10 @@ def unbound_pods(api: KubeApi, namespace: str) -> list[JsonObject]:
 
 def waits_for(pod: JsonObject, claim_name: str) -> bool:
     """Whether ``pod`` is not yet scheduled and uses the claim ``claim_name``."""
-    spec, status = pod.get("spec") or {}, pod.get("status") or {}
-    if spec.get("nodeName"):
+    view = Pod(pod)
+    if view.node_name:
         return False
-    entries = [*(spec.get("resourceClaims") or []), *(status.get("resourceClaimStatuses") or [])]
+    entries = [*view.resource_claims, *view.claim_statuses]
     return any(e.get("resourceClaimName") == claim_name for e in entries)
 
 

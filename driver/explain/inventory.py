@@ -17,7 +17,7 @@ from typing import Any, cast
 
 from drasil.api.quantity import QuantityError, format_bytes, parse_quantity
 from drasil.driver.cel.selectors import CelDevice, CelDeviceCache
-from drasil.driver.objects import JsonObject, ResourceClaim, meta
+from drasil.driver.objects import DeviceClass, JsonObject, ResourceClaim, mapping, meta, objects
 
 DeviceKey = tuple[str, str]  # (pool, device) within one driver
 SetKey = tuple[str, str]  # (pool, counter set) within one driver
@@ -192,21 +192,17 @@ def is_driver_class(device_class: JsonObject, driver: str) -> bool:
     Classes name their driver in a selector (``device.driver == "gpu.drasil.dev"`` or
     ``device.attributes["gpu.drasil.dev"]...``) or in an opaque config entry.
     """
-    spec = object_spec(device_class)
+    view = DeviceClass(device_class)
     quoted = (f'"{driver}"', f"'{driver}'")
-    for selector in spec.get("selectors") or []:
-        expression = str((selector.get("cel") or {}).get("expression", ""))
-        if any(q in expression for q in quoted):
-            return True
-    return any(
-        ((entry.get("opaque") or {}).get("driver")) == driver for entry in spec.get("config") or []
-    )
+    if any(q in expression for expression in view.expressions for q in quoted):
+        return True
+    return any(mapping(entry.get("opaque")).get("driver") == driver for entry in view.config)
 
 
 def request_classes(claim_spec: JsonObject) -> set[str]:
     """The DeviceClass names a claim spec (``spec`` of a claim) uses."""
     names: set[str] = set()
-    for request in (claim_spec.get("devices") or {}).get("requests") or []:
+    for request in objects(mapping(claim_spec.get("devices")).get("requests")):
         exactly = request.get("exactly")
         if exactly and exactly.get("deviceClassName"):
             names.add(str(exactly["deviceClassName"]))

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Final, Protocol, TypeVar
 
 from drasil.driver.kubeapi import ApiError, KubeApi
+from drasil.driver.objects import Pod
 from drasil.kubeletplugin.dra.mps import PID_FILE, DaemonSpot, Launched, MpsError, read_pid
 from drasil.kubeletplugin.options import MPS_DAEMON_CONTAINER_FIELDS, MPS_DAEMON_POD_FIELDS
 
@@ -220,17 +221,17 @@ def daemon_pod(
 def describe(pod: Mapping[str, Any]) -> str:
     """What a person needs to see why a daemon Pod is not running: its phase, its
     container's state, the conditions that are not true (e.g. not scheduled)."""
-    status = pod.get("status") or {}
-    parts = [f"phase {status.get('phase') or 'unknown'}"]
-    for container in status.get("containerStatuses") or []:
+    view = Pod(pod)
+    parts = [f"phase {view.phase or 'unknown'}"]
+    for container in view.container_statuses:
         for state, detail in (container.get("state") or {}).items():
             if not detail:
                 continue
             said = [str(detail[key]) for key in ("reason", "exitCode", "message") if key in detail]
             parts.append(f"container {state}" + (f": {' '.join(said)}" if said else ""))
-    for condition in status.get("conditions") or []:
-        if condition.get("status") != "True" and condition.get("message"):
-            parts.append(f"{condition.get('type')}: {condition['message']}")
+    for condition in view.conditions:
+        if not condition.true and condition.message:
+            parts.append(f"{condition.type}: {condition.message}")
     return "; ".join(parts)
 
 
@@ -277,7 +278,7 @@ class PodLauncher:
         if pod is None:
             return None
         uid = str(pod["metadata"]["uid"])
-        phase = (pod.get("status") or {}).get("phase")
+        phase = Pod(pod).phase
         if pod["metadata"].get("deletionTimestamp") or phase in _FINISHED:
             log.info(
                 "MPS daemon Pod ended; replacing it",
@@ -301,7 +302,7 @@ class PodLauncher:
             pod is not None
             and pod["metadata"].get("uid") == launched.pod_uid
             and not pod["metadata"].get("deletionTimestamp")
-            and (pod.get("status") or {}).get("phase") == "Running"
+            and Pod(pod).phase == "Running"
         )
 
     def end(self, spot: DaemonSpot, launched: Launched) -> None:
@@ -343,7 +344,7 @@ class PodLauncher:
             pod = self._get(name)
             if pod is None or pod["metadata"].get("uid") != uid:
                 raise MpsError(f"MPS daemon Pod {self.ns}/{name} of GPU {spot.gpu_uuid} vanished")
-            phase = (pod.get("status") or {}).get("phase")
+            phase = Pod(pod).phase
             if phase in _FINISHED:
                 raise MpsError(
                     f"MPS daemon Pod {self.ns}/{name} of GPU {spot.gpu_uuid} ended: "
@@ -366,7 +367,7 @@ class PodLauncher:
             pod = self._get(name)
             if pod is None or pod["metadata"].get("uid") != uid:
                 return
-            if (pod.get("status") or {}).get("phase") in _FINISHED:
+            if Pod(pod).phase in _FINISHED:
                 return
             time.sleep(self.poll)
         log.warning("MPS daemon Pod did not quit; deleting it", extra={"pod": name})

@@ -84,7 +84,7 @@ def test_mps_for_a_gpu_of_a_cluster_without_consumable_gpus_is_an_event(
     c = controller(monkeypatch, posted)
     c.view.put_slice(gpu_slice("node-a", shared=False))
 
-    assert c.check_configs(claim("GpuConfig")) == [MPS_ON_A_WHOLE_GPU]
+    assert c.configs.check(claim("GpuConfig")) == [MPS_ON_A_WHOLE_GPU]
     assert [(e["involved"]["kind"], e["reason"]) for e in posted] == [
         ("ResourceClaim", "InvalidDeviceConfig"),
         ("Pod", "InvalidDeviceConfig"),
@@ -99,10 +99,10 @@ def test_mps_for_a_gpu_is_left_to_prepare_where_a_gpu_may_be_a_share(
     posted: list[dict[str, Any]] = []
     c = controller(monkeypatch, posted)
     # No slice of the driver seen yet (the controller just started): nothing is known.
-    assert c.check_configs(claim("GpuConfig")) == []
+    assert c.configs.check(claim("GpuConfig")) == []
     c.view.put_slice(gpu_slice("node-a", shared=False))
     c.view.put_slice(gpu_slice("node-b", shared=True))
-    assert c.check_configs(claim("GpuConfig")) == []
+    assert c.configs.check(claim("GpuConfig")) == []
     assert posted == []
 
 
@@ -113,13 +113,13 @@ def test_mps_for_a_mig_device_is_an_event_whatever_the_cluster_has(
     c = controller(monkeypatch, posted)
     c.view.put_slice(gpu_slice("node-b", shared=True))
 
-    (problem,) = c.check_configs(claim("MigDeviceConfig"))
+    (problem,) = c.configs.check(claim("MigDeviceConfig"))
     assert problem.startswith(
         'spec.devices.config[0].opaque.parameters.sharing.strategy: unsupported value "MPS" '
         "for a MIG device: drasil runs no MPS daemon for one yet"
     )
     assert not problem.endswith("no GPU in this cluster is consumable")
-    assert c.check_configs(claim("MigDeviceConfig", "TimeSlicing")) == []
+    assert c.configs.check(claim("MigDeviceConfig", "TimeSlicing")) == []
 
 
 def test_the_view_knows_whether_a_gpu_may_be_shared() -> None:

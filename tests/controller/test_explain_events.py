@@ -99,7 +99,7 @@ def test_the_unsatisfiable_event_names_counters_and_their_holder(
     monkeypatch.setattr(controller.api, "list_nodes", lambda: None)
     monkeypatch.setattr(controller.api, "post_event", lambda **event: posted.append(event))
 
-    message = controller.explain(("team-a", "job"))
+    message = controller.explanations.explain(("team-a", "job"))
 
     assert message == (
         'request "mig": 3 devices of gpu.drasil.dev; 3 pass class gpu.drasil.dev; '

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from test_explain_events import CLASS, DRIVER, _controller
 
-from drasil.controller import controller as controller_module
 from drasil.controller.events import UNSATISFIABLE
+from drasil.driver.explain.claims import prepare_fleet
 
 PENDING = 6
 
@@ -65,14 +65,15 @@ def test_one_round_explains_every_due_claim_from_one_fleet(
     monkeypatch.setattr(controller.api, "list_nodes", lambda: None)
     monkeypatch.setattr(controller.api, "post_event", lambda **event: posted.append(event))
     built: list[int] = []
-    prepare = controller_module.prepare_fleet
 
     def counting_prepare(**kwargs: Any) -> Any:
         built.append(1)
-        return prepare(**kwargs)
+        return prepare_fleet(**kwargs)
 
-    monkeypatch.setattr(controller_module, "prepare_fleet", counting_prepare)
-    explain_after = controller.options.explain_after
+    monkeypatch.setattr(
+        "drasil.controller.reconcilers.explanations.prepare_fleet", counting_prepare
+    )
+    explain_after = controller.explanations.pending.explain_after
 
     asyncio.run(controller.tick(0.0))  # the clocks start
     asyncio.run(controller.tick(explain_after))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drasil.controller.state import ClusterView, PodRef
+from drasil.controller.state import ClusterView, PodRef, kept_claim, without_managed_fields
 
 DRIVER = "gpu.drasil.dev"
 OUR_CLASS = {
@@ -94,10 +94,56 @@ def test_unallocated_claims_are_those_of_the_drivers_classes() -> None:
         {**claim("going"), "metadata": {**claim("going")["metadata"], "deletionTimestamp": "x"}}
     )
 
-    assert [c["metadata"]["name"] for c in view.unallocated_claims()] == ["pending"]
+    assert view.unallocated_claims() == [("uid-pending", ("ml", "pending"))]
 
     view.drop_class(OUR_CLASS)
     assert view.unallocated_claims() == []
+    view.put_class(OUR_CLASS)
+    view.put_claim(claim("pending", allocation={"devices": {"results": []}}))
+    assert view.unallocated_claims() == []
+
+
+def test_a_claim_is_kept_as_what_the_controller_reads_of_it() -> None:
+    ours = {"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": "gpu-0"}
+    theirs = {"request": "nic", "driver": "nic.example.com", "pool": "node-a", "device": "nic-0"}
+    selector = {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name"}]}]}
+    allocation = {
+        "devices": {"results": [ours, theirs], "config": [{"opaque": {"big": "x" * 1000}}]},
+        "nodeSelector": selector,
+        "allocationTimestamp": "2026-11-26T10:00:00Z",
+    }
+    obj = claim("held", allocation=allocation) | {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+    }
+    obj["metadata"] |= {"managedFields": [{"manager": "kube-scheduler"}], "labels": {"a": "b"}}
+    obj["status"] |= {
+        "reservedFor": [{"resource": "pods", "name": "p", "uid": "u"}],
+        "devices": [{**ours, "conditions": []}, {**theirs, "conditions": []}],
+    }
+
+    kept = kept_claim(obj, driver=DRIVER)
+
+    assert kept == {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "held", "namespace": "ml", "uid": "uid-held"},
+        "status": {
+            "allocation": {
+                "devices": {"results": [ours]},
+                "nodeSelector": selector,
+                "allocationTimestamp": "2026-11-26T10:00:00Z",
+            },
+            "devices": [{**ours, "conditions": []}],
+        },
+    }
+
+
+def test_objects_are_kept_without_managed_fields() -> None:
+    obj = {"metadata": {"name": "s", "managedFields": [{"manager": "x"}]}, "spec": {}}
+
+    assert without_managed_fields(obj) == {"metadata": {"name": "s"}, "spec": {}}
+    assert obj["metadata"]["managedFields"]  # the event's object is not changed
 
 
 def test_slices_of_other_drivers_are_not_kept() -> None:

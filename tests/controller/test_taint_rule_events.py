@@ -70,11 +70,11 @@ def test_the_event_names_the_rule_until_it_is_deleted(monkeypatch: pytest.Monkey
     controller = _controller(monkeypatch, posted)
     asyncio.run(controller.on_taint_rule({"type": "ADDED", "object": RULE}))
 
-    message = controller.explain(("team-a", "job"))
+    message = controller.explanations.explain(("team-a", "job"))
 
     assert message is not None
     assert message.endswith("gpu-3 tainted by DeviceTaintRule drain-gpu-3 (NoSchedule)")
     assert [e["involved"]["kind"] for e in posted] == ["ResourceClaim", "Pod"]
 
     asyncio.run(controller.on_taint_rule({"type": "DELETED", "object": RULE}))
-    assert controller.explain(("team-a", "job")) is None
+    assert controller.explanations.explain(("team-a", "job")) is None

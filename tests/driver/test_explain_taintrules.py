@@ -3,7 +3,6 @@ after the rule (``gpu-3 tainted by DeviceTaintRule drain-gpu-3 (NoSchedule)``)."
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -128,16 +127,16 @@ def test_no_eviction_rule_blocks_scheduling_too() -> None:
     assert text.endswith("gpu-3 tainted by DeviceTaintRule evict-gpu-3 (NoExecute)")
 
 
-class _Custom:
-    """The one client call fromapi lists with; devicetaintrules answer ``status``."""
+class _Lists:
+    """The one KubeApi call fromapi lists with; devicetaintrules answer ``status``."""
 
     def __init__(self, status: int | None) -> None:
         self.status = status
 
-    def list_cluster_custom_object(self, group: str, version: str, plural: str, **_: Any) -> Any:
+    def list_resources(self, plural: str, **_: Any) -> Any:
         if self.status is not None:
             raise ApiError(status=self.status, reason="test")
-        return {"items": [DRAIN_GPU_3]}
+        return [DRAIN_GPU_3]
 
 
 @pytest.mark.parametrize(("status", "found"), [(None, [DRAIN_GPU_3]), (403, []), (404, [])])
@@ -145,11 +144,11 @@ def test_the_cli_reads_rules_and_does_without_them_when_it_may_not(
     status: int | None, found: list[dict[str, Any]]
 ) -> None:
     # 403: the user's RBAC lacks them; 404: a cluster before 1.37 does not serve v1.
-    api = SimpleNamespace(custom=_Custom(status))
+    api = _Lists(status)
 
     assert list_taint_rules(api) == found  # type: ignore[arg-type]
 
 
 def test_other_api_errors_are_not_hidden() -> None:
     with pytest.raises(ApiError):
-        list_taint_rules(SimpleNamespace(custom=_Custom(500)))  # type: ignore[arg-type]
+        list_taint_rules(_Lists(500))  # type: ignore[arg-type]

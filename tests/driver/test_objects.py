@@ -6,7 +6,18 @@ from typing import Any
 
 import pytest
 
-from drasil.driver.objects import Consumer, ObjectMeta, ResourceClaim, meta
+from drasil.driver.objects import (
+    Consumer,
+    DeviceClass,
+    ObjectMeta,
+    Pod,
+    ResourceClaim,
+    ResourceSlice,
+    condition,
+    is_true,
+    meta,
+    status_of,
+)
 
 DRIVER = "gpu.drasil.dev"
 OTHER = "net.example.com"
@@ -188,3 +199,52 @@ def test_meta_of_any_object() -> None:
     }
     assert meta(pod).deletion_timestamp == "2025-01-01T00:00:00Z"
     assert meta({}) == ObjectMeta()
+
+
+def test_conditions_read_as_written_and_garbage_left_out() -> None:
+    entry = {
+        "conditions": [
+            {"type": "Ready", "status": "True", "reason": "R", "lastTransitionTime": "t"},
+            "garbage",
+            {"type": "Attached", "status": 1},
+        ]
+    }
+
+    assert is_true(entry, "Ready")
+    assert not is_true(entry, "Attached")  # a status that is not a string is no "True"
+    assert not is_true(None, "Ready")
+    ready = condition(entry, "Ready")
+    assert ready is not None
+    assert (ready.reason, ready.last_transition_time) == ("R", "t")
+    assert condition({"conditions": "x"}, "Ready") is None
+
+
+def test_a_pod_view_reads_scheduling_and_claims() -> None:
+    pod = Pod(
+        {
+            "spec": {"nodeName": "n1", "resourceClaims": [{"name": "g"}, 3]},
+            "status": {
+                "phase": "Running",
+                "resourceClaimStatuses": [{"name": "g", "resourceClaimName": "p-g-x"}],
+                "conditions": [{"type": "Ready", "status": "False", "message": "m"}],
+            },
+        }
+    )
+
+    assert (pod.node_name, pod.phase) == ("n1", "Running")
+    assert pod.resource_claims == ({"name": "g"},)
+    assert pod.claim_statuses[0]["resourceClaimName"] == "p-g-x"
+    assert [c.message for c in pod.conditions] == ["m"]
+    assert Pod({"status": []}).phase == ""
+
+
+def test_slice_and_class_views() -> None:
+    obj = {"spec": {"driver": "d", "pool": {"name": "p"}, "nodeName": "n", "devices": [{}, 1]}}
+    view = ResourceSlice(obj)
+    assert (view.driver, view.pool, view.node_name, len(view.devices)) == ("d", "p", "n", 1)
+    assert ResourceSlice({"spec": "garbage"}).pool == ""
+
+    cls = DeviceClass({"spec": {"selectors": [{"cel": {"expression": "e"}}, {}], "config": [{}]}})
+    assert cls.expressions == ("e", "")
+    assert len(cls.config) == 1
+    assert status_of({"status": "x"}) == {}

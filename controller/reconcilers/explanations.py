@@ -1,0 +1,165 @@
+"""Why a pending claim cannot be allocated, as ``Unsatisfiable`` Events.
+
+Every tick ``PendingClaims`` says which claims to explain: unallocated, with a Pod
+waiting, for ``--explain-after`` (then again every ``MIN_RECHECK``). Only unallocated
+claims are walked (the ClusterView indexes them), not every claim. Each due claim is
+re-read from the API server (the cache may be a moment old), explained against the
+cached slices, claims, classes and DeviceTaintRules, and an ``Unsatisfiable`` Event
+goes to the claim and its waiting Pods when the text is new.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from drasil.controller.events import EXPLANATION_INCOMPLETE, UNSATISFIABLE, EventRecorder, ObjectRef
+from drasil.controller.metrics import ControllerMetrics
+from drasil.controller.pending import PendingClaims
+from drasil.controller.state import ClusterView, Key
+from drasil.driver.cel.selectors import CelDeviceCache
+from drasil.driver.explain.claims import ExplainContext, explain_claim, prepare_fleet
+from drasil.driver.kubeapi import KubeApi
+from drasil.driver.objects import JsonObject, ResourceClaim
+
+log = logging.getLogger(__name__)
+
+MIN_RECHECK = 30.0
+NODES_MAX_AGE = 10.0  # Node labels and taints change rarely; explanations are slow anyway
+# A round of explanations shares one view of the fleet's devices and their holders for
+# at most this long; an explanation is a snapshot anyway, re-checked every MIN_RECHECK.
+FLEET_MAX_AGE = 5.0
+
+
+class ExplanationReconciler:
+    """Pending claims explained, each Event posted once per new text."""
+
+    def __init__(
+        self,
+        *,
+        api: KubeApi,
+        view: ClusterView,
+        events: EventRecorder,
+        driver: str,
+        metrics: ControllerMetrics,
+        explain_after: float,
+    ) -> None:
+        self.api = api
+        self.view = view
+        self.events = events
+        self.driver = driver
+        self.metrics = metrics
+        self.pending = PendingClaims(
+            explain_after=explain_after, recheck=max(explain_after, MIN_RECHECK)
+        )
+        self.cel_cache = CelDeviceCache()
+        # (read at, Nodes): one list serves every explanation for a few seconds, so many
+        # pending claims do not mean as many lists of every Node. Never longer than the
+        # explanation delay: a Node made before a Pod is then always in the list.
+        self._nodes: tuple[float, Sequence[JsonObject] | None] = (float("-inf"), None)
+        self._nodes_max_age = min(NODES_MAX_AGE, explain_after)
+
+    def due(self, now: float) -> list[Key]:
+        """The pending claims to explain now (runs on the event loop: cheap)."""
+        waiting: dict[str, Key] = {}
+        for uid, key in self.view.unallocated_claims():
+            if any(p.waiting for p in self.view.pods_using("ResourceClaim", key)):
+                waiting[uid] = key
+        due = self.pending.update(waiting, now=now)
+        for uid in due:
+            self.pending.explained(uid, now=now)
+        return [waiting[uid] for uid in due]
+
+    def forget(self, uid: str) -> None:
+        self.pending.forget(uid)
+
+    def explain_round(self, keys: list[Key]) -> None:
+        """Explain ``keys``, sharing one fleet between them (a worker thread)."""
+        fleet: tuple[float, ExplainContext] | None = None
+        for key in keys:
+            try:
+                fleet = self._fresh_fleet(fleet)
+                self.explain(key, fleet=fleet[1])
+            except Exception:  # tried again at the next recheck, not every second
+                log.exception("explaining a claim failed", extra={"claim": "/".join(key)})
+
+    def _fresh_fleet(
+        self, fleet: tuple[float, ExplainContext] | None
+    ) -> tuple[float, ExplainContext]:
+        """The fleet (devices and their holders) for a round of explanations: built
+        once for all claims due in this tick, not once per claim, so a burst of
+        pending claims costs one pass over the fleet plus a little per claim; built
+        again when a long round has made it older than FLEET_MAX_AGE."""
+        now = time.monotonic()
+        if fleet is not None and now - fleet[0] < FLEET_MAX_AGE:
+            return fleet
+        snapshot = self.view.explain_snapshot()
+        built = prepare_fleet(
+            slices=snapshot.slices, claims=snapshot.claims, driver=self.driver, cache=self.cel_cache
+        )
+        return now, built
+
+    def nodes(self, *, now: float) -> Sequence[JsonObject] | None:
+        """Every Node, a few seconds old at most (None: not allowed to list them)."""
+        read_at, nodes = self._nodes
+        if now - read_at >= self._nodes_max_age:
+            nodes = self.api.list_nodes()
+            self._nodes = (now, nodes)
+        return nodes
+
+    def explain(self, key: Key, *, fleet: ExplainContext | None = None) -> str | None:
+        """Explain one pending claim and post the result; returns the message posted.
+        ``fleet``: ``prepare_fleet`` of the current view, shared by a round of claims."""
+        claim = self.api.get_claim(*key)
+        if claim is None or ResourceClaim(claim).allocated:
+            return None
+        snapshot = self.view.explain_snapshot()
+        # Read fresh, like the claim: the Pods' node constraints and the Nodes decide
+        # which free devices can serve the claim at all.
+        waiting = [p for p in self.view.pods_using("ResourceClaim", key) if p.waiting]
+        pods = [obj for p in waiting if (obj := self.api.get_pod(p.namespace, p.name))]
+        nodes = self.nodes(now=time.monotonic())
+        started = time.perf_counter()
+        explanation = explain_claim(
+            claim,
+            slices=snapshot.slices,
+            claims=snapshot.claims,
+            classes=snapshot.classes,
+            taint_rules=snapshot.taint_rules,
+            driver=self.driver,
+            cache=self.cel_cache,
+            nodes=nodes,
+            pods=pods,
+            fleet=fleet,
+        )
+        self.metrics.explain_duration.observe(time.perf_counter() - started)
+        ref = ObjectRef.of(claim)
+        if explanation.cut_short and not explanation.unsatisfiable:
+            message = explanation.summary()
+            if self._deferred(ref, EXPLANATION_INCOMPLETE, message):
+                return None
+            self.events.memory.keep_only(ref.uid, EXPLANATION_INCOMPLETE, [message])
+            self.events.warn(ref, reason=EXPLANATION_INCOMPLETE, message=message)
+            return message
+        if not explanation.unsatisfiable:
+            log.debug("pending claim looks satisfiable", extra={"claim": explanation.claim})
+            return None
+        message = explanation.message()
+        if self._deferred(ref, UNSATISFIABLE, message):
+            return None
+        self.events.memory.keep_only(ref.uid, UNSATISFIABLE, [message])
+        self.events.warn(ref, reason=UNSATISFIABLE, message=message)
+        on_pod = f"ResourceClaim {key[1]}: {message}"
+        for pod in self.view.pods_using("ResourceClaim", key):
+            if pod.waiting:
+                self.events.warn(pod.ref(), reason=UNSATISFIABLE, message=on_pod)
+        return message
+
+    def _deferred(self, ref: ObjectRef, reason: str, message: str) -> bool:
+        """A changed explanation waits for the next re-check when the repost budget is
+        spent (events.RepostBudget); its Pods' Events follow the claim's."""
+        if self.events.budget_allows(ref, reason=reason, message=message):
+            return False
+        self.metrics.events_deferred.labels(reason).inc()
+        return True

@@ -1,0 +1,172 @@
+"""The reconcilers apart: due queues, pools marked due, a failed attach waiting for
+its taint, and a tick that touches only what is due."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from drasil.controller.controller import Controller
+from drasil.controller.metrics import ControllerMetrics
+from drasil.controller.options import parse_options
+from drasil.controller.reconcilers.devicestatus import TAINT_WAIT
+from drasil.controller.reconcilers.due import DueQueue
+from drasil.driver.kubeapi import KubeApi
+
+DRIVER = "gpu.drasil.dev"
+OK, FAILED = "drasil.dev/Attached", "drasil.dev/AttachFailed"
+
+
+def test_a_due_queue_hands_out_each_key_once_when_due() -> None:
+    due: DueQueue[str] = DueQueue()
+    due.mark("a", 5.0)
+    due.mark("b", 1.0)
+    due.mark("a", 2.0)  # earlier wins
+    due.mark("b", 9.0)  # later is ignored
+
+    assert not due.any_due(0.5)
+    assert due.pop_due(1.5) == ["b"]
+    assert due.pop_due(1.5) == []
+    assert due.pop_due(3.0) == ["a"]
+    assert len(due) == 0
+
+
+def test_a_forgotten_key_is_never_handed_out() -> None:
+    due: DueQueue[str] = DueQueue()
+    due.mark("a", 1.0)
+    due.forget("a")
+    due.mark("b", 1.0)
+
+    assert due.pop_due(2.0) == ["b"]
+    due.mark("a", 3.0)
+    assert due.pop_due(4.0) == ["a"]
+
+
+def _controller() -> Controller:
+    configuration = client.Configuration()
+    configuration.host = "https://127.0.0.1:6443"
+    options = parse_options(["--kubeconfig=/dev/null"], env={})
+    return Controller(
+        api=KubeApi(client.ApiClient(configuration)), options=options, metrics=ControllerMetrics()
+    )
+
+
+def _pool(**spec: Any) -> dict[str, Any]:
+    device = {"name": "fab-0", "bindsToNode": True, "bindingConditions": [OK]}
+    device["bindingFailureConditions"] = [FAILED]
+    return {
+        "apiVersion": "drasil.dev/v1alpha1",
+        "kind": "DevicePool",
+        "metadata": {"name": "fabric", "uid": "uid-pool", "generation": 1},
+        "spec": {"allNodes": True, "devices": [device], **spec},
+    }
+
+
+def _claim() -> dict[str, Any]:
+    result: dict[str, Any] = {"request": "gpu", "driver": DRIVER, "pool": "fabric"}
+    result["device"] = "fab-0"
+    result |= {"bindingConditions": [OK], "bindingFailureConditions": [FAILED]}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "job", "namespace": "ml", "uid": "uid-job"},
+        "status": {
+            "allocation": {
+                "devices": {"results": [result]},
+                "allocationTimestamp": "2026-01-01T00:00:00Z",
+            }
+        },
+    }
+
+
+class Recorder:
+    """What the reconcilers asked of the API: pool reconciles, status applies."""
+
+    def __init__(self, controller: Controller, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        sync = controller.pools.sync
+
+        def reconcile(obj: Any, *, attach_failed: Any = ()) -> str:
+            self.calls.append(("publish", sorted(attach_failed)))
+            return "published"
+
+        def apply(namespace: str, name: str, entries: Any, *, manager: str) -> None:
+            conditions = {c["type"]: c["status"] for c in entries[0]["conditions"]}
+            self.calls.append(("status", conditions))
+
+        monkeypatch.setattr(sync, "reconcile", reconcile)
+        monkeypatch.setattr(controller.api, "apply_claim_device_status", apply)
+
+
+def test_a_failed_attach_is_written_after_its_pool_carries_the_taint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    controller = _controller()
+    calls = Recorder(controller, monkeypatch).calls
+    fabric = {"simulatedFabric": {"attachSeconds": 0, "failDevices": ["fab-0"]}}
+    asyncio.run(controller.on_pool({"type": "ADDED", "object": _pool(**fabric)}))
+    assert calls == [("publish", [])]
+
+    asyncio.run(controller.on_claim({"type": "ADDED", "object": _claim()}))
+    assert calls == [("publish", [])]  # held back: the taint is not published yet
+    asyncio.run(controller.tick(time.monotonic()))
+
+    failed = {"Ready": "False", OK: "False", FAILED: "True"}
+    assert calls[:2] == [("publish", []), ("publish", ["fab-0"])]
+    assert calls[2:]
+    assert all(call == ("status", failed) for call in calls[2:])
+
+
+def test_a_failure_is_written_anyway_when_the_taint_cannot_be_published(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    controller = _controller()
+    Recorder(controller, monkeypatch)
+    written: list[Any] = []
+    monkeypatch.setattr(
+        controller.api, "apply_claim_device_status", lambda *a, **_: written.append(a)
+    )
+    monkeypatch.setattr(controller.pools, "taint_published", lambda pool, device: False)
+    fabric = {"simulatedFabric": {"failDevices": ["fab-0"]}}
+    asyncio.run(controller.on_pool({"type": "ADDED", "object": _pool(**fabric)}))
+    asyncio.run(controller.on_claim({"type": "ADDED", "object": _claim()}))
+    assert written == []
+
+    later = time.time() + TAINT_WAIT + 1
+    monkeypatch.setattr("drasil.controller.reconcilers.devicestatus.time.time", lambda: later)
+    controller.device_status.due.mark(("ml", "job"), 0.0)
+    asyncio.run(controller.tick(time.monotonic()))
+    assert written  # (once per look: the pool's first publish looks at its claims too)
+
+
+def test_a_deleted_slice_marks_its_pool_due(monkeypatch: pytest.MonkeyPatch) -> None:
+    controller = _controller()
+    calls = Recorder(controller, monkeypatch).calls
+    asyncio.run(controller.on_pool({"type": "ADDED", "object": _pool()}))
+    ours = {"metadata": {"name": "fabric-0", "labels": {"drasil.dev/devicepool": "fabric"}}}
+
+    asyncio.run(controller.on_slice({"type": "DELETED", "object": ours}))
+    assert len(calls) == 1  # marked, not published inline
+    asyncio.run(controller.tick(time.monotonic()))
+    assert len(calls) == 2
+
+
+def test_an_idle_tick_touches_no_claim(monkeypatch: pytest.MonkeyPatch) -> None:
+    controller = _controller()
+    Recorder(controller, monkeypatch)
+    allocated = _claim()
+    allocated["status"]["allocation"]["devices"]["results"][0]["pool"] = "node-a"
+    for i in range(50):
+        obj = {**allocated, "metadata": {"name": f"c{i}", "namespace": "ml", "uid": f"u{i}"}}
+        asyncio.run(controller.on_claim({"type": "ADDED", "object": obj}))
+    walked: list[int] = []
+    monkeypatch.setattr(controller.view, "claim", lambda key: walked.append(1))
+
+    asyncio.run(controller.tick(time.monotonic()))
+
+    assert walked == []
+    assert controller.view.unallocated_claims() == []
