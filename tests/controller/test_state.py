@@ -104,7 +104,8 @@ def test_unallocated_claims_are_those_of_the_drivers_classes() -> None:
 
 
 def test_a_claim_is_kept_as_what_the_controller_reads_of_it() -> None:
-    ours = {"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": "gpu-0"}
+    ours: dict[str, Any] = {"request": "gpu", "driver": DRIVER, "pool": "node-a"}
+    ours |= {"device": "gpu-0", "bindingConditions": ["drasil.dev/Attached"]}
     theirs = {"request": "nic", "driver": "nic.example.com", "pool": "node-a", "device": "nic-0"}
     selector = {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name"}]}]}
     allocation = {
@@ -144,6 +145,18 @@ def test_objects_are_kept_without_managed_fields() -> None:
 
     assert without_managed_fields(obj) == {"metadata": {"name": "s"}, "spec": {}}
     assert obj["metadata"]["managedFields"]  # the event's object is not changed
+
+
+def test_where_and_when_are_kept_for_attaches_alone() -> None:
+    allocation = {
+        "devices": {"results": [{"driver": DRIVER, "pool": "node-a", "device": "gpu-0"}]},
+        "nodeSelector": {"nodeSelectorTerms": []},
+        "allocationTimestamp": "2026-11-26T10:00:00Z",
+    }
+
+    kept = kept_claim(claim("held", allocation=allocation), driver=DRIVER)
+
+    assert set(kept["status"]["allocation"]) == {"devices"}
 
 
 def test_slices_of_other_drivers_are_not_kept() -> None:
