@@ -92,6 +92,26 @@ def status_of(obj: JsonObject) -> JsonObject:
     return mapping(obj.get("status"))
 
 
+@dataclass(frozen=True, slots=True)
+class JsonView:
+    """What every view reads the same way: the object's JSON (``obj``, kept as given),
+    its metadata, spec and status."""
+
+    obj: JsonObject
+
+    @property
+    def meta(self) -> ObjectMeta:
+        return meta(self.obj)
+
+    @property
+    def spec(self) -> JsonObject:
+        return mapping(self.obj.get("spec"))
+
+    @property
+    def status(self) -> JsonObject:
+        return mapping(self.obj.get("status"))
+
+
 # --- conditions --------------------------------------------------------------------
 
 
@@ -153,27 +173,13 @@ class Consumer:
 
 
 @dataclass(frozen=True, slots=True)
-class ResourceClaim:
+class ResourceClaim(JsonView):
     """A read-only view of one ResourceClaim's JSON (``obj``, kept as given)."""
-
-    obj: JsonObject
-
-    @property
-    def meta(self) -> ObjectMeta:
-        return meta(self.obj)
-
-    @property
-    def spec(self) -> JsonObject:
-        return mapping(self.obj.get("spec"))
 
     @property
     def requests(self) -> tuple[JsonObject, ...]:
         """``spec.devices.requests``."""
         return objects(mapping(self.spec.get("devices")).get("requests"))
-
-    @property
-    def status(self) -> JsonObject:
-        return mapping(self.obj.get("status"))
 
     @property
     def allocation(self) -> JsonObject | None:
@@ -227,22 +233,8 @@ class ResourceClaim:
 
 
 @dataclass(frozen=True, slots=True)
-class Pod:
+class Pod(JsonView):
     """A read-only view of one Pod's JSON: the parts about scheduling and claims."""
-
-    obj: JsonObject
-
-    @property
-    def meta(self) -> ObjectMeta:
-        return meta(self.obj)
-
-    @property
-    def spec(self) -> JsonObject:
-        return mapping(self.obj.get("spec"))
-
-    @property
-    def status(self) -> JsonObject:
-        return mapping(self.obj.get("status"))
 
     @property
     def node_name(self) -> str:
@@ -276,18 +268,8 @@ class Pod:
 
 
 @dataclass(frozen=True, slots=True)
-class ResourceSlice:
+class ResourceSlice(JsonView):
     """A read-only view of one ResourceSlice's JSON."""
-
-    obj: JsonObject
-
-    @property
-    def meta(self) -> ObjectMeta:
-        return meta(self.obj)
-
-    @property
-    def spec(self) -> JsonObject:
-        return mapping(self.obj.get("spec"))
 
     @property
     def driver(self) -> str:
@@ -308,18 +290,8 @@ class ResourceSlice:
 
 
 @dataclass(frozen=True, slots=True)
-class DeviceClass:
+class DeviceClass(JsonView):
     """A read-only view of one DeviceClass's JSON."""
-
-    obj: JsonObject
-
-    @property
-    def meta(self) -> ObjectMeta:
-        return meta(self.obj)
-
-    @property
-    def spec(self) -> JsonObject:
-        return mapping(self.obj.get("spec"))
 
     @property
     def expressions(self) -> tuple[str, ...]:

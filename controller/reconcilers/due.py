@@ -56,10 +56,6 @@ class DueQueue(Generic[K]):
         with self._lock:
             return bool(self._heap) and self._heap[0][0] <= now
 
-    def due_at(self, key: K) -> float | None:
-        with self._lock:
-            return self._at.get(key)
-
     def __len__(self) -> int:
         with self._lock:
             return len(self._at)

@@ -155,6 +155,26 @@ def test_a_deleted_slice_marks_its_pool_due(monkeypatch: pytest.MonkeyPatch) -> 
     assert len(calls) == 2
 
 
+class Counting(dict[Any, Any]):
+    """The view's claims, counting every walk over them."""
+
+    def __init__(self, items: dict[Any, Any], walked: list[int]) -> None:
+        super().__init__(items)
+        self.walked = walked
+
+    def values(self) -> Any:
+        self.walked.append(1)
+        return super().values()
+
+    def items(self) -> Any:
+        self.walked.append(1)
+        return super().items()
+
+    def __iter__(self) -> Any:
+        self.walked.append(1)
+        return super().__iter__()
+
+
 def test_an_idle_tick_touches_no_claim(monkeypatch: pytest.MonkeyPatch) -> None:
     controller = _controller()
     Recorder(controller, monkeypatch)
@@ -165,6 +185,7 @@ def test_an_idle_tick_touches_no_claim(monkeypatch: pytest.MonkeyPatch) -> None:
         asyncio.run(controller.on_claim({"type": "ADDED", "object": obj}))
     walked: list[int] = []
     monkeypatch.setattr(controller.view, "claim", lambda key: walked.append(1))
+    monkeypatch.setattr(controller.view, "_claims", Counting(controller.view._claims, walked))
 
     asyncio.run(controller.tick(time.monotonic()))
 
