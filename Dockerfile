@@ -7,17 +7,17 @@
 #   make image                                    # buildah, into local storage and dist/
 #   docker build -t <registry>/drasil:0.1.0 .     # or any other OCI builder
 #
-# `make image` (e2e/image) builds this file with buildah. Where no registry is
+# `make image` (tools/image) builds this file with buildah. Where no registry is
 # reachable it first builds both bases locally and passes them as build arguments:
 # PYTHON_IMAGE from Debian 12's own packages (python3.11 from Debian, see
-# e2e/image/base.py) and GO_IMAGE from Debian 12's gcc and libc6-dev with the host's Go
-# toolchain (e2e/image/golang.py); elsewhere the public images below are the bases. The
+# tools/image/base.py) and GO_IMAGE from Debian 12's gcc and libc6-dev with the host's Go
+# toolchain (tools/image/golang.py); elsewhere the public images below are the bases. The
 # steps work on both: they call `python3` and `go` from PATH (/usr/local/bin and
 # /usr/local/go/bin in the public images) and need only the standard library's venv and
 # ensurepip, and Go with a C compiler.
 #
 # Reproducible dependencies: constraints.txt pins every distribution the image installs
-# (regenerate it with `python -m e2e.image constraints` from a fresh .venv);
+# (regenerate it with `python -m tools.image constraints` from a fresh .venv);
 # NVIDIA_CTK_VERSION pins NVIDIA's nvidia-cdi-hook, whose go.sum pins its own.
 #
 # The default user is 65532 (non-root). The chart's controller runs as that user on a
@@ -58,7 +58,7 @@ RUN --mount=type=cache,target=/go/pkg/mod \
 FROM ${PYTHON_IMAGE} AS build
 # A pip configuration for this stage's pip only, e.g. the CA bundle of a proxy that
 # intercepts TLS, mounted into the build (`make image` passes the host's, see
-# e2e/image/local.py); unset, pip's defaults.
+# tools/image/local.py); unset, pip's defaults.
 ARG PIP_CONFIG_FILE
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 # A throwaway venv for the build's pip (ensurepip): the base's own pip, if it has one,

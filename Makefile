@@ -29,7 +29,7 @@ lint: $(STAMP) .mypy-path
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	MYPYPATH=.mypy-path $(BIN)/mypy $(addprefix -p drasil.,$(PACKAGES))
-	MYPYPATH=.mypy-path $(BIN)/mypy e2e bench
+	MYPYPATH=.mypy-path $(BIN)/mypy e2e bench tools
 	$(BIN)/lint-imports
 
 unit: $(STAMP)
@@ -48,10 +48,10 @@ protos: $(STAMP)
 # The Dockerfile built with buildah (installed when missing), from a base made of
 # Debian's packages: localhost/drasil:<version> and dist/drasil-<version>.oci.tar.
 image: $(STAMP)
-	$(BIN)/python -m e2e.image build --dist dist
+	$(BIN)/python -m tools.image build --dist dist
 
 demo: $(STAMP)
-	$(BIN)/python -m e2e.demo
+	$(BIN)/python -m tools.demo
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
@@ -69,7 +69,7 @@ clean:
 # this machine's python3 (3.10+), building the bundle first where it is missing (that
 # needs PyPI); GPU_CHECK_ARGS go to the check, e.g. GPU_CHECK_ARGS="--nvidia-driver-root
 # /run/nvidia/driver". GPU_CHECK_MOCK=1 (or `make gpu-check-mock`) checks a fake driver
-# root whose NVML is the mock of e2e/mocknvml, here, without a GPU (needs root).
+# root whose NVML is the mock of e2e/harness/mocknvml, here, without a GPU (needs root).
 GPU_CHECK_ARGS ?=
 GPU_CHECK_MOCK ?=
 GPU_BUNDLE := build/gpu-check
@@ -77,13 +77,13 @@ GPU_BUNDLE := build/gpu-check
 .PHONY: gpu-check gpu-check-bundle gpu-check-mock
 
 gpu-check-bundle: $(STAMP)
-	$(BIN)/python -m e2e.gpubundle $(GPU_BUNDLE)
+	$(BIN)/python -m tools.gpubundle $(GPU_BUNDLE)
 
 gpu-check:
 	@test -f $(GPU_BUNDLE)/run.py || $(MAKE) gpu-check-bundle
 	@if [ "$(GPU_CHECK_MOCK)" = 1 ]; then \
 	  $(MAKE) $(STAMP) >/dev/null && \
-	  args=$$($(BIN)/python -m e2e.mocknvml.smi make-root build/gpu-check-mock) || exit 1; \
+	  args=$$($(BIN)/python -m e2e.harness.mocknvml.smi make-root build/gpu-check-mock) || exit 1; \
 	fi; \
 	$(PYTHON) $(GPU_BUNDLE)/run.py $$args $(GPU_CHECK_ARGS)
 

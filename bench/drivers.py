@@ -1,10 +1,10 @@
 """The DRA drivers `bench.prepare` measures, behind one interface.
 
-- ``drasil``: drasil's kubelet plugin (``e2e.pluginproc.PluginProcess``) on a simulated
+- ``drasil``: drasil's kubelet plugin (``e2e.harness.pluginproc.PluginProcess``) on a simulated
   node of 64 H100s (``gpu-0`` ... ``gpu-63``).
 - ``reference``: Kubernetes' own e2e DRA test driver
   (``k8s.io/kubernetes/test/e2e/dra/test-driver``, built from the cluster's Kubernetes
-  module by ``e2e.build``) in kubelet-plugin mode with 64 devices (``device-00`` ...
+  module by ``e2e.harness.build``) in kubelet-plugin mode with 64 devices (``device-00`` ...
   ``device-63``). Its API client's rate limit is lifted (``--kube-api-qps=-1``: client-go
   creates no rate limiter for a QPS below zero), so what is measured is the driver, not
   a token bucket. It reads each claim from the API server on prepare as drasil does
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from e2e import binaries, procs
-from e2e.pluginproc import DRIVER, PluginProcess
+from e2e.harness import binaries, procs
+from e2e.harness.pluginproc import DRIVER, PluginProcess
 
 REFERENCE_DRIVER = "test-driver.cdi.k8s.io"
 """The test driver's default name; its claims' allocations name it."""

@@ -33,8 +33,8 @@ from kubernetes import client
 
 from bench.prepare import cluster_kubeconfig
 from bench.stats import percentile
-from e2e.kube import Kube
-from e2e.pluginproc import DRIVER, ClaimId, KubeletClient, PluginProcess
+from e2e.harness.kube import Kube
+from e2e.harness.pluginproc import DRIVER, ClaimId, KubeletClient, PluginProcess
 
 RUN = secrets.token_hex(3)
 NODE = f"bench-mig-{RUN}"

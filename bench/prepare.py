@@ -66,11 +66,11 @@ from drasil.driver.nvidia.nodedevices import DiscoveryResult, discover
 from drasil.driver.nvidia.simulated import simulated_library
 from drasil.kubeletplugin.dra.prepare import Preparer
 from drasil.kubeletplugin.sockets import UnixSocketServer
-from e2e import binaries
-from e2e.cluster import Cluster
-from e2e.driverroot import build_fake_root
-from e2e.kube import Kube
-from e2e.pluginproc import DRIVER, ClaimId, KubeletClient
+from e2e.harness import binaries
+from e2e.harness.cluster import Cluster
+from e2e.harness.driverroot import build_fake_root
+from e2e.harness.kube import Kube
+from e2e.harness.pluginproc import DRIVER, ClaimId, KubeletClient
 
 # Unique per run, so the benchmark can run against a cluster that is already in use.
 RUN = secrets.token_hex(3)

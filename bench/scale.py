@@ -2,7 +2,7 @@
 
 For each fleet size N (``--nodes 50,200,500``) a fresh cluster with N fake nodes of
 ``--profile`` (8 H100s each), their pools published by drasil's own slice code
-(``python -m e2e.cluster up --fake-nodes N``), the controller with its chart RBAC, and:
+(``python -m tools.cluster up --fake-nodes N``), the controller with its chart RBAC, and:
 
 1. **scheduling**: ``--pods-per-node`` (8: every GPU) Pods per node, each with a one-GPU
    ResourceClaimTemplate, in waves of 2 Pods per node whose class goes A B B A:
@@ -52,12 +52,12 @@ from bench.stats import percentile
 from drasil.api.limits import allow_nesting
 from drasil.driver.explain.fromapi import explain_fetched, fetch_inputs
 from drasil.driver.nvidia.simgpus import parse_profile_spec
-from e2e import chart
-from e2e.cluster.control_plane import Cluster
-from e2e.cluster.fleet import DEFAULT_FLEET_PROFILE, DRIVER, KwokFleet
-from e2e.controllerproc import ControllerProcess
-from e2e.fleet import api_from_kubeconfig
-from e2e.kube import Kube, NotYet, wait_for
+from e2e.harness import chart
+from e2e.harness.cluster.control_plane import Cluster
+from e2e.harness.cluster.fleet import DEFAULT_FLEET_PROFILE, DRIVER, KwokFleet
+from e2e.harness.controllerproc import ControllerProcess
+from e2e.harness.kube import Kube, NotYet, wait_for
+from tools.fleet import api_from_kubeconfig
 
 RESULTS = Path(__file__).parent / "results" / "scale.json"
 NAMESPACE = "scale"
@@ -380,7 +380,7 @@ def allocation_problems(kube: Kube, times: PodTimes) -> list[str]:
 
 @contextlib.contextmanager
 def controller(kube: Kube, cluster: Cluster) -> Iterator[ControllerProcess]:
-    """drasil-controller with the chart's RBAC (e2e.chart.chart_identity)."""
+    """drasil-controller with the chart's RBAC (e2e.harness.chart.chart_identity)."""
     directory = cluster.run_dir / "controller"
     directory.mkdir(parents=True, exist_ok=True)
     with chart.chart_identity(

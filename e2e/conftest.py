@@ -25,13 +25,13 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from e2e import binaries, build
-from e2e.chart import chart_identity
-from e2e.cluster import Cluster
-from e2e.cluster.node import Node
-from e2e.kube import Kube, NotYet, gone, wait_for
-from e2e.pluginproc import DRIVER
-from e2e.pods import (
+from e2e.harness import binaries, build
+from e2e.harness.chart import chart_identity
+from e2e.harness.cluster import Cluster
+from e2e.harness.cluster.node import Node
+from e2e.harness.kube import Kube, NotYet, gone, wait_for
+from e2e.harness.pluginproc import DRIVER
+from e2e.harness.pods import (
     EXTENDED_CLASS,
     EXTENDED_RESOURCE,
     NODE_GPU_SELECTOR,
@@ -53,16 +53,10 @@ def _keep() -> bool:
     return os.environ.get(KEEP_ENV, "") not in ("", "0", "false", "no")
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        "pure: an e2e/ test that needs no cluster and nothing built (e.g. the import "
-        "graph); it does not get the e2e marker and starts no build",
-    )
-
-
 def _needs_harness(item: pytest.Item) -> bool:
-    return E2E_DIR in Path(str(item.path)).parents and item.get_closest_marker("pure") is None
+    """Every test in e2e/ needs the harness (a cluster, or what its build makes); tests that
+    need neither live in tests/ (docs/e2e.md)."""
+    return E2E_DIR in Path(str(item.path)).parents
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -133,14 +127,14 @@ def node_cluster(cluster: Cluster | None, kubeconfig: Path) -> Cluster:
     the first time a test asks for it and runs until the session's cluster stops.
 
     With DRASIL_E2E_KUBECONFIG, the cluster must be one of this harness's runs started
-    with `python -m e2e.cluster up --with-node` (the tests restart its kubelet and
+    with `python -m tools.cluster up --with-node` (the tests restart its kubelet and
     kill its plugin); any other cluster skips the node tests, saying why."""
     if cluster is None:
         run = Cluster(kubeconfig.parent)
         node = run.node if (kubeconfig.parent / "cluster.json").is_file() else None
         if node is None or not all(alive for _, _, alive, _, _ in node.status()):
             pytest.skip(
-                f"{KUBECONFIG_ENV}={kubeconfig} is not a running `python -m e2e.cluster up "
+                f"{KUBECONFIG_ENV}={kubeconfig} is not a running `python -m tools.cluster up "
                 "--with-node` cluster; the node e2e tests need its kubelet and plugin"
             )
         return run
@@ -170,8 +164,10 @@ def pytest_terminal_summary(
     tr.write_line(f"logs: {run_dir / 'logs'}")
     if kept:
         tr.write_line(f"{KEEP_ENV} is set: the cluster is still running. Use it with")
-        tr.write_line(f"  export $(.venv/bin/python -m e2e.cluster env --run-dir {run_dir})")
-        tr.write_line(f"and stop it with .venv/bin/python -m e2e.cluster down --run-dir {run_dir}")
+        tr.write_line(f"  export $(.venv/bin/python -m tools.cluster env --run-dir {run_dir})")
+        tr.write_line(
+            f"and stop it with .venv/bin/python -m tools.cluster down --run-dir {run_dir}"
+        )
 
 
 @pytest.fixture(scope="session")

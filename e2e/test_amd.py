@@ -29,11 +29,11 @@ from drasil.driver.amd.partitions import current_mode
 from drasil.driver.amd.simulated import DRM_MAJOR, KFD_MAJOR, bump_ras_errors
 from drasil.driver.devices import Vendor
 from drasil.kubeletplugin.deviceplugin.resources import AMD_RESOURCE_NAME, socket_name
-from e2e.chart import render
-from e2e.cluster.node import Node
-from e2e.kube import Kube, NotYet, wait_for
-from e2e.pluginproc import DRIVER, PluginProcess
-from e2e.pods import (
+from e2e.harness.chart import render
+from e2e.harness.cluster.node import Node
+from e2e.harness.kube import Kube, NotYet, wait_for
+from e2e.harness.pluginproc import DRIVER, PluginProcess
+from e2e.harness.pods import (
     POD_TIMEOUT,
     RESOURCE,
     cdi_spec,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench import prepare
-from e2e.kube import Kube
+from e2e.harness.kube import Kube
 
 
 def test_the_prepare_benchmark_runs(
@@ -49,13 +49,3 @@ def test_the_prepare_benchmark_runs(
     table = prepare.table(result)
     assert "pair p50 (ms)" in table
     assert "gRPC floor" in table
-
-
-@pytest.mark.pure  # no cluster: the in-process Preparer on a fake driver root
-def test_the_driver_files_benchmark_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(prepare, "SCALING_ROUNDS", 5)
-    monkeypatch.setattr(prepare, "DRIVER_FILES_ROUNDS", 1)
-    result = prepare.driver_files_cost()
-    assert result["mounts"] > 10
-    assert result["with"]["spec_bytes"] > result["without"]["spec_bytes"]
-    assert result["with"]["pair_p50_ms"] > 0

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from drasil.api.devicepool import API_VERSION as POOL_API
-from e2e.chart import chart_controller
-from e2e.controllerproc import ControllerProcess
-from e2e.kube import Kube, NotYet, pending_pod, wait_for
+from e2e.harness.chart import chart_controller
+from e2e.harness.controllerproc import ControllerProcess
+from e2e.harness.kube import Kube, NotYet, pending_pod, wait_for
 from e2e.test_controller import RACK_A, crd, gpu, pod_claim, pool_slices
 
 __all__ = ["crd"]  # the CRD fixture, shared with e2e/test_controller.py

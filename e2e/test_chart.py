@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from drasil.kubeletplugin.options import PluginOptions, parse_options
-from e2e import paths
-from e2e.chart import (
+from e2e.harness import paths
+from e2e.harness.chart import (
     CHART,
     CRD,
     RELEASE,
@@ -33,7 +33,7 @@ from e2e.chart import (
     render,
     values_args,
 )
-from e2e.kube import Kube
+from e2e.harness.kube import Kube
 
 REPO = paths.CHECKOUT
 VALUES_FILES: dict[str, Path | None] = {

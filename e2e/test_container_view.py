@@ -14,11 +14,11 @@ import secrets
 from typing import Any
 
 from drasil.driver.cdi.metadata import CONTAINER_DIR, FILE_SUFFIX, TEMPLATES_SUBDIR
-from e2e import versions
-from e2e.cluster.node import Node
-from e2e.kube import Kube, NotYet, wait_for
-from e2e.pluginproc import DRIVER
-from e2e.pods import (
+from e2e.harness import versions
+from e2e.harness.cluster.node import Node
+from e2e.harness.kube import Kube, NotYet, wait_for
+from e2e.harness.pluginproc import DRIVER
+from e2e.harness.pods import (
     COMMAND,
     POD_TIMEOUT,
     RESOURCE,

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from e2e import versions
-from e2e.cluster import Cluster
-from e2e.kube import Kube
-from e2e.procs import read_pid_file
+from e2e.harness import versions
+from e2e.harness.cluster import Cluster
+from e2e.harness.kube import Kube
+from e2e.harness.procs import read_pid_file
 
 
 def _own(cluster: Cluster | None) -> Cluster:

@@ -8,7 +8,7 @@ The controller runs with the chart's RBAC (a token of its service account).
 
 Each run uses a driver name of its own, so slices other e2e tests publish for
 gpu.drasil.dev never show up in the counts asserted here. (Over 600 lines: the tests
-share the fixtures and helpers around one controller process, e2e.controllerproc.)
+share the fixtures and helpers around one controller process, e2e.harness.controllerproc.)
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from drasil.api.devicepool import CRD_NAME, crd_manifest
 from drasil.api.limits import allow_nesting
 from drasil.driver.explain.fromapi import explain_from_api
 from drasil.driver.kubeapi import KubeApi
-from e2e.chart import ChartIdentity, chart_identity
-from e2e.controllerproc import ControllerProcess
-from e2e.kube import Kube, NotYet, gone, pending_pod, wait_for
+from e2e.harness.chart import ChartIdentity, chart_identity
+from e2e.harness.controllerproc import ControllerProcess
+from e2e.harness.kube import Kube, NotYet, gone, pending_pod, wait_for
 
 RESOURCE = "resource.k8s.io/v1"
 TOKEN = secrets.token_hex(3)

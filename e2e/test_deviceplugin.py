@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 
-from e2e.cluster.node import Node
-from e2e.kube import Kube, NotYet, wait_for
-from e2e.pluginproc import DRIVER, GPU_RESOURCE, PluginProcess
-from e2e.pods import (
+from e2e.harness.cluster.node import Node
+from e2e.harness.kube import Kube, NotYet, wait_for
+from e2e.harness.pluginproc import DRIVER, GPU_RESOURCE, PluginProcess
+from e2e.harness.pods import (
     POD_TIMEOUT,
     container_env,
     delete_pod,
@@ -35,7 +35,7 @@ from e2e.pods import (
     pod,
     wait_running,
 )
-from e2e.pods import visible_uuids as dra_visible_uuids
+from e2e.harness.pods import visible_uuids as dra_visible_uuids
 
 RESOURCE = "resource.k8s.io/v1"
 GPUS = 8  # the node's simulated profile, h100-80gb:8

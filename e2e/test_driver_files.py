@@ -1,10 +1,10 @@
 """The NVIDIA driver's files and hooks in drasil's specs, checked two ways.
 
 1. **NVIDIA's generator as the oracle.** On fake driver roots of several layouts
-   (`e2e.driverroot`: ELF libraries with the real SONAMEs, `ldconfig -r`, firmware,
+   (`e2e.harness.driverroot`: ELF libraries with the real SONAMEs, `ldconfig -r`, firmware,
    utilities, sockets), the host files drasil mounts, the links and ld cache folders its
    hooks make and its hooks' arguments equal what `nvidia-ctk cdi generate
-   --mode=management` (built from the toolkit's Go module, `e2e.nvidiatoolkit`) writes
+   --mode=management` (built from the toolkit's Go module, `e2e.harness.nvidiatoolkit`) writes
    for the same root. Device nodes aside: drasil's are per device.
 2. **On the real node** (kubelet, containerd, runc): the plugin runs with a fake driver
    root and the real `nvidia-cdi-hook`; a glibc container (`versions.PROBE_IMAGE`) runs
@@ -29,13 +29,13 @@ from drasil.driver.cdi.spec import common_edits_dict, validate_spec
 from drasil.driver.nvidia.driveredits import driver_edits
 from drasil.driver.nvidia.driverfiles import DriverRoot, find_driver_files
 from drasil.kubeletplugin.gpucheck import cdicheck
-from e2e import versions
-from e2e.cluster.node import Node
-from e2e.driverroot import FakeRoot, build_fake_root
-from e2e.kube import Kube, NotYet, wait_for
-from e2e.nvidiatoolkit import VOID_MOUNT_HOST_PATH, cdi_hook_path, reference_spec
-from e2e.pluginproc import DRIVER
-from e2e.pods import POD_TIMEOUT, cdi_spec, delete_pod, prepared_in, template
+from e2e.harness import versions
+from e2e.harness.cluster.node import Node
+from e2e.harness.driverroot import FakeRoot, build_fake_root
+from e2e.harness.kube import Kube, NotYet, wait_for
+from e2e.harness.nvidiatoolkit import VOID_MOUNT_HOST_PATH, cdi_hook_path, reference_spec
+from e2e.harness.pluginproc import DRIVER
+from e2e.harness.pods import POD_TIMEOUT, cdi_spec, delete_pod, prepared_in, template
 
 RESOURCE = "resource.k8s.io/v1"
 GPUS = 8  # the node's default profile

@@ -23,8 +23,8 @@ import grpc
 import pytest
 
 from bench import mig as mig_bench
-from e2e.kube import Kube, NotYet, wait_for
-from e2e.pluginproc import (
+from e2e.harness.kube import Kube, NotYet, wait_for
+from e2e.harness.pluginproc import (
     DRIVER,
     GPU_CLASS,
     ClaimId,
@@ -32,7 +32,7 @@ from e2e.pluginproc import (
     PluginProcess,
     lose_checkpoint,
 )
-from e2e.pods import pod, template
+from e2e.harness.pods import pod, template
 from e2e.test_kubeletplugin import assert_clean, cdi_file, checkpoint_claims
 
 RESOURCE = "resource.k8s.io/v1"

@@ -1,7 +1,7 @@
-"""`make gpu-check` against the mock NVML (e2e/mocknvml): every step, and a mismatch.
+"""`make gpu-check` against the mock NVML (e2e/harness/mocknvml): every step, and a mismatch.
 
-The fake driver root (e2e.driverroot) carries the mock as its libnvidia-ml.so with the
-node's config embedded and `e2e/mocknvml/smi.py` as its nvidia-smi; the check runs as
+The fake driver root (e2e.harness.driverroot) carries the mock as its libnvidia-ml.so with the
+node's config embedded and `e2e/harness/mocknvml/smi.py` as its nvidia-smi; the check runs as
 `python -m drasil.kubeletplugin.gpucheck` in a subprocess, as on a GPU machine. Needs root
 (mknod, ldconfig -r, the sandbox's namespaces and mounts).
 """
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from drasil.driver.nvidia.simulated import simulated_library
-from e2e.mocknvml import smi
+from e2e.harness.mocknvml import smi
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mknod, namespaces)")
 

@@ -1,4 +1,4 @@
-"""The image the Dockerfile builds (e2e.image, buildah), started and looked into.
+"""The image the Dockerfile builds (tools.image, buildah), started and looked into.
 
 Each command runs in a container of the built image (`buildah from` + `buildah run`,
 chroot isolation: the image's user, environment and root filesystem, no OCI runtime),
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import struct
 import subprocess
 import tarfile
@@ -24,13 +23,11 @@ import pytest
 from packaging.utils import canonicalize_name
 
 from drasil.kubeletplugin.options import BUNDLED_CDI_HOOK
-from e2e import versions
-from e2e.image import ImageBuildError, LocalImage, build_image
-from e2e.image.__main__ import main as image_main
-from e2e.image.constraints import pinned
-from e2e.image.golang import MIN_GO
-from e2e.image.local import DOCKERFILE, SOURCE, project_version, revision
-from e2e.image.run import resolve_in
+from e2e.harness import versions
+from tools.image import LocalImage, build_image
+from tools.image.__main__ import main as image_main
+from tools.image.constraints import pinned
+from tools.image.local import SOURCE, dockerfile_arg, project_version, revision
 
 USER = "65532:65532"
 HOOK = "/opt/drasil/bin/nvidia-cdi-hook"
@@ -147,13 +144,6 @@ def test_make_image_writes_the_archive_to_dist_and_tags_the_version(
     assert image_id(tagged) == image_id(image.name)
 
 
-def dockerfile_arg(name: str) -> str:
-    """The default of `ARG name=...` in the Dockerfile."""
-    match = re.search(rf"^ARG {name}=(\S+)$", DOCKERFILE.read_text(), re.MULTILINE)
-    assert match is not None, f"the Dockerfile has no ARG {name}=..."
-    return match[1]
-
-
 def test_the_image_carries_nvidia_cdi_hook_at_the_pinned_version(container: str) -> None:
     """Where the plugin copies it from by default (kubeletplugin/options.py), root's and
     executable by all, the toolkit version the Dockerfile pins (the same the e2e
@@ -213,17 +203,6 @@ def test_the_hook_is_static_and_runs_on_the_host_outside_the_image(
     assert ran.stdout.startswith("NVIDIA CDI Hook version ")
 
 
-@pytest.mark.pure
-def test_the_go_stage_defaults_to_a_go_the_toolkit_builds_with() -> None:
-    """The public Go image of the hook stage is a Debian 12 one, as the Python base, of
-    a Go the toolkit's go.mod accepts; the local stand-in checks the host's Go alike."""
-    image = dockerfile_arg("GO_IMAGE")
-    match = re.fullmatch(r"docker\.io/library/golang:(\d+)\.(\d+)-bookworm", image)
-    assert match is not None, image
-    assert (int(match[1]), int(match[2])) >= MIN_GO
-    assert dockerfile_arg("PYTHON_IMAGE").endswith("-bookworm")
-
-
 def image_id(name: str) -> str:
     return subprocess.run(
         ["buildah", "inspect", "--type=image", "--format={{.FromImageID}}", name],
@@ -232,21 +211,3 @@ def image_id(name: str) -> str:
         check=True,
         timeout=60,
     ).stdout.strip()
-
-
-@pytest.mark.pure
-def test_mount_targets_resolve_symlinks_inside_the_image(tmp_path: Path) -> None:
-    """Debian's /var/run -> /run: the sandbox mounts at /run/..., inside the image, never
-    where the link points on the host."""
-    (tmp_path / "run").mkdir()
-    (tmp_path / "var").mkdir()
-    (tmp_path / "var" / "run").symlink_to("/run")
-    (tmp_path / "usr" / "bin").mkdir(parents=True)
-    (tmp_path / "bin").symlink_to("usr/bin")
-    (tmp_path / "loop").symlink_to("loop")
-    secrets = "/var/run/secrets/kubernetes.io/serviceaccount"
-    assert resolve_in(tmp_path, secrets) == "/run/secrets/kubernetes.io/serviceaccount"
-    assert resolve_in(tmp_path, "/bin/../bin/sh") == "/usr/bin/sh"
-    assert resolve_in(tmp_path, "/../../tmp") == "/tmp"
-    with pytest.raises(ImageBuildError, match="too many symlinks"):
-        resolve_in(tmp_path, "/loop/x")

@@ -1,14 +1,14 @@
 """The chart installed for real: `helm install` into the local cluster with its real node
 (containerd, kubelet), the kubelet plugin running as the chart's DaemonSet Pod from the
-locally built image (e2e.image, imported with `ctr`); a workload Pod gets a GPU;
+locally built image (tools.image, imported with `ctr`); a workload Pod gets a GPU;
 `helm upgrade` rolls the DaemonSet while the workload keeps running; `helm uninstall`
 removes everything it made. Then the same in device-plugin mode (its own resource name,
 drasil.dev/install-gpu): the Node advertises the GPUs, a Pod with limits gets one.
 
-The node's own plugin (e2e.cluster.node, driver gpu.drasil.dev) keeps running for the
+The node's own plugin (e2e.harness.cluster.node, driver gpu.drasil.dev) keeps running for the
 other node tests; the chart installs a second driver beside it, gpu.install.drasil.dev,
 with its own DeviceClass made here (the node tests own gpu.drasil.dev). The values the
-local cluster needs are e2e.chart.local_node_values (all ordinary chart values).
+local cluster needs are e2e.harness.chart.local_node_values (all ordinary chart values).
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ import yaml
 
 from drasil.kubeletplugin.dra import mpsstandin
 from drasil.kubeletplugin.dra.mps import folder_key
-from e2e import versions
-from e2e.chart import CHART, LocalNode, crd_exists, helm, local_node_values
-from e2e.cluster.host import free_ports
-from e2e.cluster.node import Node
-from e2e.image import LocalImage, build_image, import_image
-from e2e.kube import Kube, NotYet, gone, wait_for
-from e2e.pods import container_env, pod, template, visible_uuids, wait_running
+from e2e.harness import versions
+from e2e.harness.chart import CHART, LocalNode, crd_exists, helm, local_node_values
+from e2e.harness.cluster.host import free_ports
+from e2e.harness.cluster.node import Node
+from e2e.harness.kube import Kube, NotYet, gone, wait_for
+from e2e.harness.pods import container_env, pod, template, visible_uuids, wait_running
+from tools.image import LocalImage, build_image, import_image
 
 DRIVER = "gpu.install.drasil.dev"
 CLASS = "install.drasil.dev"

@@ -26,9 +26,9 @@ import pytest
 
 from drasil.api.limits import allow_nesting
 from drasil.kubeletplugin.gpucheck import cdicheck
-from e2e.cluster import Cluster
-from e2e.kube import Kube, NotYet, wait_for
-from e2e.pluginproc import (
+from e2e.harness.cluster import Cluster
+from e2e.harness.kube import Kube, NotYet, wait_for
+from e2e.harness.pluginproc import (
     DRIVER,
     GPU_CLASS,
     ClaimId,
@@ -36,9 +36,9 @@ from e2e.pluginproc import (
     PluginProcess,
     lose_checkpoint,
 )
-from e2e.pluginproc import checkpoint_claims as stored_claims
-from e2e.pods import device_variable, template
-from e2e.procs import read_pid_file
+from e2e.harness.pluginproc import checkpoint_claims as stored_claims
+from e2e.harness.pods import device_variable, template
+from e2e.harness.procs import read_pid_file
 
 RESOURCE = "resource.k8s.io/v1"
 

@@ -1,8 +1,9 @@
 """NVIDIA's `nvidia-ctk cdi generate` (go-nvml, dlopen) against drasil's mock NVML.
 
-A fake driver root (e2e.driverroot) whose libnvidia-ml is the mock (e2e.mocknvml): the
-CDI spec NVIDIA's generator writes in its default (nvml) mode names the mock's GPUs by
-index and UUID, and its MIG devices as `<gpu>:<mig index>` and MIG UUID. go-nvlib reads
+A fake driver root (e2e.harness.driverroot) whose libnvidia-ml is the mock
+(e2e.harness.mocknvml): the CDI spec NVIDIA's generator writes in its default (nvml)
+mode names the mock's GPUs by index and UUID, and its MIG devices as `<gpu>:<mig index>`
+and MIG UUID. go-nvlib reads
 the MIG capability files from the host's /proc, so the run happens in a private mount
 namespace with the node's fake /proc/driver and /proc/devices bound over the real ones.
 
@@ -20,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e import mocknvml, nvidiatoolkit
-from e2e.driverroot import build_fake_root
+from e2e.harness import mocknvml, nvidiatoolkit
+from e2e.harness.driverroot import build_fake_root
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="fake driver roots and mount namespaces need root"

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from e2e.cluster.node import Node
-from e2e.kube import Kube, NotYet, gone, wait_for
-from e2e.pluginproc import DRIVER
-from e2e.pods import (
+from e2e.harness.cluster.node import Node
+from e2e.harness.kube import Kube, NotYet, gone, wait_for
+from e2e.harness.pluginproc import DRIVER
+from e2e.harness.pods import (
     EXTENDED_RESOURCE,
     POD_TIMEOUT,
     cdi_spec,

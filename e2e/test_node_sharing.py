@@ -22,11 +22,11 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from drasil.kubeletplugin.dra import mpsstandin
-from e2e import versions
-from e2e.cluster.node import Node
-from e2e.kube import Kube, NotYet, wait_for
-from e2e.pluginproc import DRIVER, checkpoint_gpus
-from e2e.pods import (
+from e2e.harness import versions
+from e2e.harness.cluster.node import Node
+from e2e.harness.kube import Kube, NotYet, wait_for
+from e2e.harness.pluginproc import DRIVER, checkpoint_gpus
+from e2e.harness.pods import (
     RESOURCE,
     checkpoint,
     container_env,

@@ -1,7 +1,7 @@
-"""What NVIDIA's own CDI generator makes of each fake driver root (e2e.driverroot).
+"""What NVIDIA's own CDI generator makes of each fake driver root (e2e.harness.driverroot).
 
 These tests document `nvidia-ctk cdi generate --mode=management` at the pinned toolkit
-version (e2e.nvidiatoolkit) on every layout: which files it mounts, which hooks it adds
+version (e2e.harness.nvidiatoolkit) on every layout: which files it mounts, which hooks it adds
 and with which arguments. drasil's own discovery is compared against the same oracle.
 
 No cluster: the e2e harness only builds the binaries first (nvidia-ctk among them). The
@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from e2e import driverroot, nvidiatoolkit, recipes, versions
-from e2e.driverroot import FakeRoot, build_fake_root
+from e2e.harness import driverroot, nvidiatoolkit, versions
+from e2e.harness.driverroot import FakeRoot, build_fake_root
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="fake driver roots need root (mknod, ldconfig -r)"
@@ -85,18 +85,6 @@ def _expected_links(root: FakeRoot) -> set[str]:
         ):
             links.add(f"{soname}::{folder}/{dev}")
     return links
-
-
-@pytest.mark.pure
-def test_the_toolkit_is_a_pinned_recipe() -> None:
-    built = {b.name: b for b in recipes.binaries()}
-    for name in ("nvidia-ctk", "nvidia-cdi-hook"):
-        binary = built[name]
-        assert binary.package == f"github.com/NVIDIA/nvidia-container-toolkit/cmd/{name}"
-        assert binary.cgo is True  # go-nvml dlopens libnvidia-ml.so.1
-        gomod = binary.module.files["go.mod"]
-        assert f"nvidia-container-toolkit {versions.NVIDIA_CONTAINER_TOOLKIT}" in gomod
-    assert built["nvidia-ctk"].recipe() != built["nvidia-cdi-hook"].recipe()
 
 
 def test_the_tools_report_the_pinned_version(hook: Path) -> None:

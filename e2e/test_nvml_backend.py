@@ -1,7 +1,7 @@
 """The plugin with ``--backend nvml`` (users' default) against our C mock NVML.
 
 `PluginProcess(backend="nvml")` runs the plugin on a fake driver root whose
-``libnvidia-ml.so`` is the mock (e2e.mocknvml), serving the very GPUs of the simulated
+``libnvidia-ml.so`` is the mock (e2e.harness.mocknvml), serving the very GPUs of the simulated
 backend's profile. What it publishes must equal what the simulated backend publishes;
 a whole GPU, a static MIG device and a dynamic MIG placement are prepared and
 unprepared through the plugin's socket as kubelet calls it; an XID that NVML's events
@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 from drasil.driver.nvidia.simgpus import simulated_gpus
-from e2e.kube import Kube, NotYet, wait_for
-from e2e.mocknvml import CAPS_MAJOR, mig_cap_minor
-from e2e.pluginproc import DRIVER, ClaimId, KubeletClient, PluginProcess
+from e2e.harness.kube import Kube, NotYet, wait_for
+from e2e.harness.mocknvml import CAPS_MAJOR, mig_cap_minor
+from e2e.harness.pluginproc import DRIVER, ClaimId, KubeletClient, PluginProcess
 from e2e.test_dynamic_mig import (
     MIG_CLASS,
     PROFILE_3G,

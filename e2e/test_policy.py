@@ -33,10 +33,10 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e.chart import crd_installed, dump, kubectl_run, render, token_kubeconfig
-from e2e.cluster.host import free_ports
-from e2e.image import build_image, image_env, sandbox_command, unpack
-from e2e.kube import Kube, NotYet, wait_for
+from e2e.harness.chart import crd_installed, dump, kubectl_run, render, token_kubeconfig
+from e2e.harness.cluster.host import free_ports
+from e2e.harness.kube import Kube, NotYet, wait_for
+from tools.image import build_image, image_env, sandbox_command, unpack
 
 OUR_DRIVER = "gpu.drasil.dev"
 OTHER_DRIVER = "gpu.other.example.com"
@@ -562,7 +562,7 @@ def test_plugin_from_the_image_publishes_its_node_under_the_charts_rbac_and_poli
     tmp_path: Path,
 ) -> None:
     """The DaemonSet's command, env, mounts and securityContext, run from the locally
-    built image without a container runtime (e2e.image.sandbox_command: read-only root,
+    built image without a container runtime (tools.image.sandbox_command: read-only root,
     no capabilities, no_new_privs, uid 0) with a token of the plugin's account bound to
     a Pod on node A: it publishes node A's devices, its probes answer, and it writes only
     into the host directories the chart mounts."""

@@ -16,9 +16,9 @@ import pytest
 
 from bench.scale import Params, PodTimes, allocation_problems, run_fleet
 from drasil.driver.slices.validate import validate_slice
-from e2e.cluster.control_plane import Cluster
-from e2e.cluster.fleet import DRIVER, fleet_nodes, published_slices
-from e2e.kube import Kube
+from e2e.harness.cluster.control_plane import Cluster
+from e2e.harness.cluster.fleet import DRIVER, fleet_nodes, published_slices
+from e2e.harness.kube import Kube
 
 NODES = 20
 GPUS = 4  # per node: the 4 Pods per node fill the fleet, so the probes must wait

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from e2e.kube import Kube, NotYet, gone, pending_pod, wait_for
+from e2e.harness.kube import Kube, NotYet, gone, pending_pod, wait_for
 
 DRIVER = "smoke.example.com"
 NODE = "e2e-node-1"

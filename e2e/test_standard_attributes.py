@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from e2e.kube import Kube, NotYet, wait_for
-from e2e.pluginproc import DRIVER, GPU_CLASS, ClaimId, KubeletClient, PluginProcess
+from e2e.harness.kube import Kube, NotYet, wait_for
+from e2e.harness.pluginproc import DRIVER, GPU_CLASS, ClaimId, KubeletClient, PluginProcess
 
 RESOURCE = "resource.k8s.io/v1"
 NUMA = "resource.kubernetes.io/numaNode"

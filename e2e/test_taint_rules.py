@@ -19,9 +19,9 @@ import pytest
 
 from drasil.driver.explain.fromapi import explain_from_api
 from drasil.driver.kubeapi import KubeApi
-from e2e.chart import chart_controller
-from e2e.controllerproc import ControllerProcess
-from e2e.kube import Kube, NotYet, gone, pending_pod, wait_for
+from e2e.harness.chart import chart_controller
+from e2e.harness.controllerproc import ControllerProcess
+from e2e.harness.kube import Kube, NotYet, gone, pending_pod, wait_for
 
 RESOURCE = "resource.k8s.io/v1"
 TOKEN = secrets.token_hex(3)

@@ -1,4 +1,4 @@
-"""Fixtures for tests that run pynvml in-process against drasil's mock NVML (e2e.mocknvml).
+"""Fixtures for tests that run pynvml in-process against drasil's mock NVML (e2e.harness.mocknvml).
 
 A process can only ever hold one libnvidia-ml.so.1 and pynvml loads it once, so the mock
 is compiled and preloaded once per session (`mock_nvml_lib`); each test gets its own
@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from e2e import mocknvml
-from e2e.mocknvml import MockNode
+from e2e.harness import mocknvml
+from e2e.harness.mocknvml import MockNode
 
 MockNodeFactory = Callable[..., MockNode]
 

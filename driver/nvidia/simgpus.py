@@ -10,7 +10,7 @@ DGX-like layout (two GPUs per root complex, eight per PCI domain); the first hal
 the GPUs sits on NUMA node 0, the rest on node 1. Simulated GPUs have no device nodes.
 
 ``DRIVER_VERSION`` and ``CUDA_DRIVER_VERSION`` are what the simulated NVML (and the
-mock NVML of ``e2e/mocknvml``) reports for the host's driver.
+mock NVML of ``e2e/harness/mocknvml``) reports for the host's driver.
 """
 
 from __future__ import annotations

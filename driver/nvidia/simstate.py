@@ -9,7 +9,7 @@ State file. With ``state_file``, MIG mode, instances, time slices and compute mo
 in a JSON file that outlives the process, as a real GPU's state outlives the plugin:
 every change is written (``write_atomic``) under a ``FileLock`` on ``<file>.lock`` after
 re-reading the file, and every query re-reads it when it changed, so the plugin and
-``drasil discover`` share one GPU (and so does the mock NVML of ``e2e/mocknvml``). The
+``drasil discover`` share one GPU (and so does the mock NVML of ``e2e/harness/mocknvml``). The
 file::
 
     {"version": 1, "bootId": "<boot id>",

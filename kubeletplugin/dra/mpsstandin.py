@@ -22,7 +22,7 @@ Protocol: one ASCII line each way per message. Control commands (the real ones t
 plugin sends, plus ``get_client_count``) get one reply line. A client handshake is
 ``client <pinned env> <threads env>`` -> ``shm <name>`` -> ``token <token>`` ->
 ``ok memory=<M> threads=<P>``, then ``ping`` -> ``pong`` while it stays connected.
-Any step may be answered ``error: <why>``. e2e/probe/mps_client.c speaks the client
+Any step may be answered ``error: <why>``. e2e/harness/probe/mps_client.c speaks the client
 side in containers; ``control()`` and ``connect_client()`` speak it from Python.
 
 Standard library only, so it starts fast and carries nothing of the plugin along.

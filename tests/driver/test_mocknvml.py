@@ -1,4 +1,4 @@
-"""drasil's mock NVML (e2e.mocknvml): the real pynvml and PynvmlLibrary over it.
+"""drasil's mock NVML (e2e.harness.mocknvml): the real pynvml and PynvmlLibrary over it.
 
 The mock is a C library of our own, compiled here and preloaded into this process; these
 tests hold it to NVML's ABI (pynvml's ctypes layouts), to nvml.h's behaviour and to the
@@ -37,8 +37,8 @@ from drasil.driver.nvidia.nvml import (
 from drasil.driver.nvidia.nvmladapter import PynvmlLibrary
 from drasil.driver.nvidia.simgpus import mig_uuid
 from drasil.driver.nvidia.simulated import FakeNvml
-from e2e import mocknvml
-from e2e.mocknvml import MockNode
+from e2e.harness import mocknvml
+from e2e.harness.mocknvml import MockNode
 
 __all__ = ["mock_node", "mock_nvml_lib"]  # fixtures, imported for pytest
 

@@ -1,6 +1,6 @@
 """The NVML adapter's defects that only a real library shows, found against the mock.
 
-Each test runs drasil's pynvml adapter over the C mock (``e2e/mocknvml``), which keeps
+Each test runs drasil's pynvml adapter over the C mock (``e2e/harness/mocknvml``), which keeps
 NVML's rules where the simulated backend once did not: the reference-counted init,
 ``activationStatus``, Ampere's reset, the ``V`` profile call's NOT_SUPPORTED while MIG
 mode is off, per-device event registration, the capability nodes in ``/proc``.
@@ -37,8 +37,8 @@ from drasil.driver.nvidia.nvmladapter import PynvmlLibrary
 from drasil.driver.nvidia.simulated import FakeNvml
 from drasil.driver.nvidia.xid import XidWatcher
 from drasil.kubeletplugin.dra.migs import MigError, MigInstances
-from e2e import mocknvml
-from e2e.mocknvml import MockNode
+from e2e.harness import mocknvml
+from e2e.harness.mocknvml import MockNode
 
 __all__ = ["mock_node", "mock_nvml_lib"]  # fixtures, imported for pytest
 

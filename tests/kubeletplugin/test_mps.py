@@ -507,7 +507,7 @@ int main(int argc, char **argv) {
 
 @pytest.fixture
 def driver_root(reaper: Path) -> Path:
-    from e2e.cbuild import compile_c, compiler
+    from e2e.harness.cbuild import compile_c, compiler
 
     root = reaper / "driver-root"
     for folder in ("usr/bin", "tmp", "dev/shm"):

@@ -33,13 +33,13 @@ from drasil.kubeletplugin.dra.mpsstandin import (
     connect_client,
     control,
 )
-from e2e.cbuild import compile_c, compiler
+from e2e.harness.cbuild import compile_c, compiler
 
 MODULE = "drasil.kubeletplugin.dra.mpsstandin"
 GPU = "GPU-5a1e9c1e-0000-4000-8000-000000000001"
 NOBODY = 65534
 DEADLINE = 10.0
-MPS_CLIENT_SOURCE = Path(__file__).parents[2] / "e2e" / "probe" / "mps_client.c"
+MPS_CLIENT_SOURCE = Path(__file__).parents[2] / "e2e" / "harness" / "probe" / "mps_client.c"
 
 
 def wait_until(condition: Callable[[], object], what: str) -> None:
