@@ -74,6 +74,7 @@ class Controller:
             driver=self.driver,
             metrics=metrics,
             explain_after=options.explain_after,
+            stall_after=options.stall_after,
         )
 
     # ---- events -----------------------------------------------------------------------
@@ -170,4 +171,4 @@ class Controller:
             await asyncio.to_thread(self.device_status.run_due)
         due = self.explanations.due(now)
         if due:
-            await asyncio.to_thread(self.explanations.explain_round, due)
+            await asyncio.to_thread(self.explanations.explain_round, due, now)

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 INVALID_DEVICE_CONFIG = "InvalidDeviceConfig"
 UNSATISFIABLE = "Unsatisfiable"
 EXPLANATION_INCOMPLETE = "ExplanationIncomplete"
+SCHEDULER_NOT_RETRIED = "SchedulerNotRetried"
 COMPONENT = "drasil-controller"
 # Changed texts of explanation Events per minute, controller-wide (RepostBudget).
 REPOSTS_PER_MINUTE = 60

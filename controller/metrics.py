@@ -6,6 +6,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # Explaining one claim is CPU work over every published device: milliseconds to a second.
 _EXPLAIN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+# A satisfiable claim's wait: a re-check (30 s) to the scheduler's 5-minute flush and past.
+_WAIT_BUCKETS = (30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 
 
 class ControllerMetrics:
@@ -16,7 +18,7 @@ class ControllerMetrics:
         self.events = Counter(
             "drasil_controller_events_posted",
             "Kubernetes Events posted, by reason (InvalidDeviceConfig|Unsatisfiable|"
-            "ExplanationIncomplete) and the "
+            "ExplanationIncomplete|SchedulerNotRetried) and the "
             "kind of object they are about.",
             ["reason", "kind"],
             registry=self.registry,
@@ -50,6 +52,24 @@ class ControllerMetrics:
             "drasil_controller_explain_duration_seconds",
             "Time to explain one pending claim against the published devices.",
             buckets=_EXPLAIN_BUCKETS,
+            registry=self.registry,
+        )
+        self.scheduler_stalls = Counter(
+            "drasil_controller_scheduler_stalls",
+            "Pending claims that every explanation found satisfiable for --stall-after "
+            "seconds while kube-scheduler did not allocate them (once per episode).",
+            registry=self.registry,
+        )
+        self.stalled_claims = Gauge(
+            "drasil_controller_stalled_claims",
+            "Pending claims satisfiable for --stall-after seconds or longer right now.",
+            registry=self.registry,
+        )
+        self.satisfiable_wait = Histogram(
+            "drasil_controller_satisfiable_wait_seconds",
+            "How long a claim stayed pending after an explanation first found it "
+            "satisfiable, observed when it stops waiting (allocated, deleted, no Pod).",
+            buckets=_WAIT_BUCKETS,
             registry=self.registry,
         )
         self.device_status_writes = Counter(

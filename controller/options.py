@@ -44,6 +44,7 @@ class ControllerOptions:
     verbosity: int
     leader: LeaderElection
     resync_period: float = 300.0
+    stall_after: float = 60.0
 
 
 def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -60,6 +61,13 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         type=float,
         default=env.get("EXPLAIN_AFTER", "10"),
         help="seconds a claim may wait for allocation before it is explained (default 10)",
+    )
+    p.add_argument(
+        "--stall-after",
+        type=float,
+        default=env.get("STALL_AFTER", "60"),
+        help="seconds a pending claim may look satisfiable before a SchedulerNotRetried "
+        "Event says its wait is not capacity (default 60)",
     )
     p.add_argument("--metrics-addr", default=env.get("METRICS_ADDR", ":9402"))
     p.add_argument("--health-addr", default=env.get("HEALTH_ADDR", ":9403"))
@@ -127,6 +135,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
     except (argparse.ArgumentError, ValueError) as err:  # also bad numbers in env defaults
         raise OptionsError(str(err)) from None
     _check(ns.explain_after > 0, f"--explain-after: {ns.explain_after:g} is not positive")
+    _check(ns.stall_after > 0, f"--stall-after: {ns.stall_after:g} is not positive")
     _check(ns.resync_period > 0, f"--resync-period: {ns.resync_period:g} is not positive")
     _check(ns.log_format in LOG_FORMATS, f"--log-format: {ns.log_format!r} is not json or text")
     for flag, value in (("--metrics-addr", ns.metrics_addr), ("--health-addr", ns.health_addr)):
@@ -144,6 +153,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         log_format=ns.log_format,
         verbosity=int(ns.verbosity),
         resync_period=ns.resync_period,
+        stall_after=ns.stall_after,
         leader=LeaderElection(
             enabled=ns.leader_elect,
             name=ns.leader_elect_lease_name,

@@ -119,6 +119,7 @@ def controller(
         lease=identity.lease,
         lease_namespace=identity.namespace,
         identity=f"e2e-{TOKEN}",
+        args=["--stall-after=15"],
     )
     proc.start()
     proc.wait_logged("leading")
@@ -654,6 +655,37 @@ def test_a_pods_node_selector_that_rules_out_the_free_gpus_is_explained(
         KubeApi(kube.api), namespace=namespace, name=claim["metadata"]["name"], driver=DRIVER
     )
     assert explanation.message() == event.message
+    assert_untouched(kube, namespace)
+
+
+def test_a_satisfiable_claim_the_scheduler_leaves_pending_is_called_a_stall(
+    kube: Kube,
+    namespace: str,
+    controller: ControllerProcess,
+    make_node: Callable[..., dict[str, Any]],
+) -> None:
+    """A free GPU and a Pod whose scheduler never comes (a schedulerName nobody serves):
+    the claim stays unallocated though it could be allocated. After --stall-after (15 s
+    here) of explanations that find it satisfiable, the claim and the Pod are told the
+    wait is not capacity, and the metric counts it."""
+    node = make_node(f"e2e-stall-{TOKEN}")
+    kube.create(node_slice(node, [gpu("gpu-0")]))
+    kube.create(claim_template("free"), namespace)
+    waiting = pending_pod("never-scheduled", template="free")
+    waiting["spec"]["schedulerName"] = f"no-scheduler-{TOKEN}"
+    pod = kube.create(waiting, namespace)
+    claim = wait_for(
+        lambda: pod_claim(kube, namespace, "never-scheduled"), timeout=30, what="the claim"
+    )
+
+    # Explained at 10 s (satisfiable: no Event), again at 40 s: stalled for 30 s by then.
+    event = wait_event(kube, namespace, claim["metadata"]["uid"], "SchedulerNotRetried", timeout=70)
+    assert event.message.startswith("satisfiable since "), event.message
+    assert "kube-scheduler has not retried its Pod" in event.message
+    on_pod = wait_event(kube, namespace, pod["metadata"]["uid"], "SchedulerNotRetried")
+    assert on_pod.message == f"ResourceClaim {claim['metadata']['name']}: {event.message}"
+    assert not events(kube, namespace, claim["metadata"]["uid"], "Unsatisfiable")
+    assert controller.metrics()["drasil_controller_scheduler_stalls_total"] >= 1
     assert_untouched(kube, namespace)
 
 

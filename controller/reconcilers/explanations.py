@@ -5,7 +5,9 @@ waiting, for ``--explain-after`` (then again every ``MIN_RECHECK``). Only unallo
 claims are walked (the ClusterView indexes them), not every claim. Each due claim is
 re-read from the API server (the cache may be a moment old), explained against the
 cached slices, claims, classes and DeviceTaintRules, and an ``Unsatisfiable`` Event
-goes to the claim and its waiting Pods when the text is new.
+goes to the claim and its waiting Pods when the text is new. A claim that the
+explanations find satisfiable for ``--stall-after`` seconds gets one
+``SchedulerNotRetried`` Event instead (``controller/stalls.py``): the wait is not capacity.
 """
 
 from __future__ import annotations
@@ -13,10 +15,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
-from drasil.controller.events import EXPLANATION_INCOMPLETE, UNSATISFIABLE, EventRecorder, ObjectRef
+from drasil.controller.events import (
+    EXPLANATION_INCOMPLETE,
+    SCHEDULER_NOT_RETRIED,
+    UNSATISFIABLE,
+    EventRecorder,
+    ObjectRef,
+)
 from drasil.controller.metrics import ControllerMetrics
 from drasil.controller.pending import PendingClaims
+from drasil.controller.stalls import STALL_AFTER, Episode, SchedulerStalls
 from drasil.controller.state import ClusterView, Key
 from drasil.driver.cel.selectors import CelDeviceCache
 from drasil.driver.explain.claims import ExplainContext, explain_claim, prepare_fleet
@@ -44,6 +54,7 @@ class ExplanationReconciler:
         driver: str,
         metrics: ControllerMetrics,
         explain_after: float,
+        stall_after: float = STALL_AFTER,
     ) -> None:
         self.api = api
         self.view = view
@@ -53,6 +64,8 @@ class ExplanationReconciler:
         self.pending = PendingClaims(
             explain_after=explain_after, recheck=max(explain_after, MIN_RECHECK)
         )
+        self.stalls = SchedulerStalls(stall_after)
+        self._last_tick = 0.0  # the tick's clock, also for claims forgotten between ticks
         self.cel_cache = CelDeviceCache()
         # (read at, Nodes): one list serves every explanation for a few seconds, so many
         # pending claims do not mean as many lists of every Node. Never longer than the
@@ -62,6 +75,7 @@ class ExplanationReconciler:
 
     def due(self, now: float) -> list[Key]:
         """The pending claims to explain now (runs on the event loop: cheap)."""
+        self._last_tick = now
         waiting: dict[str, Key] = {}
         for uid, key in self.view.unallocated_claims():
             if any(p.waiting for p in self.view.pods_using("ResourceClaim", key)):
@@ -69,18 +83,25 @@ class ExplanationReconciler:
         due = self.pending.update(waiting, now=now)
         for uid in due:
             self.pending.explained(uid, now=now)
+        for waited in self.stalls.ended_except(set(waiting), now=now):
+            self.metrics.satisfiable_wait.observe(waited)
+        self.metrics.stalled_claims.set(self.stalls.stalled(now=now))
         return [waiting[uid] for uid in due]
 
     def forget(self, uid: str) -> None:
         self.pending.forget(uid)
+        waited = self.stalls.ended(uid, now=self._last_tick)
+        if waited is not None:
+            self.metrics.satisfiable_wait.observe(waited)
 
-    def explain_round(self, keys: list[Key]) -> None:
-        """Explain ``keys``, sharing one fleet between them (a worker thread)."""
+    def explain_round(self, keys: list[Key], now: float) -> None:
+        """Explain ``keys`` at the tick ``now``, sharing one fleet between them (a worker
+        thread)."""
         fleet: tuple[float, ExplainContext] | None = None
         for key in keys:
             try:
                 fleet = self._fresh_fleet(fleet)
-                self.explain(key, fleet=fleet[1])
+                self.explain(key, fleet=fleet[1], now=now)
             except Exception:  # tried again at the next recheck, not every second
                 log.exception("explaining a claim failed", extra={"claim": "/".join(key)})
 
@@ -108,9 +129,12 @@ class ExplanationReconciler:
             self._nodes = (now, nodes)
         return nodes
 
-    def explain(self, key: Key, *, fleet: ExplainContext | None = None) -> str | None:
+    def explain(
+        self, key: Key, *, fleet: ExplainContext | None = None, now: float | None = None
+    ) -> str | None:
         """Explain one pending claim and post the result; returns the message posted.
-        ``fleet``: ``prepare_fleet`` of the current view, shared by a round of claims."""
+        ``fleet``: ``prepare_fleet`` of the current view, shared by a round of claims;
+        ``now``: the tick's clock (monotonic where not given)."""
         claim = self.api.get_claim(*key)
         if claim is None or ResourceClaim(claim).allocated:
             return None
@@ -135,6 +159,8 @@ class ExplanationReconciler:
         )
         self.metrics.explain_duration.observe(time.perf_counter() - started)
         ref = ObjectRef.of(claim)
+        if explanation.cut_short or explanation.unsatisfiable:
+            self.stalls.unsatisfiable(ref.uid)
         if explanation.cut_short and not explanation.unsatisfiable:
             message = explanation.summary()
             if self._deferred(ref, EXPLANATION_INCOMPLETE, message):
@@ -144,7 +170,9 @@ class ExplanationReconciler:
             return message
         if not explanation.unsatisfiable:
             log.debug("pending claim looks satisfiable", extra={"claim": explanation.claim})
-            return None
+            at = time.monotonic() if now is None else now
+            episode = self.stalls.satisfiable(ref.uid, now=at, wall=time.time())
+            return None if episode is None else self._stalled(ref, key, episode)
         message = explanation.message()
         if self._deferred(ref, UNSATISFIABLE, message):
             return None
@@ -154,6 +182,23 @@ class ExplanationReconciler:
         for pod in self.view.pods_using("ResourceClaim", key):
             if pod.waiting:
                 self.events.warn(pod.ref(), reason=UNSATISFIABLE, message=on_pod)
+        return message
+
+    def _stalled(self, ref: ObjectRef, key: Key, episode: Episode) -> str:
+        """Tell the claim and its waiting Pods that their wait is not capacity."""
+        since = datetime.fromtimestamp(episode.since_wall, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        message = (
+            f"satisfiable since {since}: every explanation since finds devices for all "
+            f"requests, yet the claim is unallocated; kube-scheduler has not retried its Pod "
+            f"(it retries unschedulable Pods on a related change, or within 5 minutes). "
+            f"The wait is not capacity."
+        )
+        self.metrics.scheduler_stalls.inc()
+        self.events.warn(ref, reason=SCHEDULER_NOT_RETRIED, message=message)
+        on_pod = f"ResourceClaim {key[1]}: {message}"
+        for pod in self.view.pods_using("ResourceClaim", key):
+            if pod.waiting:
+                self.events.warn(pod.ref(), reason=SCHEDULER_NOT_RETRIED, message=on_pod)
         return message
 
     def _deferred(self, ref: ObjectRef, reason: str, message: str) -> bool:

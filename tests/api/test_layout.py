@@ -94,6 +94,7 @@ LAYOUT: dict[str, set[str]] = {
         "operator",
         "options",
         "pending",
+        "stalls",
         "poolsync",
         "state",
         "reconcilers/",
