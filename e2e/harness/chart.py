@@ -72,6 +72,33 @@ def values_args(values_file: Path | None, sets: Iterable[str] = ()) -> list[str]
     return args
 
 
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A mapping of the rendered chart names one key twice."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML keeps the last of two equal keys; kubectl and Helm do too, but ArgoCD and
+    other YAML tools refuse the object (a label emitted twice broke NVIDIA's chart for
+    GitOps users). The chart's output must have none."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise DuplicateKeyError(
+                    "while constructing a mapping", node.start_mark,
+                    f"found duplicate key {key!r}", key_node.start_mark,
+                )  # fmt: skip
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_rendered(text: str) -> list[dict[str, Any]]:
+    """The objects of a rendered chart; DuplicateKeyError where a mapping repeats a key."""
+    return [doc for doc in yaml.load_all(text, Loader=_StrictLoader) if doc]
+
+
 def render(
     *,
     namespace: str,
@@ -92,8 +119,7 @@ def render(
     ]
     if include_crds:
         args.append("--include-crds")
-    out = helm(*args).stdout
-    return [doc for doc in yaml.safe_load_all(out) if doc]
+    return load_rendered(helm(*args).stdout)
 
 
 def kubectl_run(
