@@ -62,8 +62,15 @@ from drasil.driver.checkpointdisk import (
     key_file,
     key_of,
     read_disk,
+    read_regular,
 )
-from drasil.driver.files import fsync_directory, remove_file, sweep_temp_files, write_atomic
+from drasil.driver.files import (
+    fsync_directory,
+    move_aside,
+    remove_file,
+    sweep_temp_files,
+    write_atomic,
+)
 
 __all__ = [
     "BOOT_ID_PATH",
@@ -374,6 +381,7 @@ class CheckpointStore:
         boot_id = self._boot_id_reader()
         existed = self._make_dirs()
         found = LoadFindings()
+        self._check_generation(quarantine=quarantine, found=found)
         migrated = self._migrate_legacy(boot_id, quarantine=quarantine, found=found)
         # A crash between a temp write and its rename leaves a temp file; the caller
         # holds the FileLock at load, so no live writer owns one.
@@ -394,6 +402,17 @@ class CheckpointStore:
         if self._seen is None:
             self._bump()
         return found.result(self._snapshot(), missing=not existed and not migrated, boot_id=boot_id)
+
+    def _check_generation(self, *, quarantine: bool, found: LoadFindings) -> None:
+        """A ``generation`` that is not a regular file (a directory, a FIFO) is moved
+        aside like a corrupt file: every change writes it, so it would stop them all."""
+        try:
+            self._read_generation()
+        except CheckpointError as err:
+            path = self._generation.path
+            if not quarantine:
+                raise type(err)(f"{path}: {err}") from err
+            found.quarantine(self._quarantine(path), f"{path.name}: {err}")
 
     def _current_boot(
         self, disk: Disk, boot_id: str, found: LoadFindings
@@ -428,11 +447,9 @@ class CheckpointStore:
         is removed by the stale-claim pass. Returns whether there was a file.
         """
         try:
-            data = self.legacy_path.read_bytes()
+            legacy = decode_checkpoint(read_regular(self.legacy_path))
         except FileNotFoundError:
             return False
-        try:
-            legacy = decode_checkpoint(data)
         except CheckpointError as err:
             if not quarantine:
                 raise type(err)(f"{self.legacy_path}: {err}") from err
@@ -478,11 +495,8 @@ class CheckpointStore:
             self._bump()
 
     def _quarantine(self, path: Path) -> Path:
-        stamp = self._clock().astimezone(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
-        target = path.with_name(f"{path.name}.corrupt-{stamp}")
-        path.rename(target)
-        fsync_directory(path.parent)
-        return target
+        """Move ``path`` aside for a person (``files.move_aside``), at the store's time."""
+        return move_aside(path, now=self._clock())
 
     def _reindex(self) -> None:
         self._holders = {}

@@ -31,6 +31,7 @@ from drasil.api.checkpoint import (
     decode_claim_file,
     decode_gpu_file,
 )
+from drasil.driver import files
 
 _F = TypeVar("_F", ClaimFile, GpuFile)
 
@@ -81,17 +82,32 @@ class Disk:
     unreadable: list[tuple[Path, CheckpointError]] = field(default_factory=list)
 
 
-def _files(folder: Path) -> Iterator[tuple[Path, bytes]]:
+def open_regular(path: Path, flags: int, mode: int = FILE_MODE) -> int:
+    """Open the regular file at ``path`` (``drasil.driver.files.open_regular``);
+    anything else is ``CorruptCheckpoint``, so that it is quarantined like a corrupt
+    file, nothing at all ``FileNotFoundError`` (without ``O_CREAT``)."""
+    try:
+        return files.open_regular(path, flags, mode)
+    except files.NotRegularFile as err:
+        raise CorruptCheckpoint(str(err)) from err
+
+
+def read_regular(path: Path) -> bytes:
+    """The content of the regular file at ``path`` (see ``open_regular``)."""
+    try:
+        return files.read_regular(path)
+    except files.NotRegularFile as err:
+        raise CorruptCheckpoint(str(err)) from err
+
+
+def _files(folder: Path) -> Iterator[Path]:
     try:
         entries = list(os.scandir(folder))
     except FileNotFoundError:
         return
     for entry in entries:
         if entry.name.endswith(_SUFFIX):
-            try:
-                yield Path(entry.path), Path(entry.path).read_bytes()
-            except FileNotFoundError:  # removed between the listing and the read
-                continue
+            yield Path(entry.path)
 
 
 def _decoded(
@@ -100,12 +116,14 @@ def _decoded(
     key: Callable[[_F], str],
     unreadable: list[tuple[Path, CheckpointError]],
 ) -> Iterator[tuple[Path, _F]]:
-    """The folder's files decoded and checked against their names; the others are
-    added to ``unreadable``."""
-    for path, data in _files(folder):
+    """The folder's files decoded and checked against their names; the others
+    (entries that are not regular files included) are added to ``unreadable``."""
+    for path in _files(folder):
         try:
-            item = decode(data)
+            item = decode(read_regular(path))
             _check_name(path, key(item))
+        except FileNotFoundError:  # removed between the listing and the read
+            continue
         except CheckpointError as err:
             unreadable.append((path, err))
             continue
@@ -171,7 +189,8 @@ class GenerationFile:
     acquisition and change, without a path lookup each time.
 
     A file that lost its name (deleted, or its directory removed) is opened again by
-    name; that fails with ``FileNotFoundError`` when the directory is gone.
+    name; that fails with ``FileNotFoundError`` when the directory is gone, and with
+    ``CorruptCheckpoint`` when the name is not a regular file (``open_regular``).
     """
 
     def __init__(self, path: Path) -> None:
@@ -194,9 +213,9 @@ class GenerationFile:
             if os.fstat(self._fd).st_nlink > 0:
                 return self._fd
             self.close()
-        flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+        flags = os.O_RDWR | (os.O_CREAT if create else 0)
         try:
-            self._fd = os.open(self.path, flags, FILE_MODE)
+            self._fd = open_regular(self.path, flags, FILE_MODE)
         except FileNotFoundError:
             if create:
                 raise

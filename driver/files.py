@@ -1,4 +1,5 @@
-"""Crash-safe files: atomic replacement, durable removal, a cross-process lock.
+"""Crash-safe files: atomic replacement, durable removal, a cross-process lock, and
+reading only regular files (``open_regular``: never a FIFO, directory or symlink).
 
 Every on-disk write that must survive a crash goes through ``write_atomic``
 (docs/design.md#decisions): a reader sees the old content or the new content, never a torn file.
@@ -26,9 +27,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import os
 import secrets
+import stat
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Final
@@ -38,6 +42,8 @@ CRASH_EXIT_CODE: Final = 137
 TEMP_SUFFIX: Final = ".tmp"
 
 _CRASH_AT: Final = os.environ.get(CRASH_ENV) or None
+
+log = logging.getLogger(__name__)
 
 
 def crash_point(name: str) -> None:
@@ -150,6 +156,90 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+_KINDS: Final = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFLNK: "a symlink",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
+
+
+class NotRegularFile(OSError):
+    """An entry that must be a regular file is something else (``kind``).
+
+    An ``OSError``, so that a reader that already treats an unreadable file as missing
+    or damaged does the same here. ``str()`` names only the kind (the caller names the
+    path, as it does for its other errors); ``path`` is the entry.
+    """
+
+    def __init__(self, path: Path, kind: str) -> None:
+        super().__init__(f"not a regular file ({kind})")
+        self.path = path
+        self.kind = kind
+
+
+def _check_regular(path: Path, mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        raise NotRegularFile(path, _KINDS.get(stat.S_IFMT(mode), "not a file"))
+
+
+def open_regular(path: Path, flags: int, mode: int = 0o600) -> int:
+    """Open the regular file at ``path`` (``os.open`` flags); anything else is
+    ``NotRegularFile``, nothing at all ``FileNotFoundError`` (without ``O_CREAT``).
+
+    Whoever can write the plugin's state dir or CDI dir can leave a directory, FIFO,
+    socket, device node or symlink under a file's name. Opening one must neither stop
+    the plugin at every start (``EISDIR``) nor hang it (a FIFO blocks ``open`` until a
+    writer comes), nor follow a symlink out of the directory. ``lstat`` refuses them
+    without opening them (opening a device node can have side effects);
+    ``O_NOFOLLOW | O_NONBLOCK`` and ``fstat`` cover an entry swapped in between: a
+    symlink fails the open (``ELOOP``), a FIFO opens at once and fails the check.
+    ``O_NONBLOCK`` changes nothing for a regular file. Only the last component is
+    checked: the directories above are the caller's.
+    """
+    with contextlib.suppress(FileNotFoundError):  # os.open says so, or O_CREAT makes it
+        _check_regular(path, os.lstat(path).st_mode)
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):  # symlink, socket, dir
+            raise NotRegularFile(path, str(err.strerror)) from err
+        raise
+    try:
+        _check_regular(path, os.fstat(fd).st_mode)
+    except NotRegularFile:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular(path: Path) -> bytes:
+    """The content of the regular file at ``path`` (see ``open_regular``)."""
+    with os.fdopen(open_regular(path, os.O_RDONLY), "rb") as file:
+        return file.read()
+
+
+def move_aside(path: Path, *, now: datetime | None = None) -> Path:
+    """Rename ``path`` (any kind of entry) to ``<name>.corrupt-<UTC time>``, or
+    ``<name>.corrupt-<time>.<n>`` when that is taken, and make the rename durable.
+
+    The name the checkpoint gives a quarantined file: kept for a person to look at,
+    never read again. A plain rename would replace an earlier one of the same name, and
+    fails for a directory, which would stay in place and stop every load.
+    """
+    stamp = (now or datetime.now(UTC)).astimezone(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+    target = path.with_name(f"{path.name}.corrupt-{stamp}")
+    taken = 0
+    while os.path.lexists(target):
+        taken += 1
+        target = path.with_name(f"{path.name}.corrupt-{stamp}.{taken}")
+    path.rename(target)
+    fsync_directory(path.parent)
+    return target
+
+
 def sweep_temp_files(
     directory: Path, *, prefix: str, older_than: float | None = None
 ) -> list[Path]:
@@ -158,6 +248,12 @@ def sweep_temp_files(
     Only safe while no other process writes those targets (hold the ``FileLock``),
     because a live writer's temp file looks the same as a dead one's; or pass
     ``older_than`` (seconds): a live write takes milliseconds.
+
+    A directory under a temp name is no write of ours (removing it would take a
+    recursive delete of whatever is inside): it is left, with a warning, and blocks
+    nothing, since ``write_atomic`` never reuses a temp name. Any other entry is
+    unlinked: that removes the name only, never opens a FIFO or device node, never
+    touches a symlink's target.
     """
     cutoff = time.time() - older_than if older_than is not None else None
     removed = []
@@ -166,9 +262,8 @@ def sweep_temp_files(
     except FileNotFoundError:
         return []
     for entry in entries:
-        if entry.name.startswith(prefix) and entry.name.endswith(TEMP_SUFFIX):
-            if cutoff is not None and entry.stat().st_mtime > cutoff:
-                continue
+        named = entry.name.startswith(prefix) and entry.name.endswith(TEMP_SUFFIX)
+        if named and _sweepable(entry, cutoff):
             Path(entry.path).unlink(missing_ok=True)
             removed.append(Path(entry.path))
     if removed:
@@ -176,8 +271,53 @@ def sweep_temp_files(
     return sorted(removed)
 
 
+def _sweepable(entry: os.DirEntry[str], cutoff: float | None) -> bool:
+    try:
+        if entry.is_dir(follow_symlinks=False):
+            log.warning("left a directory named like a temp file", extra={"path": entry.path})
+            return False
+        return cutoff is None or entry.stat(follow_symlinks=False).st_mtime <= cutoff
+    except FileNotFoundError:  # removed since the listing (its writer renamed it)
+        return False
+
+
 class LockTimeoutError(TimeoutError):
     """The lock stayed held by another process for longer than the timeout."""
+
+
+class LockFileError(OSError):
+    """The lock file's name holds something no lock can be taken on."""
+
+
+def _move_aside_non_regular(path: Path) -> Path | None:
+    """Move the entry at ``path`` aside (``move_aside``) if it is not a regular file.
+
+    A lock file is never moved while someone may hold it. No ``FileLock`` locks
+    anything but a regular file (``open_regular``), so a directory, FIFO, socket or
+    symlink at the name is held by none (only a drasil from before this check, which
+    opened a FIFO or followed a symlink, could hold one); a regular file is never
+    moved. Two instances
+    starting together may both find the entry: a lock on the directory makes them
+    check and move in turn, so the second cannot move the lock file the first has
+    just created and locked. Returns where the entry went (``None``: already gone, or
+    a regular file by now).
+    """
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                return None
+        except FileNotFoundError:
+            return None
+        return move_aside(path)
+    except OSError as err:
+        raise LockFileError(
+            f"{path}: not a regular file and it could not be moved aside ({err}); "
+            "remove it (the lock file is created again)"
+        ) from err
+    finally:
+        os.close(fd)  # and the directory lock with it
 
 
 class FileLock:
@@ -187,7 +327,10 @@ class FileLock:
     (docs/design.md#two-instances-on-one-node). The lock belongs to the open file, so a crashed
     holder releases it automatically. Not reentrant: one instance is one acquisition.
     The lock file is never deleted, because deleting it lets two processes lock two
-    different inodes of the same name.
+    different inodes of the same name. Only a regular file is locked: anything else
+    at the name (a directory, FIFO, socket, symlink) is moved aside to
+    ``<name>.corrupt-<time>`` and the lock file created again; ``LockFileError`` when
+    that fails.
     """
 
     _POLL_START: Final = 0.001
@@ -230,7 +373,22 @@ class FileLock:
         self._fd = fd
 
     def _open(self) -> int:
-        return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            return open_regular(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except NotRegularFile as err:
+            moved = _move_aside_non_regular(self.path)
+            if moved is not None:
+                log.warning(
+                    "moved aside a lock file that was not a regular file",
+                    extra={"path": str(self.path), "kind": err.kind, "movedTo": str(moved)},
+                )
+        try:
+            return open_regular(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except NotRegularFile as err:  # put back at once: someone keeps doing it
+            raise LockFileError(
+                f"{self.path}: not a regular file ({err.kind}) even after it was moved "
+                "aside; remove it (the lock file is created again)"
+            ) from err
 
     def _wait_for_lock(self, fd: int) -> None:
         if self.timeout is None:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
-from drasil.driver.files import write_atomic
+from drasil.driver.files import read_regular, write_atomic
 from drasil.driver.nvidia.driveredits import NodeEdits, control_edits
 from drasil.driver.nvidia.driverfiles import DriverRoot, load_nvml, root_driver_version
 from drasil.driver.nvidia.nodecheck import Check, check_device_nodes, check_driver, check_hook
@@ -119,8 +119,8 @@ def install_hook(bundled: Path, state_dir: Path) -> Path:
     (the copy is renamed into place)."""
     dest = state_dir / HOOK_NAME
     data = bundled.read_bytes()
-    try:
-        same = dest.read_bytes() == data
+    try:  # never blocks on a FIFO nor follows a link left there (files.read_regular)
+        same = read_regular(dest) == data
     except OSError:
         same = False
     if not same or not os.access(dest, os.X_OK):

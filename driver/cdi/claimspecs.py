@@ -23,7 +23,9 @@ Specs are validated (``drasil.driver.cdi.spec``) before they are written. Crash 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +48,16 @@ from drasil.driver.cdi.spec import (
     validate_spec,
 )
 from drasil.driver.devices import Device
-from drasil.driver.files import remove_file, sweep_temp_files, write_atomic
+from drasil.driver.files import (
+    NotRegularFile,
+    move_aside,
+    read_regular,
+    remove_file,
+    sweep_temp_files,
+    write_atomic,
+)
+
+log = logging.getLogger(__name__)
 
 CLAIM_CLASS: Final = "claim"
 ANNOTATION_PREFIX: Final = "drasil.dev/"
@@ -231,8 +242,15 @@ def write_claim_spec(req: ClaimSpecRequest, *, cdi_root: Path, driver: str) -> P
     data = encode_spec(build_claim_spec(req, driver=driver))
     path = spec_path(cdi_root, driver=driver, claim_uid=req.claim_uid)
     try:
-        if path.read_bytes() == data:
+        if read_regular(path) == data:
             return path
+    # Something else under the spec's name (a FIFO would hang a plain read) is
+    # replaced by the rename like an old spec; a directory, which a rename cannot
+    # replace, is moved aside first, or every prepare of the claim would fail.
+    except NotRegularFile:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            moved = move_aside(path)
+            log.warning("a directory had a claim spec's name", extra={"moved_to": str(moved)})
     except FileNotFoundError:
         pass
     # /var/run/cdi is tmpfs: a power loss wipes it whatever we fsync, and a process
@@ -243,12 +261,19 @@ def write_claim_spec(req: ClaimSpecRequest, *, cdi_root: Path, driver: str) -> P
 
 
 def read_claim_spec(cdi_root: Path, *, driver: str, claim_uid: str) -> CdiSpec | None:
-    """The claim's spec as written, or ``None`` when there is none."""
+    """The claim's spec as written, or ``None`` when there is none.
+
+    ``CdiSpecError`` when it cannot be read as a spec: not JSON, or not a regular file
+    (a directory, a FIFO, which a plain read would wait on forever, or a symlink,
+    which is not followed out of the CDI dir).
+    """
     path = spec_path(cdi_root, driver=driver, claim_uid=claim_uid)
     try:
-        data = path.read_bytes()
+        data = read_regular(path)
     except FileNotFoundError:
         return None
+    except NotRegularFile as err:
+        raise CdiSpecError(f"{path}: {err}") from err
     try:
         spec = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:

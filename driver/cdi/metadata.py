@@ -43,7 +43,13 @@ from typing import Any, Final
 
 from drasil.driver.cdi.spec import DEVICE_NAME, CdiSpecError, Mount
 from drasil.driver.devices import AttributeValue, Version
-from drasil.driver.files import crash_point, sweep_temp_files, write_atomic
+from drasil.driver.files import (
+    NotRegularFile,
+    crash_point,
+    read_regular,
+    sweep_temp_files,
+    write_atomic,
+)
 
 METADATA_DIR: Final = "dra-device-metadata"
 CONTAINER_DIR: Final = "/var/run/kubernetes.io/dra-device-attributes"
@@ -250,9 +256,11 @@ def write_claim_metadata(claim: ClaimMetadata, *, driver: str, root: Path) -> No
 
 
 def _holds(path: Path, data: bytes) -> bool:
+    """Whether ``path`` already holds ``data``; anything else there (a FIFO, a link, a
+    directory: ``NotRegularFile``) is replaced, never opened blocking or followed."""
     try:
-        return path.read_bytes() == data
-    except FileNotFoundError:
+        return read_regular(path) == data
+    except (FileNotFoundError, NotRegularFile):
         return False
 
 

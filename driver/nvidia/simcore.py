@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from drasil.driver.checkpoint import read_boot_id
-from drasil.driver.files import FileLock, write_atomic
+from drasil.driver.files import FileLock, read_regular, write_atomic
 from drasil.driver.nvidia.gpucatalog import MigProfile
 from drasil.driver.nvidia.nvml import (
     EVENT_TYPE_XID_CRITICAL_ERROR,
@@ -351,7 +351,9 @@ class FakeNvmlCore:
 
     def _load(self, path: Path) -> dict[int, MigState]:
         try:
-            boot_id, states = parse_state(path.read_bytes(), self.gpus)
+            # read_regular: a FIFO there would hang a plain read; it, a directory or a
+            # symlink (NotRegularFile, an OSError) counts as damaged.
+            boot_id, states = parse_state(read_regular(path), self.gpus)
         except (OSError, StateFileError) as err:
             log.error(
                 "simulated GPU state file is damaged; starting without its MIG state",

@@ -80,7 +80,7 @@ from pathlib import Path
 from typing import Final, Protocol
 
 from drasil.driver.cdi.spec import ContainerEdits, Mount
-from drasil.driver.files import CRASH_ENV, FileLock, crash_point, write_atomic
+from drasil.driver.files import CRASH_ENV, FileLock, crash_point, read_regular, write_atomic
 from drasil.kubeletplugin.dra.mpsview import (
     MS_NODEV,
     MS_NOEXEC,
@@ -497,8 +497,9 @@ class MpsDaemons:
         except FileNotFoundError:
             folders = []
         for folder in folders:
-            with suppress(OSError):
-                gpu_uuid = (folder / GPU_FILE).read_text().strip()
+            # Not a regular file (a FIFO would hang a plain read), or not text: unknown.
+            with suppress(OSError, ValueError):
+                gpu_uuid = read_regular(folder / GPU_FILE).decode().strip()
                 if _UUID.fullmatch(gpu_uuid) and folder == self._folder(gpu_uuid):
                     found.add(gpu_uuid)
         return sorted(gpu for gpu in found if _UUID.fullmatch(gpu))
@@ -673,13 +674,14 @@ class MpsDaemons:
     def _read_record(self, gpu_uuid: str) -> MpsDaemon | None:
         path = self._folder(gpu_uuid) / RECORD_FILE
         try:
-            doc = json.loads(path.read_bytes())
+            doc = json.loads(read_regular(path))
             return self._record(gpu_uuid, doc)
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError) as err:
-            # Only ever written atomically by us; a bad one is ignored, and the pid
-            # file (or the Pod's name) still leads to a running daemon.
+            # Only ever written atomically by us; a bad one (not a regular file
+            # included: NotRegularFile is an OSError) is ignored, and the pid file (or
+            # the Pod's name) still leads to a running daemon.
             log.warning(
                 "unreadable MPS daemon record", extra={"path": str(path), "error": str(err)}
             )
@@ -795,9 +797,10 @@ def _empty(directory: Path) -> None:
 
 
 def read_pid(path: Path) -> int | None:
+    # read_regular: a FIFO under the pid file's name would hang a plain read.
     try:
-        text = path.read_text().strip()
-    except OSError:
+        text = read_regular(path).decode().strip()
+    except (OSError, ValueError):
         return None
     return int(text) if text.isdigit() and int(text) > 0 else None
 

@@ -107,6 +107,13 @@ _CLAIM_ERRORS = (
     PartitionSwitchError,
 )
 
+# Faults that are not the claim's but expected, each told whole by its message: the API
+# server away or refusing the read (``http_answer``), a namespace or name kubelet sent
+# that no claim can have. Logged like the claim errors, as one warning line (kubelet
+# gets the error, shows it in the Pod's events and retries; nothing in the plugin is
+# broken); anything else is a bug and is logged with its traceback.
+_EXPECTED_FAULTS = (*_CLAIM_ERRORS, ApiUnavailable, InvalidName)
+
 
 @dataclass(frozen=True)
 class PrepareResult:
@@ -212,8 +219,9 @@ class Preparer:
                 log.warning("prepare failed", extra={**ref.log_fields(), "error": message})
                 return PrepareResult(error=f"invalid device config: {message}")
             except Exception as err:  # a fault, not the claim's: still only this claim's answer
-                log.exception("prepare failed", extra=ref.log_fields())
-                return PrepareResult(error=fault_text(err, ref, action="prepare"))
+                error = fault_text(err, ref, action="prepare")
+                _log_fault("prepare failed", ref, err, error)
+                return PrepareResult(error=error)
         # Debug, not info: at default verbosity the hot path formats no log record.
         log.debug("prepared", extra={**ref.log_fields(), "devices": _names(devices)})
         return PrepareResult(devices=devices)
@@ -336,11 +344,19 @@ class Preparer:
         """A completed claim whose CDI spec still exists needs no API call.
 
         A claim's allocation never changes while its UID stays, so the checkpoint
-        answer is the API answer. A missing spec (tmpfs wiped) means: do it again.
+        answer is the API answer. A missing spec (tmpfs wiped) or one that cannot be read
+        means: do it again.
         """
         if record is None or record.state != ClaimState.PREPARE_COMPLETED:
             return False
-        spec = read_claim_spec(self.cdi_root, driver=self.driver, claim_uid=ref.uid)
+        try:
+            spec = read_claim_spec(self.cdi_root, driver=self.driver, claim_uid=ref.uid)
+        except CdiSpecError as err:  # not JSON, not a regular file: written again below
+            log.warning(
+                "claim spec unreadable; preparing again",
+                extra={**ref.log_fields(), "error": str(err)},
+            )
+            return False
         return spec is not None
 
     def _read_claim(self, ref: ClaimRef) -> Mapping[str, Any]:
@@ -383,8 +399,9 @@ class Preparer:
             try:
                 self._unprepare_locked(ref.uid)
             except Exception as err:  # every claim of kubelet's call gets its own answer
-                log.error("unprepare failed", extra={**ref.log_fields(), "error": str(err)})
-                return fault_text(err, ref, action="unprepare")
+                error = fault_text(err, ref, action="unprepare")
+                _log_fault("unprepare failed", ref, err, error)
+                return error
         log.debug("unprepared", extra=ref.log_fields())
         return ""
 
@@ -486,6 +503,15 @@ def _usable(claim: Mapping[str, Any] | None, uid: str) -> bool:
 
 def _names(devices: Sequence[PreparedDevice]) -> str:
     return ",".join(d.device_name for d in devices)
+
+
+def _log_fault(message: str, ref: ClaimRef, err: Exception, error: str) -> None:
+    """An expected fault as one line naming the claim; an unexpected one with its
+    traceback (an operator reads a traceback as a crash, so only a bug gets one)."""
+    if isinstance(err, _EXPECTED_FAULTS) or http_answer(err) is not None:
+        log.warning(message, extra={**ref.log_fields(), "error": error})
+    else:
+        log.error(message, exc_info=err, extra=ref.log_fields())
 
 
 def fault_text(err: Exception, ref: ClaimRef, *, action: str) -> str:

@@ -16,6 +16,7 @@ from drasil.api.checkpoint import PreparedDevice
 from drasil.driver.apierrors import InvalidName
 from drasil.driver.cdi.claimspecs import (
     SHARE_MARK,
+    ClaimIdentity,
     cdi_device_id,
     claim_identity,
     delete_claim_spec,
@@ -144,13 +145,10 @@ def rebuild_from_specs(preparer: Preparer) -> int:
     """
     rebuilt = 0
     for uid in list_claim_specs(preparer.cdi_root, preparer.driver):
-        spec = read_claim_spec(preparer.cdi_root, driver=preparer.driver, claim_uid=uid)
-        identity = claim_identity(spec) if spec is not None else None
-        if spec is None or identity is None or identity.uid != uid:
+        found = _spec_device_names(preparer, uid)
+        if found is None:
             continue
-        names = [str(d.get("name", "")) for d in spec.get("devices", [])]
-        # A request's metadata mount is not a device: nothing to reserve.
-        names = [name for name in names if not is_metadata_cdi_name(name)]
+        identity, names = found
         devices = [_rebuilt_device(preparer, uid, name) for name in names]
         with preparer.claim_lock(uid), preparer.state_lock():
             if preparer.store.get(uid) is None:
@@ -162,3 +160,28 @@ def rebuild_from_specs(preparer: Preparer) -> int:
                 )
                 rebuilt += 1
     return rebuilt
+
+
+def _spec_device_names(preparer: Preparer, uid: str) -> tuple[ClaimIdentity, list[str]] | None:
+    """Whose the claim's spec is and the devices it names, or ``None`` when it names
+    no claim of this UID or cannot be read.
+
+    One damaged spec (not JSON, not a regular file) must not keep the plugin from
+    starting: it is skipped with a warning, and the stale-claim pass deletes it as a
+    spec no checkpoint entry accounts for.
+    """
+    try:
+        spec = read_claim_spec(preparer.cdi_root, driver=preparer.driver, claim_uid=uid)
+    except CdiSpecError as err:
+        log.warning("skipped an unreadable CDI spec", extra={"claimUID": uid, "error": str(err)})
+        return None
+    identity = claim_identity(spec) if spec is not None else None
+    if spec is None or identity is None or identity.uid != uid:
+        return None
+    entries = spec.get("devices")
+    if not isinstance(entries, list) or not all(isinstance(d, dict) for d in entries):
+        log.warning("skipped a CDI spec without a device list", extra={"claimUID": uid})
+        return None
+    names = [str(d.get("name", "")) for d in entries]
+    # A request's metadata mount is not a device: nothing to reserve.
+    return identity, [name for name in names if not is_metadata_cdi_name(name)]

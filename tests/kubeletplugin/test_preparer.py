@@ -7,6 +7,7 @@ asserted is what kubelet and the runtime see: the PrepareResult and the CDI file
 from __future__ import annotations
 
 import json
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -177,6 +178,29 @@ def test_repeated_prepare_recreates_a_wiped_spec(tmp_path: Path) -> None:
     record = preparer.store.get(UID_A)
     assert record is not None
     assert record.state == ClaimState.PREPARE_COMPLETED
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("damage", ["not json", "directory", "fifo"])
+def test_repeated_prepare_rewrites_a_damaged_spec(tmp_path: Path, damage: str) -> None:
+    """A completed claim whose spec cannot be read is prepared again from the claim (as
+    a wiped one), not failed at every retry; a FIFO is never opened blocking."""
+    claim = claim_json(UID_A, result("gpu-1"))
+    preparer, reader = setup(tmp_path, claim)
+    first = preparer.prepare(ref_of(claim))
+    path = spec_file(tmp_path, UID_A)
+    spec_bytes = path.read_bytes()
+    path.unlink()
+    if damage == "not json":
+        path.write_text("{")
+    elif damage == "directory":
+        path.mkdir()
+    else:
+        os.mkfifo(path)
+
+    assert preparer.prepare(ref_of(claim)) == first
+    assert reader.calls == 2
+    assert path.read_bytes() == spec_bytes
 
 
 # ---- cached claim reads ------------------------------------------------------------------
