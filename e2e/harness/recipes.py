@@ -105,9 +105,10 @@ def _kube_ldflags() -> tuple[str, ...]:
             f"-X {pkg}.gitVersion={versions.KUBERNETES}",
             f"-X {pkg}.gitMajor={major}",
             f"-X {pkg}.gitMinor={minor}",
-            f"-X {pkg}.gitCommit={versions.KUBERNETES_COMMIT}",
             f"-X {pkg}.gitTreeState=clean",
         ]
+        if versions.KUBERNETES_COMMIT:
+            flags.append(f"-X {pkg}.gitCommit={versions.KUBERNETES_COMMIT}")
     return tuple(flags)
 
 

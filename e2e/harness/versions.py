@@ -4,19 +4,20 @@ Bumping a version here is all it takes: `python -m e2e.harness.build` notices th
 a binary changed and rebuilds only that binary.
 
 All of it comes from the Go module proxy (proxy.golang.org); check that the proxy serves
-the module zip (HTTP 200) before bumping, e.g. k8s.io/kubernetes v1.37.2's zip is 403.
+the module zip (HTTP 200) before bumping.
 """
 
 from __future__ import annotations
 
 # Kubernetes: kube-apiserver, kube-scheduler, kube-controller-manager, kubelet, kubectl.
-KUBERNETES = "v1.37.1"
-# The git commit of the KUBERNETES tag (proxy.golang.org .../@v/<version>.info), stamped
-# into the binaries so `kubectl version` and /version report the real release.
-KUBERNETES_COMMIT = "f78e722310e50bcaca9276be22276d9e91d91308"
+KUBERNETES = "v1.37.2"
+# The git commit of the KUBERNETES tag, stamped into the binaries beside the version so
+# `kubectl version` and /version report the real release; "" where it is not known (the
+# module proxy's .info no longer names it, as for v1.37.2): then gitCommit stays empty.
+KUBERNETES_COMMIT = ""
 # k8s.io/kubernetes requires its staging modules at v0.0.0 (they are replaced by
 # ./staging/... in its own repo); our go.mod replaces each with its published release.
-STAGING = "v0.37.1"
+STAGING = "v0.37.2"
 STAGING_MODULES = (
     "k8s.io/api",
     "k8s.io/apiextensions-apiserver",
