@@ -125,8 +125,8 @@ def _published(kube: Kube, node: Node) -> Any:
     return len(devices) == 2 or NotYet({"devices": devices})
 
 
-def _workload(kube: Kube, namespace: str, node: Node) -> str:
-    name = template(kube, namespace, device_class=CLASS, name=f"w-{secrets.token_hex(3)}")
+def _workload(kube: Kube, namespace: str, node: Node, device_class: str = CLASS) -> str:
+    name = template(kube, namespace, device_class=device_class, name=f"w-{secrets.token_hex(3)}")
     kube.create(
         {
             "apiVersion": "v1",

@@ -9,5 +9,6 @@
 - `node_images`, `probe/`: the node's images (pause, busybox, the GPU probe);
 - `mocknvml/`, `driverroot/`, `nvidiatoolkit`: the faked NVIDIA driver (our C NVML, fake
   driver roots) and NVIDIA's own toolkit as the oracle;
-- `go/`: Go sources the build compiles (etcd's and pause's mains).
+- `go/`: Go sources the build compiles (etcd's and pause's mains);
+- `sources`: an earlier commit's tree from git history (the upgrade test's release).
 """

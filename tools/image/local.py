@@ -94,28 +94,28 @@ def dockerfile_arg(name: str) -> str:
     return match[1]
 
 
-def project_version() -> str:
-    with open(paths.CHECKOUT / "pyproject.toml", "rb") as f:
+def project_version(root: Path = paths.CHECKOUT) -> str:
+    with open(root / "pyproject.toml", "rb") as f:
         return str(tomllib.load(f)["project"]["version"])
 
 
-def context_files() -> list[Path]:
+def context_files(root: Path = paths.CHECKOUT) -> list[Path]:
     files: list[Path] = []
     for part in CONTEXT:
-        path = paths.CHECKOUT / part
+        path = root / part
         if path.is_file():
             files.append(path)
             continue
         for found in path.rglob("*"):
-            rel = found.relative_to(paths.CHECKOUT)
+            rel = found.relative_to(root)
             if found.is_file() and not SKIPPED_PARTS & set(rel.parts) and found.suffix != ".pyc":
                 files.append(found)
     return files
 
 
-def revision() -> str:
+def revision(root: Path = paths.CHECKOUT) -> str:
     """The git commit the build context is, `-dirty` when it differs from it."""
-    git = ["git", "-C", str(paths.CHECKOUT)]
+    git = ["git", "-C", str(root)]
     try:
         head = subprocess.run(
             [*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=30
@@ -140,12 +140,14 @@ def image_annotations(version: str, rev: str) -> dict[str, str]:
     }
 
 
-def _key(base_key: str, go: golang.HostGo, notes: dict[str, str]) -> str:
+def _key(root: Path, base_key: str, go: golang.HostGo, notes: dict[str, str]) -> str:
     recipe = {
         "format": steps.FORMAT,
         "builder": hashlib.sha256(HERE.read_bytes()).hexdigest(),
-        "dockerfile": steps.hash_files([DOCKERFILE, IGNORE_FILE], root=paths.CHECKOUT),
-        "context": steps.hash_files(context_files(), root=paths.CHECKOUT),
+        "dockerfile": steps.hash_files(
+            [root / DOCKERFILE.name, root / IGNORE_FILE.name], root=root
+        ),
+        "context": steps.hash_files(context_files(root), root=root),
         "base": base_key,
         "go": [golang.go_key(go), go.build_args()],
         "annotations": notes,
@@ -153,15 +155,20 @@ def _key(base_key: str, go: golang.HostGo, notes: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def build_image(*, out: Writer | None = None) -> LocalImage:
-    """The image (from the cache, else built into it); its archive and name."""
+def build_image(
+    *, out: Writer | None = None, root: Path = paths.CHECKOUT, rev: str | None = None
+) -> LocalImage:
+    """The image (from the cache, else built into it); its archive and name.
+
+    ``root``: the source tree, this checkout unless another is given (the upgrade test
+    builds an earlier commit's tree, exported without git: ``rev`` names its commit)."""
     progress = out if out is not None else sys.stderr
     with steps.lock():
         base.require_tools(progress)
-        version = project_version()
-        notes = image_annotations(version, revision())
+        version = project_version(root)
+        notes = image_annotations(version, rev or revision(root))
         go = golang.host_go()
-        key = _key(base.base_key(), go, notes)
+        key = _key(root, base.base_key(), go, notes)
         name = f"{REPOSITORY}:{version}-{key}"
         archive = images_dir() / f"drasil-{key}.oci.tar"
         meta = archive.with_suffix(".json")
@@ -173,18 +180,21 @@ def build_image(*, out: Writer | None = None) -> LocalImage:
         base_name = base.base_image(progress)
         go_name = golang.go_image(go, progress)
         print(f"image: buildah bud -> {name}", file=progress, flush=True)
-        _bud(name, base_name, go_name, go, notes)
+        _bud(root, name, (base_name, go_name), go, notes)
         _push(name, archive, progress)
         _prune()
         return _load(archive, meta)
 
 
-def _bud(name: str, base_name: str, go_name: str, go: golang.HostGo, notes: dict[str, str]) -> None:
+def _bud(
+    root: Path, name: str, bases: tuple[str, str], go: golang.HostGo, notes: dict[str, str]
+) -> None:
+    base_name, go_name = bases
     args = [
         "bud",
         "--quiet",
         f"--isolation={steps.ISOLATION}",
-        f"--file={DOCKERFILE}",
+        f"--file={root / DOCKERFILE.name}",
         f"--tag={name}",
         f"--build-arg=PYTHON_IMAGE={base_name}",
         f"--build-arg=GO_IMAGE={go_name}",
@@ -196,7 +206,7 @@ def _bud(name: str, base_name: str, go_name: str, go: golang.HostGo, notes: dict
     ]
     with tempfile.TemporaryDirectory(prefix="drasil-image-pip-") as tmp:
         args += _host_pip_trust(Path(tmp))
-        buildah("buildah bud", *args, str(paths.CHECKOUT))
+        buildah("buildah bud", *args, str(root))
 
 
 def _host_ca_bundle() -> Path | None:

@@ -1,0 +1,178 @@
+"""Upgrade and rollback from a pinned earlier release, with claims prepared across both.
+
+The release is the commit in e2e/upgrade-from.txt: its source tree is exported from this
+checkout's history (e2e.harness.sources), its image built from that tree's Dockerfile and
+its chart installed on the real node. Expected end states, step by step:
+
+1. the earlier release installed: a workload Pod gets a GPU (the earlier plugin wrote
+   its checkpoint entry, CDI spec and metadata files);
+2. `helm upgrade` to this checkout's chart and image: the DaemonSet rolls; the workload
+   keeps running untouched; the new plugin reads the earlier checkpoint, so a second Pod
+   gets the *other* GPU (the first is still held, not double-booked);
+3. `helm rollback` to the earlier release: the DaemonSet rolls back; both Pods keep
+   running; the earlier plugin reads the new plugin's state: deleting the second Pod
+   unprepares its claim (its CDI spec goes), and a third Pod gets the freed GPU;
+4. all workloads deleted: no CDI spec and no checkpoint entry of the driver is left.
+
+The chart installs its own driver (gpu.upgrade.drasil.dev) beside the node's, as
+e2e/test_install.py does.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.harness import paths
+from e2e.harness.chart import CHART, LocalNode, local_node_values
+from e2e.harness.cluster.host import free_ports
+from e2e.harness.cluster.node import Node
+from e2e.harness.kube import Kube, NotYet, wait_for
+from e2e.harness.sources import exported
+from e2e.test_install import (
+    TIMEOUT,
+    _delete_pod,
+    _device_class,
+    _helm,
+    _plugin_pods,
+    _pod,
+    _ready,
+    _running_with_gpu,
+    _workload,
+)
+from tools.image import LocalImage, build_image, import_image
+
+DRIVER = "gpu.upgrade.drasil.dev"
+CLASS = "upgrade.drasil.dev"
+PINNED = paths.CHECKOUT / "e2e" / "upgrade-from.txt"
+
+
+def pinned_commit() -> str:
+    """The commit e2e/upgrade-from.txt names (its one line that is not a comment)."""
+    lines = [ln.strip() for ln in PINNED.read_text().splitlines()]
+    (commit,) = [ln for ln in lines if ln and not ln.startswith("#")]
+    return commit
+
+
+@pytest.fixture(scope="module")
+def earlier(node: Node) -> tuple[Path, LocalImage]:
+    """The pinned release: its source tree and its image, imported into the node."""
+    commit = pinned_commit()
+    tree = exported(commit)
+    image = build_image(root=tree, rev=commit)
+    import_image(image, ctr=node.bin("ctr"), address=node.containerd_socket)
+    return tree, image
+
+
+@pytest.fixture(scope="module")
+def current(node: Node) -> LocalImage:
+    image = build_image()
+    import_image(image, ctr=node.bin("ctr"), address=node.containerd_socket)
+    return image
+
+
+@pytest.fixture
+def device_class(kube: Kube) -> Iterator[str]:
+    selector = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "gpu"'
+    yield from _device_class(kube, CLASS, selector)
+
+
+def _values_file(node: Node, image: LocalImage, kubeconfig: Path, folder: Path) -> Path:
+    here = LocalNode(node.name, node.registrar_dir, node.plugins_dir, node.cdi_dir)
+    values = local_node_values(
+        here, kubeconfig=kubeconfig, repository=image.repository, tag=image.tag,
+        ports=free_ports(4),
+    )  # fmt: skip
+    values.update(driverName=DRIVER, simulatedProfile="l4:2", logFormat="text")
+    values["deviceClasses"] = {"create": False}
+    values["controller"]["enabled"] = False  # the node side is what carries state
+    path = folder / f"values-{image.tag}.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+def _rolled_to(kube: Kube, namespace: str, release: str, image: LocalImage) -> Any:
+    """Wait until the release's one plugin Pod runs ``image`` and is ready."""
+
+    def rolled() -> Any:
+        pods = _plugin_pods(kube, namespace, release)
+        images = [p.spec.containers[0].image for p in pods]
+        ok = len(pods) == 1 and images == [image.name] and _ready(pods[0])
+        return pods[0] if ok else NotYet([(p.metadata.name, p.status.phase) for p in pods])
+
+    return wait_for(rolled, timeout=TIMEOUT, what=f"the plugin to run {image.name}")
+
+
+def _specs(node: Node) -> list[str]:
+    """The driver's CDI spec files on the node."""
+    return sorted(p.name for p in node.cdi_dir.glob(f"k8s.{DRIVER}-claim_*.json"))
+
+
+def _claim_entries(node: Node) -> list[str]:
+    folder = node.plugins_dir / DRIVER / "checkpoint" / "claims"
+    return sorted(p.name for p in folder.glob("*.json")) if folder.exists() else []
+
+
+def _unchanged(kube: Kube, namespace: str, name: str, uid: str) -> None:
+    pod = _pod(kube, namespace, name)
+    assert pod.metadata.uid == uid
+    assert pod.status.phase == "Running"
+    assert pod.status.container_statuses[0].restart_count == 0
+
+
+def test_upgrade_from_the_pinned_release_and_roll_back_keeps_every_claim(
+    kube: Kube,
+    kubeconfig: Path,
+    namespace: str,
+    node: Node,
+    earlier: tuple[Path, LocalImage],
+    current: LocalImage,
+    device_class: str,
+    tmp_path: Path,
+) -> None:
+    tree, old_image = earlier
+    assert old_image.name != current.name
+    release = f"upg{secrets.token_hex(2)}"
+    common = [f"--namespace={namespace}", f"--timeout={TIMEOUT}s", "--wait"]
+    old_values = _values_file(node, old_image, kubeconfig, tmp_path)
+    new_values = _values_file(node, current, kubeconfig, tmp_path)
+    old_chart = tree / "charts" / "drasil"
+    try:
+        # 1. The earlier release; a workload prepared by its plugin.
+        _helm(kubeconfig, "install", release, str(old_chart), "-f", str(old_values), *common)
+        _rolled_to(kube, namespace, release, old_image)
+        first = _workload(kube, namespace, node, device_class)
+        first_gpu = _running_with_gpu(kube, namespace, first)
+        first_uid = _pod(kube, namespace, first).metadata.uid
+        assert len(_specs(node)) == 1, _specs(node)
+
+        # 2. Upgraded: the first claim stays prepared and held.
+        _helm(kubeconfig, "upgrade", release, str(CHART), "-f", str(new_values), *common)
+        _rolled_to(kube, namespace, release, current)
+        _unchanged(kube, namespace, first, first_uid)
+        second = _workload(kube, namespace, node, device_class)
+        second_gpu = _running_with_gpu(kube, namespace, second)
+        assert second_gpu != first_gpu  # two GPUs; the first is still the first Pod's
+        assert len(_specs(node)) == 2, _specs(node)
+
+        # 3. Rolled back: the earlier plugin reads the new one's state.
+        _helm(kubeconfig, "rollback", release, "1", *common)
+        _rolled_to(kube, namespace, release, old_image)
+        _unchanged(kube, namespace, first, first_uid)
+        _delete_pod(kube, namespace, second)
+        assert len(_specs(node)) == 1, _specs(node)
+        third = _workload(kube, namespace, node, device_class)
+        assert _running_with_gpu(kube, namespace, third) == second_gpu
+
+        # 4. Nothing left once the workloads are gone.
+        for name in (first, third):
+            _delete_pod(kube, namespace, name)
+        assert _specs(node) == []
+        assert _claim_entries(node) == []
+    finally:
+        _helm(kubeconfig, "uninstall", release, f"--namespace={namespace}", "--wait")
