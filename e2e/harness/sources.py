@@ -3,7 +3,8 @@
 The upgrade test installs the chart and image of a pinned earlier commit and upgrades
 them to this checkout's. Its tree is `git archive`d once into
 `<cache>/e2e/sources/<commit>/` (a commit's tree never changes), so later runs only
-look it up. A clone without that commit (a shallow one) gets an error that says so.
+look it up. A shallow clone fetches that one commit from its origin first; where that
+fails too, the error says so.
 """
 
 from __future__ import annotations
@@ -43,7 +44,21 @@ def exported(commit: str) -> Path:
     return dest
 
 
+def _git(*args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        ["git", "-C", str(paths.CHECKOUT), *args], capture_output=True, check=False, timeout=120
+    )
+
+
+def _ensure_commit(commit: str) -> None:
+    """A shallow clone lacks earlier commits: fetch just that one from its origin."""
+    if _git("cat-file", "-e", f"{commit}^{{commit}}").returncode == 0:
+        return
+    _git("fetch", "--quiet", "--depth=1", "origin", commit)
+
+
 def _extract(commit: str, into: Path) -> None:
+    _ensure_commit(commit)
     archive = into.parent / "tree.tar"
     with archive.open("wb") as out:
         done = subprocess.run(
