@@ -33,6 +33,8 @@ import contextlib
 import json
 import os
 import platform
+import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -50,6 +52,7 @@ from kubernetes.client.exceptions import ApiException
 
 from bench.stats import percentile
 from drasil.api.limits import allow_nesting
+from drasil.controller.heap import ENV as HEAP_ENV
 from drasil.driver.explain.fromapi import explain_fetched, fetch_inputs
 from drasil.driver.nvidia.simgpus import parse_profile_spec
 from e2e.harness import chart
@@ -87,6 +90,9 @@ class Params:
         return self.probes or max(10, self.nodes // 10)
 
     explain_runs: int = 5
+    # Where the controller's heap reports go (DRASIL_TRACEMALLOC, controller/heap.py):
+    # one after scheduling and one after the idle window; None: not traced.
+    tracemalloc: Path | None = None
 
 
 # ---- small helpers ----------------------------------------------------------------
@@ -379,8 +385,11 @@ def allocation_problems(kube: Kube, times: PodTimes) -> list[str]:
 
 
 @contextlib.contextmanager
-def controller(kube: Kube, cluster: Cluster) -> Iterator[ControllerProcess]:
-    """drasil-controller with the chart's RBAC (e2e.harness.chart.chart_identity)."""
+def controller(
+    kube: Kube, cluster: Cluster, *, heap: Path | None = None
+) -> Iterator[ControllerProcess]:
+    """drasil-controller with the chart's RBAC (e2e.harness.chart.chart_identity); with
+    ``heap``, tracing its heap and reporting into that file on SIGUSR1 (``heap_report``)."""
     directory = cluster.run_dir / "controller"
     directory.mkdir(parents=True, exist_ok=True)
     with chart.chart_identity(
@@ -407,6 +416,7 @@ def controller(kube: Kube, cluster: Cluster) -> Iterator[ControllerProcess]:
                 "--leader-elect-renew-deadline=10",
                 "--leader-elect-retry-period=2",
             ],
+            env={HEAP_ENV: str(heap)} if heap is not None else {},
         )
         proc.start()
         proc.wait_logged("leading", timeout=120)
@@ -420,6 +430,18 @@ def _pid(proc: ControllerProcess) -> int:
     if proc.proc is None or not proc.alive():
         raise RuntimeError(f"the controller exited; its log ends:\n{proc.tail()}")
     return proc.proc.pid
+
+
+def heap_report(proc: ControllerProcess, traced: Path | None, out: Path) -> None:
+    """Have the traced controller write its heap report, and keep it as ``out``."""
+    if traced is None:
+        return
+    traced.unlink(missing_ok=True)
+    os.kill(_pid(proc), signal.SIGUSR1)
+    wait_for(traced.exists, timeout=300, interval=0.5, what=f"heap report {traced}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(traced, out)
+    print(f"bench.scale: heap report {out}", file=sys.stderr, flush=True)
 
 
 def unsatisfiable_times(
@@ -655,7 +677,9 @@ def run_fleet(
         api = api_client(cluster.kubeconfig)
         create_objects(kube)
         times = PodTimes()
-        with controller(kube, cluster) as proc, watching_pods(api, times):
+        traced = cluster.run_dir / "controller" / "heap.txt" if params.tracemalloc else None
+        heap_dir = params.tracemalloc or Path()
+        with controller(kube, cluster, heap=traced) as proc, watching_pods(api, times):
             users = drasil_users("drasil-scale-system")
             usage = {"started": process_usage(_pid(proc))}
             busy_since = time.time()
@@ -666,6 +690,7 @@ def run_fleet(
             if inspect is not None:
                 inspect(cluster, times)
             usage["after_scheduling"] = process_usage(_pid(proc))
+            heap_report(proc, traced, heap_dir / f"heap-N{params.nodes}-scheduled.txt")
             events_before = drasil_events(api)
             probe_started = time.monotonic()
             to_event, probes = unsatisfiable_times(api, params, times)
@@ -674,6 +699,7 @@ def run_fleet(
             flip = health_flip(cluster, fleet, users)
             idle = idle_window(cluster, proc, params.idle_minutes, users)
             usage["after_idle"] = process_usage(_pid(proc))
+            heap_report(proc, traced, heap_dir / f"heap-N{params.nodes}-idle.txt")
             events = drasil_events(api) - events_before
             elapsed_min = (time.monotonic() - probe_started) / 60
             metrics = proc.metrics()
@@ -783,6 +809,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pods-per-node", type=int, default=8)
     parser.add_argument("--profile", default=DEFAULT_FLEET_PROFILE)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--tracemalloc",
+        type=Path,
+        metavar="DIR",
+        help="trace the controller's heap (slower) and write its reports into DIR",
+    )
     args = parser.parse_args(argv)
     allow_nesting()  # it explains claims in-process, as the controller does
     sizes = [int(n) for n in args.nodes.split(",") if n.strip()]
@@ -794,11 +826,12 @@ def main(argv: list[str] | None = None) -> int:
             profile=args.profile,
             pods_per_node=args.pods_per_node,
             idle_minutes=args.idle_minutes,
+            tracemalloc=args.tracemalloc,
         )
         runs.append(run_fleet(params))
         result = {
             "machine": machine(),
-            "params": {**asdict(params), "nodes": sizes},
+            "params": {**asdict(params), "nodes": sizes, "tracemalloc": bool(params.tracemalloc)},
             "started": started,
             "runs": runs,
         }

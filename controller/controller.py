@@ -30,6 +30,7 @@ from typing import Any
 
 from drasil.controller.devicepools import POOL_LABEL
 from drasil.controller.events import EventRecorder
+from drasil.controller.heap import release_free_memory
 from drasil.controller.leader import pause
 from drasil.controller.metrics import ControllerMetrics
 from drasil.controller.options import ControllerOptions
@@ -42,6 +43,10 @@ from drasil.driver.kubeapi import KubeApi
 from drasil.driver.objects import JsonObject, meta
 
 log = logging.getLogger(__name__)
+
+# Seconds between malloc_trim calls: often enough that a burst of Pods does not leave
+# its parsed events' pages behind for long, rarely enough to cost nothing.
+TRIM_PERIOD = 10.0
 
 Event = Mapping[str, Any]
 
@@ -155,12 +160,17 @@ class Controller:
     # ---- the tick ---------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event, *, period: float = 1.0) -> None:
-        """Tick until ``stop``: what each reconciler has due."""
+        """Tick until ``stop``: what each reconciler has due; and now and then give
+        back the memory the watch events' objects left free (``heap``)."""
+        trimmed = time.monotonic()
         while not stop.is_set():
             try:
                 await self.tick(time.monotonic())
             except Exception:
                 log.exception("housekeeping failed")
+            if time.monotonic() - trimmed >= TRIM_PERIOD:
+                release_free_memory()
+                trimmed = time.monotonic()
             await pause(stop, period)
 
     async def tick(self, now: float) -> None:

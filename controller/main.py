@@ -10,6 +10,7 @@ rather than acting on state another leader has moved on from.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -19,6 +20,7 @@ from typing import Any
 
 from drasil.api.limits import allow_nesting
 from drasil.controller.controller import Controller
+from drasil.controller.heap import start_from_env as trace_heap
 from drasil.controller.leader import LeaseElector, acquire, hold, pause
 from drasil.controller.metrics import ControllerMetrics
 from drasil.controller.operator import quiet_kopf, run_operator
@@ -102,6 +104,12 @@ async def run(opts: ControllerOptions, *, metrics: ControllerMetrics, liveness: 
         loop.add_signal_handler(signum, stop.set)
     beating = asyncio.create_task(_heartbeat(liveness, stop), name="heartbeat")
     api = KubeApi(load_api_client(opts.kubeconfig))
+    # DRASIL_TRACEMALLOC (controller.heap), off unless asked for. Started only now: the
+    # generated client's API modules, imported lazily by KubeApi, take minutes to
+    # import while every allocation records its traceback.
+    heap_report = trace_heap()
+    if heap_report is not None:
+        log.info("tracing the heap; SIGUSR1 writes a report", extra={"path": str(heap_report)})
     elector = LeaseElector(api, opts.leader) if opts.leader.enabled else None
     if elector is not None:
         liveness.role = "standby"
@@ -126,6 +134,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(log_format=opts.log_format, verbosity=opts.verbosity)
     allow_nesting()  # objects users write may nest thousands of levels deep
     quiet_kopf(opts.verbosity)
+    # What the imports made (modules, functions, pydantic's and the client's models:
+    # about half the objects the collector tracks) lives as long as the process; frozen,
+    # the collector's full passes, which come more often as watch events pour in, no
+    # longer walk it each time.
+    gc.freeze()
     metrics = ControllerMetrics()
     liveness = Liveness()
     try:

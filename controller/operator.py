@@ -26,7 +26,11 @@ import kopf
 from drasil.api.devicepool import API_VERSION as DEVICEPOOL_API
 from drasil.api.devicepool import PLURAL as DEVICEPOOL_PLURAL
 from drasil.controller.controller import Controller
-from drasil.controller.kopfstorage import MemoryDiffBaseStorage, MemoryProgressStorage
+from drasil.controller.kopfstorage import (
+    EventOnlyMemories,
+    MemoryDiffBaseStorage,
+    MemoryProgressStorage,
+)
 from drasil.driver.kubeapi import ApiClient
 
 FINALIZER = "drasil.dev/controller"
@@ -49,6 +53,12 @@ def settings() -> kopf.OperatorSettings:
     s.watching.connect_timeout = 10.0
     s.watching.server_timeout = 300
     s.watching.client_timeout = 330
+    # kopf runs one worker task per object with events, and a worker waits this long
+    # for the object's next event before it ends, holding the last event it handled:
+    # a whole parsed Pod or claim (10 to 20 KiB). Its default of 5 s keeps thousands of
+    # them alive through a burst of Pods; 1 s is still longer than the gap between
+    # most events of one object, and a new worker costs microseconds.
+    s.queueing.idle_timeout = 1.0
     return s
 
 
@@ -105,6 +115,7 @@ async def run_operator(
             clusterwide=True,
             standalone=True,
             stop_flag=stop,
+            memories=EventOnlyMemories(),
         )
     finally:
         stop.set()

@@ -10,10 +10,17 @@ kept as ``kept_claim`` (its name, uid, deletion, and what the driver was allocat
 no spec, no other drivers' results, no managedFields), and an index of the
 unallocated ones with the classes they ask for lets the tick walk only those. Pods
 are reduced to the claims they use. Other objects are kept without managedFields.
+
+Slices are kept whole (explanations read every device), but most of a device is the
+same on every node of a fleet: ``{"string": "Hopper"}``, ``{"value": "80Gi"}``. Each
+slice's attribute and capacity values are ``SharedValues``: one object per distinct
+value across the fleet instead of one per device, which takes a parsed slice of
+8 GPUs from about 36 KiB to 12. Nothing mutates a kept object, so sharing is safe.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import defaultdict
 from collections.abc import Mapping
@@ -54,22 +61,32 @@ def without_managed_fields(obj: JsonObject) -> JsonObject:
     return {**obj, "metadata": kept}
 
 
+def _interned(value: object) -> object:
+    return sys.intern(value) if isinstance(value, str) else value
+
+
 def kept_claim(obj: JsonObject, *, driver: str) -> JsonDict:
     """What the controller keeps of a claim: what the usage of devices (explanations),
     ``status.devices`` and the attaches read (about 3 KiB in memory where the whole
     claim takes 14). A pending claim is explained from a fresh read of the API
-    server, so its spec is not kept."""
+    server, so its spec is not kept. The strings that repeat from claim to claim
+    (namespace, driver, pool, device and request names) are interned: every event
+    parses its own copies, which would otherwise stay, one set per claim."""
     claim = ResourceClaim(obj)
     m = claim.meta
-    metadata: JsonDict = {"name": m.name, "namespace": m.namespace, "uid": m.uid}
+    metadata: JsonDict = {"name": m.name, "namespace": sys.intern(m.namespace), "uid": m.uid}
     if m.deletion_timestamp:
         metadata["deletionTimestamp"] = m.deletion_timestamp
-    kept: JsonDict = {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind")}
+    kept: JsonDict = {
+        "apiVersion": _interned(obj.get("apiVersion")),
+        "kind": _interned(obj.get("kind")),
+    }
     kept["metadata"] = metadata
     status: JsonDict = {}
     if claim.allocated:
         results = claim.results(driver)
-        allocation: JsonDict = {"devices": {"results": list(results)}}
+        interned = [{k: _interned(v) for k, v in r.items()} for r in results]
+        allocation: JsonDict = {"devices": {"results": interned}}
         # Where and when it was allocated matter to attaches alone.
         if any(r.get("bindingConditions") for r in results):
             if claim.node_selector:
@@ -85,6 +102,55 @@ def kept_claim(obj: JsonObject, *, driver: str) -> JsonDict:
     return kept
 
 
+class SharedValues:
+    """One instance of each distinct attribute or capacity value of the slices' devices
+    (a one-entry dict of a scalar, as ``{"int": 0}``). ``MAX`` bounds the table: past
+    it, it starts over; values already shared stay shared."""
+
+    MAX = 1 << 16
+
+    def __init__(self) -> None:
+        self._values: dict[tuple[str, type, object], JsonDict] = {}
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def slice(self, obj: JsonObject) -> JsonObject:
+        """``obj`` with its devices' attribute and capacity values shared, rebuilt
+        (never changed in place: the watch event's object is not ours)."""
+        spec = mapping(obj.get("spec"))
+        devices = spec.get("devices")
+        if not isinstance(devices, list):
+            return obj
+        return {**obj, "spec": {**spec, "devices": [self._device(d) for d in devices]}}
+
+    def _device(self, device: object) -> object:
+        if not isinstance(device, Mapping):
+            return device
+        kept = dict(device)
+        for field_name in ("attributes", "capacity"):
+            entries = device.get(field_name)
+            if isinstance(entries, Mapping):
+                kept[field_name] = {name: self.value(v) for name, v in entries.items()}
+        return kept
+
+    def value(self, value: object) -> object:
+        """The shared instance equal to ``value`` if it is a one-entry dict of a scalar
+        (the type is part of the key: ``{"int": 1}`` is not ``{"int": True}``)."""
+        if not isinstance(value, dict) or len(value) != 1:
+            return value
+        [(kind, scalar)] = value.items()
+        if not isinstance(scalar, str | int | float | bool):
+            return value
+        key = (kind, type(scalar), scalar)
+        found = self._values.get(key)
+        if found is None:
+            if len(self._values) >= self.MAX:
+                self._values.clear()
+            found = self._values[key] = value
+        return found
+
+
 @dataclass(frozen=True, slots=True)
 class Unallocated:
     """A claim the scheduler has yet to allocate, and the DeviceClasses it asks for."""
@@ -93,7 +159,7 @@ class Unallocated:
     classes: frozenset[str]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodRef:
     """A Pod as far as claims go: which it uses, and whether it waits to be scheduled.
 
@@ -123,7 +189,7 @@ class PodRef:
         m = pod.meta
         waiting = not pod.node_name and not m.deletion_timestamp
         return cls(
-            namespace=m.namespace,
+            namespace=sys.intern(m.namespace),
             name=m.name,
             uid=m.uid,
             claims=frozenset(direct | made),
@@ -156,6 +222,7 @@ class ClusterView:
         self._by_claim: dict[Key, set[str]] = defaultdict(set)
         self._by_template: dict[Key, set[str]] = defaultdict(set)
         self._slices: dict[str, JsonObject] = {}
+        self._shared = SharedValues()  # under the lock, as _slices
         self._sharing_slices: set[str] = set()  # slices with a device of several claims
         self._classes: dict[str, JsonObject] = {}
         self._pools: dict[str, JsonObject] = {}
@@ -243,7 +310,7 @@ class ClusterView:
         name = view.meta.name
         sharing = any(d.get("allowMultipleAllocations") is True for d in view.devices)
         with self._lock:
-            self._slices[name] = without_managed_fields(obj)
+            self._slices[name] = self._shared.slice(without_managed_fields(obj))
             if sharing:
                 self._sharing_slices.add(name)
             else:

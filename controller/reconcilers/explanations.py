@@ -31,7 +31,7 @@ from drasil.controller.state import ClusterView, Key
 from drasil.driver.cel.selectors import CelDeviceCache
 from drasil.driver.explain.claims import ExplainContext, explain_claim, prepare_fleet
 from drasil.driver.kubeapi import KubeApi
-from drasil.driver.objects import JsonObject, ResourceClaim
+from drasil.driver.objects import JsonDict, JsonObject, ResourceClaim, mapping, meta
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,17 @@ NODES_MAX_AGE = 10.0  # Node labels and taints change rarely; explanations are s
 # A round of explanations shares one view of the fleet's devices and their holders for
 # at most this long; an explanation is a snapshot anyway, re-checked every MIN_RECHECK.
 FLEET_MAX_AGE = 5.0
+
+
+def node_fit(node: JsonObject) -> JsonDict:
+    """What explanations read of a Node (``drasil.driver.explain.nodefit``): its name,
+    labels, taints and whether it is cordoned. The rest (status, managedFields) is
+    most of a parsed Node, and the list stays between rounds: one Node's worth per
+    node of the fleet, kept for nothing."""
+    m = meta(node)
+    spec = mapping(node.get("spec"))
+    kept_spec = {k: spec[k] for k in ("taints", "unschedulable") if k in spec}
+    return {"metadata": {"name": m.name, "labels": m.labels}, "spec": kept_spec}
 
 
 class ExplanationReconciler:
@@ -122,10 +133,12 @@ class ExplanationReconciler:
         return now, built
 
     def nodes(self, *, now: float) -> Sequence[JsonObject] | None:
-        """Every Node, a few seconds old at most (None: not allowed to list them)."""
+        """Every Node as ``node_fit`` sees it, a few seconds old at most (None: not
+        allowed to list them)."""
         read_at, nodes = self._nodes
         if now - read_at >= self._nodes_max_age:
-            nodes = self.api.list_nodes()
+            listed = self.api.list_nodes()
+            nodes = [node_fit(n) for n in listed] if listed is not None else None
             self._nodes = (now, nodes)
         return nodes
 

@@ -28,6 +28,7 @@ class ControllerProcess:
     identity: str
     lease_namespace: str = "default"
     args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # set on top of this process's
     proc: subprocess.Popen[bytes] | None = None
 
     def command(self) -> list[str]:
@@ -56,7 +57,7 @@ class ControllerProcess:
                 self.command(),
                 stdout=log,
                 stderr=log,
-                env=os.environ,
+                env={**os.environ, **self.env},
                 preexec_fn=procs.kill_on_parent_death,  # noqa: PLW1509 - prctl only
             )
 

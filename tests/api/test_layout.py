@@ -87,6 +87,7 @@ LAYOUT: dict[str, set[str]] = {
         "devicepools",
         "devicestatus",
         "events",
+        "heap",
         "kopfstorage",
         "leader",
         "main",

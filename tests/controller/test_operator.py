@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import inspect
+from typing import Any, cast
 
 import kopf
 from kubernetes import client
 
 from drasil.controller.controller import Controller
-from drasil.controller.kopfstorage import MemoryDiffBaseStorage, MemoryProgressStorage
+from drasil.controller.kopfstorage import (
+    EventOnlyMemories,
+    MemoryDiffBaseStorage,
+    MemoryProgressStorage,
+)
 from drasil.controller.metrics import ControllerMetrics
 from drasil.controller.operator import FINALIZER, connection_info, registry, settings
 from drasil.controller.options import parse_options
@@ -34,6 +40,7 @@ def test_settings_keep_state_in_memory_and_post_nothing() -> None:
     assert s.persistence.finalizer == FINALIZER == "drasil.dev/controller"
     assert s.posting.enabled is False
     assert s.peering.standalone is True
+    assert s.queueing.idle_timeout == 1.0  # workers do not hold their last event for long
 
 
 def test_only_event_handlers_are_registered() -> None:
@@ -101,3 +108,19 @@ def test_memory_diffbase_storage_round_trip() -> None:
     assert storage.fetch(body=_body("u2")) is None
     assert len(storage) == 1
     assert not patch
+
+
+def test_kopf_keeps_no_memory_per_object_between_events() -> None:
+    memories = EventOnlyMemories()
+    body = cast(kopf.RawBody, {"metadata": {"uid": "u1", "name": "p", "namespace": "ns"}})
+
+    async def recall_twice() -> tuple[object, object]:
+        first = await memories.recall(body, noticed_by_listing=True)
+        return first, await memories.recall(body)
+
+    first, second = asyncio.run(recall_twice())
+
+    assert first is not second
+    assert list(memories.iter_all_memories()) == []
+    # run_operator hands it to kopf.operator, which must still take it.
+    assert "memories" in inspect.signature(kopf.operator).parameters

@@ -15,6 +15,8 @@ from drasil.controller.metrics import ControllerMetrics
 from drasil.controller.options import parse_options
 from drasil.controller.reconcilers.devicestatus import TAINT_WAIT
 from drasil.controller.reconcilers.due import DueQueue
+from drasil.controller.reconcilers.explanations import node_fit
+from drasil.driver.explain.claims import node_scope
 from drasil.driver.kubeapi import KubeApi
 
 DRIVER = "gpu.drasil.dev"
@@ -191,3 +193,62 @@ def test_an_idle_tick_touches_no_claim(monkeypatch: pytest.MonkeyPatch) -> None:
 
     assert walked == []
     assert controller.view.unallocated_claims() == []
+
+
+def test_the_tick_gives_freed_memory_back_every_trim_period(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    controller = _controller()
+    trims: list[float] = []
+
+    def release() -> bool:
+        trims.append(time.monotonic())
+        return True
+
+    monkeypatch.setattr("drasil.controller.controller.release_free_memory", release)
+    monkeypatch.setattr("drasil.controller.controller.TRIM_PERIOD", 0.0)
+
+    async def three_ticks() -> None:
+        stop = asyncio.Event()
+        ticks = 0
+
+        async def tick(now: float) -> None:
+            nonlocal ticks
+            ticks += 1
+            if ticks == 3:
+                stop.set()
+
+        monkeypatch.setattr(controller, "tick", tick)
+        await controller.run(stop, period=0.01)
+
+    asyncio.run(three_ticks())
+
+    assert len(trims) == 3
+
+
+def _node(name: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "uid": f"uid-{name}",
+            "labels": {"zone": name[-1]},
+            "managedFields": [{"manager": "kubelet"}],
+        },
+        "spec": {"podCIDR": "10.0.0.0/24", **spec},
+        "status": {"images": [{"names": ["busybox"]}], "capacity": {"cpu": "8"}},
+    }
+
+
+def test_nodes_are_kept_as_what_node_fit_reads() -> None:
+    taints = [{"key": "gpu", "value": "broken", "effect": "NoSchedule"}]
+    nodes = [_node("node-a"), _node("node-b", taints=taints), _node("node-c", unschedulable=True)]
+    pod = {"spec": {"nodeSelector": {"zone": "a"}, "tolerations": []}}
+    plain: dict[str, Any] = {"spec": {}}
+
+    kept = [node_fit(n) for n in nodes]
+
+    assert kept[0] == {"metadata": {"name": "node-a", "labels": {"zone": "a"}}, "spec": {}}
+    assert kept[1]["spec"] == {"taints": taints}
+    assert kept[2]["spec"] == {"unschedulable": True}
+    for pods in ([pod], [plain]):
+        assert node_scope(kept, pods) == node_scope(nodes, pods)

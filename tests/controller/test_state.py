@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
-from drasil.controller.state import ClusterView, PodRef, kept_claim, without_managed_fields
+from drasil.controller.state import (
+    ClusterView,
+    PodRef,
+    SharedValues,
+    kept_claim,
+    without_managed_fields,
+)
 
 DRIVER = "gpu.drasil.dev"
 OUR_CLASS = {
@@ -157,6 +164,61 @@ def test_where_and_when_are_kept_for_attaches_alone() -> None:
     kept = kept_claim(claim("held", allocation=allocation), driver=DRIVER)
 
     assert set(kept["status"]["allocation"]) == {"devices"}
+
+
+def gpu_slice(node: str) -> dict[str, Any]:
+    def device(i: int) -> dict[str, Any]:
+        attributes = {
+            "productName": {"string": "NVIDIA H100 80GB HBM3"},
+            "index": {"int": i},
+            "uuid": {"string": f"GPU-{node}-{i}"},
+            "healthy": {"bool": True},
+        }
+        return {
+            "name": f"gpu-{i}",
+            "attributes": attributes,
+            "capacity": {"memory": {"value": "80Gi"}},
+        }
+
+    spec = {"driver": DRIVER, "pool": {"name": node}, "devices": [device(0), device(1)]}
+    return {"metadata": {"name": f"{node}-slice"}, "spec": spec}
+
+
+def test_equal_device_values_of_slices_are_one_object() -> None:
+    view = ClusterView(driver=DRIVER)
+    a, b = gpu_slice("a"), gpu_slice("b")
+    event = copy.deepcopy(a)
+    view.put_slice(a)
+    view.put_slice(b)
+
+    kept_a, kept_b = view.explain_snapshot().slices
+    assert kept_a == a
+    assert kept_b == b
+    assert a == event
+    devices_a, devices_b = kept_a["spec"]["devices"], kept_b["spec"]["devices"]
+    for name in ("productName", "healthy"):
+        shared = devices_a[0]["attributes"][name]
+        assert devices_a[1]["attributes"][name] is shared
+        assert devices_b[0]["attributes"][name] is shared
+    assert devices_a[1]["attributes"]["index"] is devices_b[1]["attributes"]["index"]
+    assert devices_a[0]["attributes"]["uuid"] is not devices_b[0]["attributes"]["uuid"]
+    assert devices_a[0]["capacity"]["memory"] is devices_b[1]["capacity"]["memory"]
+
+
+def test_shared_values_keep_types_apart_and_bound_the_table() -> None:
+    shared = SharedValues()
+    one, true = shared.value({"int": 1}), shared.value({"int": True})
+
+    assert one == {"int": 1}
+    assert true == {"int": True}
+    assert one is not true
+    nested = {"list": [1]}
+    assert shared.value(nested) is nested  # not a scalar: not shared
+    assert shared.value({"a": 1, "b": 2}) == {"a": 1, "b": 2}
+
+    shared.MAX = 2
+    shared.value({"int": 2})
+    assert len(shared) == 1  # full at 2: started over
 
 
 def test_slices_of_other_drivers_are_not_kept() -> None:
