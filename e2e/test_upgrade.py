@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from e2e.harness import paths
-from e2e.harness.chart import CHART, LocalNode, local_node_values
+from e2e.harness.chart import CHART, LocalNode, helm, local_node_values
 from e2e.harness.cluster.host import free_ports
 from e2e.harness.cluster.node import Node
 from e2e.harness.kube import Kube, NotYet, wait_for
@@ -174,5 +174,8 @@ def test_upgrade_from_the_pinned_release_and_roll_back_keeps_every_claim(
             _delete_pod(kube, namespace, name)
         assert _specs(node) == []
         assert _claim_entries(node) == []
-    finally:
-        _helm(kubeconfig, "uninstall", release, f"--namespace={namespace}", "--wait")
+    finally:  # never masks the failure that got here: check=False
+        helm(
+            f"--kubeconfig={kubeconfig}", "uninstall", release, f"--namespace={namespace}",
+            "--wait", check=False, timeout=TIMEOUT + 60,
+        )  # fmt: skip
