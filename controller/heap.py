@@ -191,7 +191,10 @@ def start_from_env() -> Path | None:
     if not value:
         return None
     path = Path(value)
-    frames = int(os.environ.get(FRAMES_ENV) or 1)
+    text = os.environ.get(FRAMES_ENV) or "1"
+    if not text.isdigit():
+        raise ValueError(f"{FRAMES_ENV}={text!r}: a traceback depth, 0 (no tracing) or more")
+    frames = int(text)
     if frames > 0:
         tracemalloc.start(frames)
 

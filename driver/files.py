@@ -296,11 +296,10 @@ def _move_aside_non_regular(path: Path) -> Path | None:
     anything but a regular file (``open_regular``), so a directory, FIFO, socket or
     symlink at the name is held by none (only a drasil from before this check, which
     opened a FIFO or followed a symlink, could hold one); a regular file is never
-    moved. Two instances
-    starting together may both find the entry: a lock on the directory makes them
-    check and move in turn, so the second cannot move the lock file the first has
-    just created and locked. Returns where the entry went (``None``: already gone, or
-    a regular file by now).
+    moved. Two instances starting together may both find the entry: a lock on the
+    directory makes them check and move in turn, so the second cannot move the lock
+    file the first has just created and locked. Returns where the entry went (``None``:
+    already gone, or a regular file by now).
     """
     fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:

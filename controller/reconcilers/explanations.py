@@ -190,11 +190,7 @@ class ExplanationReconciler:
         if self._deferred(ref, UNSATISFIABLE, message):
             return None
         self.events.memory.keep_only(ref.uid, UNSATISFIABLE, [message])
-        self.events.warn(ref, reason=UNSATISFIABLE, message=message)
-        on_pod = f"ResourceClaim {key[1]}: {message}"
-        for pod in self.view.pods_using("ResourceClaim", key):
-            if pod.waiting:
-                self.events.warn(pod.ref(), reason=UNSATISFIABLE, message=on_pod)
+        self._tell(ref, key, UNSATISFIABLE, message)
         return message
 
     def _stalled(self, ref: ObjectRef, key: Key, episode: Episode) -> str:
@@ -207,12 +203,16 @@ class ExplanationReconciler:
             f"The wait is not capacity."
         )
         self.metrics.scheduler_stalls.inc()
-        self.events.warn(ref, reason=SCHEDULER_NOT_RETRIED, message=message)
+        self._tell(ref, key, SCHEDULER_NOT_RETRIED, message)
+        return message
+
+    def _tell(self, ref: ObjectRef, key: Key, reason: str, message: str) -> None:
+        """``message`` as an Event on the claim and on each Pod waiting for it."""
+        self.events.warn(ref, reason=reason, message=message)
         on_pod = f"ResourceClaim {key[1]}: {message}"
         for pod in self.view.pods_using("ResourceClaim", key):
             if pod.waiting:
-                self.events.warn(pod.ref(), reason=SCHEDULER_NOT_RETRIED, message=on_pod)
-        return message
+                self.events.warn(pod.ref(), reason=reason, message=on_pod)
 
     def _deferred(self, ref: ObjectRef, reason: str, message: str) -> bool:
         """A changed explanation waits for the next re-check when the repost budget is

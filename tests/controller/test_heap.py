@@ -87,3 +87,12 @@ def test_malloc_holdings_and_trim_on_glibc() -> None:
     assert lines[0].startswith("malloc_in_use_mib ")
     assert lines[1].startswith("pymalloc_arenas ")
     assert heap.release_free_memory() is True
+
+
+def test_a_depth_that_is_no_number_is_refused_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(heap.ENV, str(tmp_path / "heap.txt"))
+    monkeypatch.setenv(heap.FRAMES_ENV, "deep")
+    with pytest.raises(ValueError, match="DRASIL_TRACEMALLOC_FRAMES='deep'"):
+        heap.start_from_env()

@@ -5,8 +5,7 @@ never opened in a way that can block (a FIFO) or follow out of the directory (a 
 from __future__ import annotations
 
 import os
-import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -48,21 +47,6 @@ def make_symlink(path: Path) -> None:
 
 def make_dangling_symlink(path: Path) -> None:
     path.symlink_to(path.parent / "nowhere")
-
-
-@pytest.fixture
-def make_socket(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Path], None]]:
-    bound: list[socket.socket] = []
-
-    def bind(path: Path) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        monkeypatch.chdir(path.parent)  # a socket path may not be longer than 107 bytes
-        sock.bind(path.name)
-        bound.append(sock)
-
-    yield bind
-    for sock in bound:
-        sock.close()
 
 
 KINDS = {

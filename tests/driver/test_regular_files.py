@@ -6,8 +6,7 @@ that is something else moved aside instead of stopping the plugin.
 from __future__ import annotations
 
 import os
-import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -46,21 +45,6 @@ KINDS: dict[str, tuple[Callable[[Path], None], str]] = {
     "fifo": (make_fifo, "a FIFO"),
     "symlink": (make_symlink, "a symlink"),
 }
-
-
-@pytest.fixture
-def make_socket(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Path], None]]:
-    bound: list[socket.socket] = []
-
-    def bind(path: Path) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        monkeypatch.chdir(path.parent)  # a socket path may not be longer than 107 bytes
-        sock.bind(path.name)
-        bound.append(sock)
-
-    yield bind
-    for sock in bound:
-        sock.close()
 
 
 # --- open_regular / read_regular -----------------------------------------------------
