@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PACKAGES := api driver kubeletplugin controller
 PYTEST_ARGS ?=
 
-.PHONY: all venv test lint unit e2e protos image demo bench bench-scale clean
+.PHONY: all venv test lint unit e2e protos image demo bench bench-scale bench-churn clean
 
 all: test
 
@@ -61,6 +61,12 @@ bench: $(STAMP)
 BENCH_SCALE_ARGS ?=
 bench-scale: $(STAMP)
 	$(BIN)/python -m bench.scale $(BENCH_SCALE_ARGS)
+
+# The disruptions of e2e/test_churn.py with the load going BENCH_CHURN_ARGS' --seconds
+# (default 300) after each (docs/upgrading.md); e.g. BENCH_CHURN_ARGS="--seconds 120 -k reboot"
+BENCH_CHURN_ARGS ?=
+bench-churn: $(STAMP)
+	$(BIN)/python -m bench.churn $(BENCH_CHURN_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy-path .mypy_cache .pytest_cache .ruff_cache .hypothesis build dist *.egg-info

@@ -79,6 +79,7 @@ __all__ = [
     "CheckpointStore",
     "CorruptCheckpoint",
     "read_boot_id",
+    "use_boot_id_file",
 ]
 
 log = logging.getLogger(__name__)
@@ -90,9 +91,23 @@ BOOT_ID_PATH: Final = Path("/proc/sys/kernel/random/boot_id")
 _CRASH_TAG: Final = "checkpoint"
 
 
+class _BootIdSource:
+    """Where this process reads the boot id: one place for the checkpoint and the
+    simulated GPUs alike."""
+
+    path: Path = BOOT_ID_PATH
+
+
+def use_boot_id_file(path: Path) -> None:
+    """Read the boot id from ``path`` from now on (the plugin's ``--boot-id-file``):
+    a test rig simulates a node reboot by writing a new id there."""
+    _BootIdSource.path = path
+
+
 def read_boot_id() -> str:
-    """The kernel's id of the current boot; it changes with every reboot."""
-    return BOOT_ID_PATH.read_text(encoding="ascii").strip()
+    """The id of the current boot (the kernel's unless ``use_boot_id_file`` said
+    otherwise); it changes with every reboot."""
+    return _BootIdSource.path.read_text(encoding="ascii").strip()
 
 
 def _utcnow() -> datetime:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from drasil.api.limits import allow_nesting
+from drasil.driver.checkpoint import use_boot_id_file
 from drasil.driver.discovery.backends import NodeBackends, VendorError, open_backends
 from drasil.driver.kubeapi import KubeApi, KubeconfigError, load_api_client
 from drasil.driver.logs import setup_logging
@@ -56,6 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     setup_logging(log_format=opts.log_format, verbosity=opts.verbosity)
     allow_nesting()  # objects users write may nest thousands of levels deep
+    use_boot_id_file(opts.boot_id_file)
     try:
         # Every thread is started under the block (NVML's, gRPC's, ours), so SIGTERM
         # always reaches the main thread waiting below; a signal that came during the

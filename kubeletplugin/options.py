@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from drasil.driver.amd.partitions import PARTITION_MODES
+from drasil.driver.checkpoint import BOOT_ID_PATH
 from drasil.driver.endpoints import parse_addr
 from drasil.driver.logs import LOG_FORMATS, LogFormat
 
@@ -82,6 +83,9 @@ class PluginOptions:
     bundled_cdi_hook: Path = Path(BUNDLED_CDI_HOOK)
     # Where the NVIDIA driver's /proc entries are read (MIG capability minors).
     proc_root: Path = Path("/proc")
+    # Where the id of the current boot is read: prepared state of another boot is
+    # never trusted (a test rig's simulated reboot writes its own file).
+    boot_id_file: Path = BOOT_ID_PATH
     # The GPU vendors this node serves (docs/amd.md#choosing-the-vendors): a subset of
     # VENDORS, or ("auto",) to find them; the simulated backend takes them from its
     # profile instead.
@@ -300,6 +304,13 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="env PROC_ROOT; where the NVIDIA driver's /proc entries are read (MIG "
         "capability numbers); for tests",
     )
+    p.add_argument(
+        "--boot-id-file",
+        default=env.get("BOOT_ID_FILE", str(BOOT_ID_PATH)),
+        help="env BOOT_ID_FILE; the file holding the id of the current boot: prepared "
+        "claims, MIG instances and MPS daemons of another boot are made again; for test "
+        "rigs that simulate a node reboot",
+    )
     return p
 
 
@@ -346,6 +357,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         ("--nvidia-cdi-hook-path", ns.nvidia_cdi_hook_path),
         ("--proc-root", ns.proc_root),
         ("--amd-sysfs-root", ns.amd_sysfs_root),
+        ("--boot-id-file", ns.boot_id_file),
     ):
         if value and not value.startswith("/"):
             raise OptionsError(f"{flag}: {value!r} is not an absolute path")
@@ -386,6 +398,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         cdi_hooks=ns.cdi_hooks,
         bundled_cdi_hook=Path(env.get("DRASIL_BUNDLED_CDI_HOOK", BUNDLED_CDI_HOOK)),
         proc_root=Path(ns.proc_root),
+        boot_id_file=Path(ns.boot_id_file),
         vendors=_vendors(ns.vendors),
         amd_sysfs_root=Path(ns.amd_sysfs_root),
         amd_resource_name=ns.amd_resource_name,

@@ -24,10 +24,12 @@ from drasil.api.checkpoint import (
     encode_claim_file,
 )
 from drasil.driver.checkpoint import (
+    BOOT_ID_PATH,
     CHECKPOINT_DIR,
     CheckpointStore,
     CorruptCheckpoint,
     read_boot_id,
+    use_boot_id_file,
 )
 from drasil.driver.checkpointdisk import CLAIMS, GENERATION, GPUS, LoadOutcome, read_state
 from drasil.driver.files import CRASH_ENV, CRASH_EXIT_CODE, FileLock, LockTimeoutError
@@ -279,6 +281,25 @@ def test_read_boot_id() -> None:
     boot_id = read_boot_id()
     assert len(boot_id) == 36
     assert boot_id == read_boot_id()
+
+
+def test_a_boot_id_file_given_is_read_and_a_new_id_there_is_a_new_boot(tmp_path: Path) -> None:
+    """What a test rig's simulated reboot relies on (the plugin's --boot-id-file)."""
+    boot = tmp_path / "boot_id"
+    boot.write_text("boot-a\n")
+    use_boot_id_file(boot)
+    try:
+        assert read_boot_id() == "boot-a"
+        store = CheckpointStore(tmp_path / "checkpoint")
+        store.load()
+        store.mark_started("uid-1", namespace="n", name="c")
+        boot.write_text("boot-b\n")
+        again = CheckpointStore(tmp_path / "checkpoint")
+        again.load()
+        assert list(again.claims()) == []  # prepared in another boot: not trusted
+    finally:
+        use_boot_id_file(BOOT_ID_PATH)
+    assert read_boot_id() == BOOT_ID_PATH.read_text().strip()
 
 
 # --- crashes -------------------------------------------------------------------------------

@@ -177,3 +177,13 @@ def test_vendors_default_to_nvidia_and_take_a_list_or_auto() -> None:
 def test_bad_vendors_name_the_allowed_values(value: str) -> None:
     with pytest.raises(OptionsError, match=r"--vendors: .*nvidia, amd, nor auto alone"):
         parse_options(["--vendors", value], {"NODE_NAME": "n"})
+
+
+def test_boot_id_file_defaults_to_the_kernels_and_must_be_absolute() -> None:
+    assert parse_options([], {"NODE_NAME": "n"}).boot_id_file == Path(
+        "/proc/sys/kernel/random/boot_id"
+    )
+    opts = parse_options([], {"NODE_NAME": "n", "BOOT_ID_FILE": "/run/rig/boot_id"})
+    assert opts.boot_id_file == Path("/run/rig/boot_id")
+    with pytest.raises(OptionsError, match="--boot-id-file: 'boot_id' is not an absolute path"):
+        parse_options(["--boot-id-file", "boot_id"], {"NODE_NAME": "n"})

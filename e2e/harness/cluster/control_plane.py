@@ -539,6 +539,20 @@ class Cluster(RunDir):
             self.save_state(up_seconds=round(seconds, 2))
         return seconds
 
+    def restart_apiserver(self, *, down_seconds: float = 0.0, timeout: float = 120.0) -> None:
+        """Stop kube-apiserver (SIGTERM, as an upgrade or a crash-looping control plane
+        does), leave it down `down_seconds`, start it with the same flags and wait
+        until /readyz: every watch of every client breaks and must be re-listed."""
+        proc = self._procs.get("kube-apiserver") or procs.read_pid_file(
+            self.pid_file("kube-apiserver")
+        )
+        if proc is not None and not procs.stop(proc, grace=30):
+            raise ClusterError(f"kube-apiserver (pid {proc.pid}) did not stop")
+        time.sleep(down_seconds)
+        bins = {"kube-apiserver": self.bin("kube-apiserver")}
+        self._start("kube-apiserver", self._argv("kube-apiserver", bins, self.ports))
+        self._wait("kube-apiserver /readyz", self._health_checks()["kube-apiserver"], timeout)
+
     def _default_sa_exists(self) -> tuple[bool, str]:
         code, body = self.api_get("/api/v1/namespaces/default/serviceaccounts/default")
         return code == 200, f"GET serviceaccounts/default: {code or body}"

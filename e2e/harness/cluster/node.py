@@ -37,8 +37,10 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -61,6 +63,7 @@ from e2e.harness.kube import Kube
 __all__ = ["DEFAULT_PROFILE", "NODE_NAME", "Node", "NodeConfig", "NodeError", "describe"]
 
 NODE_COMPONENTS = ("containerd", "kubelet", "drasil-plugin")
+CONTAINERD_PROCESSES = ("containerd", "containerd-shim-runc-v2", "runc", "ctr")
 # Logged at -v=3 by kubelet's dra_plugin_manager.go (our --vmodule turns it on).
 KUBELET_STARTUP_WIPE = '"Deleted ResourceSlices" logger="DRA registration handler.startup"'
 # Host paths kubelet uses whatever its --root-dir (kubelet 1.37 hard-codes them).
@@ -104,6 +107,7 @@ class Node(NodeFiles):
         self, component: str, *, root: Path, mode: str = "dra"
     ) -> pluginproc.PluginProcess:
         return pluginproc.PluginProcess(
+            env={"BOOT_ID_FILE": str(self.boot_id_file)},
             root=root,
             kubeconfig=self.plugin_kubeconfig,
             node_name=self.name,
@@ -115,6 +119,15 @@ class Node(NodeFiles):
             die_with_parent=self.cluster.die_with_parent,
             mode=mode,
         )
+
+    @property
+    def boot_id_file(self) -> Path:
+        """The plugins' boot id (their ``--boot-id-file``): `reboot` writes a new one,
+        as a real boot gives the kernel a new one."""
+        return self.conf_dir / "boot_id"
+
+    def _new_boot_id(self) -> None:
+        self.boot_id_file.write_text(f"{uuid.uuid4()}\n")
 
     @property
     def plugin_kubeconfig(self) -> Path:
@@ -316,6 +329,7 @@ class Node(NodeFiles):
         self._wait_startup_wipe(after=0, timeout=left())
         self._say(f"starting the drasil kubelet plugin ({profile}) with the chart's RBAC")
         self._make_plugin_identity()
+        self._new_boot_id()
         self.plugin.start(timeout=left())
         self.wait_plugin_registered(after=0, timeout=left())
         count = _profile_size(profile)
@@ -395,6 +409,75 @@ class Node(NodeFiles):
             self.plugin.stop()
         self.plugin.start(timeout=timeout)
         self.wait_plugin_registered(after=before, timeout=timeout)
+
+    def reboot(self, *, timeout: float = 180.0) -> float:
+        """A power cut and a boot, as the node's software meets them; seconds taken.
+
+        Down at once (SIGKILL): kubelet, the plugin, every Pod process, the MPS daemons
+        and containerd with its shims. Gone as tmpfs goes: every mount (Pod volumes,
+        MPS shm, container rootfs), the CDI dir, containerd's state and runc dirs. A
+        new boot id. Kept, as disks keep them: kubelet's root dir, containerd's root,
+        the plugin's state dir (checkpoint, simulated GPUs' file). Then containerd,
+        kubelet and the plugin start again; kubelet finds the Pods still bound to the
+        node and starts them again, preparing their claims anew.
+        """
+        started = time.monotonic()
+        config = self.config
+        kubelet = self._proc("kubelet")
+        if kubelet is not None:
+            kubelet.signal(signal.SIGKILL)
+        self.plugin.kill()
+        host.kill_cgroup(config.cgroup_root)
+        self._kill_mps_daemons()
+        containerd = self._proc("containerd")
+        if containerd is not None:
+            containerd.signal(signal.SIGKILL)
+        for proc in (kubelet, containerd):
+            if proc is not None and not procs.stop(proc, grace=0):
+                raise NodeError(f"{proc.name} (pid {proc.pid}) survived SIGKILL")
+        self._procs.clear()
+        # Only the node's own (the control plane's binaries share the folder).
+        procs.stop_strays(
+            self.bin("containerd").parent, self.run_dir, grace=0, names=CONTAINERD_PROCESSES
+        )
+        left = host.unmount_all(self.run_dir) + host.unmount_all(self.kubelet_root)
+        if left:
+            raise NodeError(f"still mounted after the power cut: {left}")
+        for tmpfs in (self.cdi_dir, self.containerd_dir / "state", self.containerd_dir / "runc"):
+            shutil.rmtree(tmpfs, ignore_errors=True)
+        self.cdi_dir.mkdir()
+        self._new_boot_id()
+        self._boot(timeout=timeout)
+        return time.monotonic() - started
+
+    def _kill_mps_daemons(self) -> None:
+        """Every MPS daemon of the plugin's (host processes with its state dir in
+        their arguments; the simulated backend's stand-ins)."""
+        mark = str(self.plugin.state_dir / "mps")
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                if mark in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    os.kill(int(entry.name), signal.SIGKILL)
+
+    def _boot(self, *, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+
+        def left() -> float:
+            return max(deadline - time.monotonic(), 1.0)
+
+        before = self.registrations()
+        self._start(
+            "containerd",
+            [str(self.bin("containerd")), f"--config={self.conf_dir / 'containerd.toml'}"],
+        )
+        self._wait("containerd to answer", self._containerd_ready, left())
+        self._start("kubelet", self.kubelet_argv())
+        self._wait("kubelet /healthz", self._kubelet_healthy, left())
+        self.plugin.start(timeout=left())
+        self.wait_plugin_registered(after=before, timeout=left())
+        self._wait(f"Node {self.name} Ready", self.node_ready, left())
 
     # -- device-plugin mode -----------------------------------------------------------
 
@@ -540,7 +623,7 @@ class Node(NodeFiles):
             self.bin("containerd").parent,
             self.run_dir,
             grace=grace,
-            names=("containerd", "containerd-shim-runc-v2", "runc", "ctr"),
+            names=CONTAINERD_PROCESSES,
         )
         left_mounted = host.unmount_all(self.run_dir) + host.unmount_all(self.kubelet_root)
         problems += [f"mount {m}" for m in left_mounted]

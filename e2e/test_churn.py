@@ -1,0 +1,274 @@
+"""Disruptions under load on the real node: Pods keep coming and going (e2e.harness.churn)
+while kubelet, the plugin, the API server restart and the node reboots.
+
+The node's plugin runs for this module with four H100s and four L4s in dynamic MIG with
+consumable sharing (put back afterwards, its simulated GPUs reset), so the churn has
+all four kinds of claim: whole GPUs, MIG placements cut on demand on the H100s, MPS
+shares of the L4s, a claim of two Pods. Every test ends
+with the same ledger asserted (`Ledger.problems`: no Pod that did not start, no
+container that saw other devices than its claim's, no device held by two claims, and
+nothing left on the node once the churn's claims are gone) and with its disruption's
+own expected end state, written in its docstring first.
+
+`DRASIL_CHURN_SECONDS` (default 30) is how long the load runs after each disruption;
+`make bench-churn` runs the same at length (bench/churn.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.harness.churn import (
+    CHURN_PROFILE,
+    Churn,
+    Kind,
+    churning,
+    claim_manifest,
+    pod_manifest,
+    printed_env,
+    standard_kinds,
+)
+from e2e.harness.cluster.control_plane import Cluster
+from e2e.harness.cluster.node import Node
+from e2e.harness.kube import Kube, NotYet, wait_for
+from e2e.harness.pluginproc import DRIVER, checkpoint_claims, checkpoint_gpus
+from e2e.harness.pods import RESOURCE, visible_uuids
+
+GPUS = 8
+CHURN_DEVICES = 4 * 26 + 4  # each H100 whole and its 25 MIG placements; the L4s whole
+MIG_CLASS = f"mig-churn-e2e.{DRIVER}"
+SHARED_CLASS = f"shared-churn-e2e.{DRIVER}"
+SECONDS = float(os.environ.get("DRASIL_CHURN_SECONDS", "30"))
+ATTRS = f'device.attributes["{DRIVER}"]'
+
+
+def _class(name: str, extra: str) -> dict[str, Any]:
+    expression = f'device.driver == "{DRIVER}" && {extra}'
+    return {
+        "apiVersion": RESOURCE,
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": expression}}]},
+    }
+
+
+@pytest.fixture(scope="module")
+def kinds(node: Node, kube: Kube, gpu_class: str) -> Iterator[dict[str, Kind]]:
+    classes = [
+        _class(MIG_CLASS, f'{ATTRS}.type == "mig"'),
+        _class(SHARED_CLASS, f'{ATTRS}.type == "gpu" && device.allowMultipleAllocations'),
+    ]
+    for c in classes:
+        kube.delete(RESOURCE, "DeviceClass", c["metadata"]["name"])
+        kube.create(c)
+    profile = node.plugin.profile
+    node.plugin.profile = CHURN_PROFILE
+    env = {"MIG_MODE": "dynamic", "GPU_SHARING": "consumable"}
+    node.restart_plugin_with(env, published=CHURN_DEVICES, reset_gpus=True)
+    yield standard_kinds(gpu_class=gpu_class, mig_class=MIG_CLASS, shared_class=SHARED_CLASS)
+    node.plugin.profile = profile
+    off = {"MIG_MODE": None, "GPU_SHARING": None}
+    node.restart_plugin_with(off, published=GPUS, reset_gpus=True)
+    for c in classes:
+        kube.delete(RESOURCE, "DeviceClass", c["metadata"]["name"])
+
+
+@pytest.fixture
+def churn(kubeconfig: Path, node: Node, ns: str, kinds: dict[str, Kind]) -> Churn:
+    return Churn(kubeconfig, node, ns, kinds.values())
+
+
+class Witness:
+    """A Pod that holds its claim through a disruption: what must happen to it."""
+
+    def __init__(self, kube: Kube, node: Node, ns: str, kind: Kind) -> None:
+        self.kube, self.node, self.ns = kube, node, ns
+        self.claim = f"witness-{kind.name}"
+        self.pod = f"witness-{kind.name}-pod"
+        kube.create(claim_manifest(self.claim, kind), ns)
+        kube.create(pod_manifest(self.pod, self.claim, node.name), ns)
+        self.container = self.running()
+
+    def running(self, *, restarted_from: str | None = None) -> str:
+        """Wait until its container runs (a new one, if `restarted_from` names the
+        one before); that container's id."""
+
+        def up() -> Any:
+            pod = self.kube.get("v1", "Pod", self.pod, self.ns)
+            statuses = pod["status"].get("containerStatuses") or []
+            ready = statuses and statuses[0].get("ready") and statuses[0].get("containerID")
+            if ready and statuses[0]["containerID"] != restarted_from:
+                return statuses[0]["containerID"]
+            return NotYet(pod["status"])
+
+        found: str = wait_for(up, timeout=180, what=f"Pod {self.pod} running")
+        return found
+
+    def unchanged(self) -> None:
+        """Still the same container, never restarted."""
+        pod = self.kube.get("v1", "Pod", self.pod, self.ns)
+        (status,) = pod["status"]["containerStatuses"]
+        assert (status["containerID"], status["restartCount"]) == (self.container, 0), status
+
+    @property
+    def uid(self) -> str:
+        return str(self.kube.get(RESOURCE, "ResourceClaim", self.claim, self.ns)["metadata"]["uid"])
+
+    def record(self) -> dict[str, Any]:
+        record: dict[str, Any] = checkpoint_claims(self.node.plugin.state_dir)[self.uid]
+        return record
+
+    def seen(self) -> list[str]:
+        return visible_uuids(printed_env(self.kube, self.ns, self.pod))
+
+
+def _assert_clean(churn: Churn, request: pytest.FixtureRequest) -> None:
+    """The ledger has no problem; written to $DRASIL_CHURN_LEDGER/<test>.json first
+    (bench/churn.py reads it)."""
+    ledger = churn.ledger
+    if out := os.environ.get("DRASIL_CHURN_LEDGER"):
+        path = Path(out) / f"{request.node.name}.json"
+        path.write_text(json.dumps({"seconds": SECONDS, **ledger.summary()}, indent=1) + "\n")
+    assert ledger.pods_started > 0, ledger.summary()
+    assert not ledger.problems(), json.dumps(ledger.summary(), indent=1)
+
+
+def test_kubelet_restarted_while_prepares_are_in_flight(
+    kube: Kube,
+    node: Node,
+    ns: str,
+    churn: Churn,
+    kinds: dict[str, Kind],
+    request: pytest.FixtureRequest,
+) -> None:
+    """Expected: kubelet registers the plugin again; a running Pod keeps its container
+    (no restart); Pods whose prepare was in flight start once kubelet is back (kubelet
+    asks again); the churn goes on; nothing failed, nothing leaked."""
+    witness = Witness(kube, node, ns, kinds["gpu"])
+    with churning(churn):
+        churn.wait_started(4)
+        churn.phase("kubelet restart")
+        node.restart_kubelet()
+        churn.wait_started(4)
+        time.sleep(SECONDS)
+        witness.unchanged()
+    _assert_clean(churn, request)
+
+
+def test_plugin_killed_every_few_seconds(
+    kube: Kube,
+    node: Node,
+    ns: str,
+    churn: Churn,
+    kinds: dict[str, Kind],
+    request: pytest.FixtureRequest,
+) -> None:
+    """Expected: while the plugin is killed (SIGKILL) every 5 s, prepares fail and
+    kubelet retries them; a running Pod keeps its container; once the plugin stays up,
+    every waiting Pod starts, each with exactly its devices; no device is held twice,
+    nothing leaked (each restart finishes what the killed one began)."""
+    witness = Witness(kube, node, ns, kinds["mig"])
+    with churning(churn):
+        churn.wait_started(4)
+        churn.phase("plugin SIGKILL every 5 s")
+        deadline = time.monotonic() + SECONDS
+        while time.monotonic() < deadline:
+            node.restart_plugin(kill=True)
+            time.sleep(5.0)
+        churn.phase("after the kills")
+        churn.wait_started(4)
+        witness.unchanged()
+        assert witness.seen() == [witness.record()["devices"][0]["mig"]["uuid"]]
+    _assert_clean(churn, request)
+
+
+def _slice_versions(kube: Kube, node: Node) -> dict[str, str]:
+    slices = kube.resource(RESOURCE, "ResourceSlice").get(
+        field_selector=f"spec.nodeName={node.name},spec.driver={DRIVER}", _request_timeout=30
+    )
+    return {s.metadata.name: s.metadata.resourceVersion for s in slices.items}
+
+
+def test_api_server_restarted(
+    kube: Kube,
+    node: Node,
+    node_cluster: Cluster,
+    ns: str,
+    churn: Churn,
+    kinds: dict[str, Kind],
+    request: pytest.FixtureRequest,
+) -> None:
+    """Expected: while kube-apiserver is down (5 s) and after, running Pods keep running;
+    the plugin's and kubelet's watches re-list and the churn goes on; nothing failed,
+    nothing leaked. Without load, a restart rewrites none of the node's ResourceSlices
+    (same resourceVersion: the plugin publishes only what changed)."""
+    witness = Witness(kube, node, ns, kinds["share"])
+    with churning(churn):
+        churn.wait_started(4)
+        churn.phase("API server restart")
+        node_cluster.restart_apiserver(down_seconds=5)
+        churn.wait_started(4)
+        time.sleep(SECONDS)
+        witness.unchanged()
+    _assert_clean(churn, request)
+    before = _slice_versions(kube, node)
+    node_cluster.restart_apiserver()
+    time.sleep(15)  # the plugin's watch re-lists and its resync runs meanwhile
+    assert _slice_versions(kube, node) == before
+
+
+def test_node_reboot_prepares_every_claim_again(
+    kube: Kube,
+    node: Node,
+    ns: str,
+    churn: Churn,
+    kinds: dict[str, Kind],
+    request: pytest.FixtureRequest,
+) -> None:
+    """Expected: after a power cut and a boot (tmpfs gone, MIG instances and MPS
+    daemons gone, a new boot id), kubelet starts the Pods still bound to the node
+    again and asks the plugin to prepare their claims; the plugin trusts nothing of the
+    old boot: each claim is prepared from scratch (checkpoint entries of the new boot,
+    CDI specs written again, the MIG placement cut again, the MPS daemon started
+    again), and each new container sees exactly its claim's devices; the churn goes
+    on; nothing failed, nothing leaked."""
+    mig, share = Witness(kube, node, ns, kinds["mig"]), Witness(kube, node, ns, kinds["share"])
+    old_daemons = _mps_pids(node)
+    assert old_daemons, "the share has an MPS daemon"
+    with churning(churn):
+        churn.wait_started(4)
+        churn.phase("node reboot")
+        node.reboot()
+        for witness in (mig, share):
+            witness.running(restarted_from=witness.container)
+        churn.wait_started(4)
+        time.sleep(SECONDS)
+    _assert_clean(churn, request)
+    assert mig.seen() == [mig.record()["devices"][0]["mig"]["uuid"]]
+    instances = _simulated_instances(node)  # the churn's are gone: the witness's alone
+    assert [gi["start"] for gi in instances] == [
+        mig.record()["devices"][0]["mig"]["placementStart"]
+    ]
+    new_daemons = _mps_pids(node)
+    assert new_daemons, "the share's MPS daemon started again"
+    assert not set(new_daemons) & set(old_daemons), (old_daemons, new_daemons)
+    for witness in (mig, share):
+        assert (node.cdi_dir / f"k8s.{DRIVER}-claim_{witness.uid}.json").exists()
+
+
+def _mps_pids(node: Node) -> list[int]:
+    gpus = checkpoint_gpus(node.plugin.state_dir)
+    return [g["mps"]["pid"] for g in gpus.values() if g.get("mps")]
+
+
+def _simulated_instances(node: Node) -> list[dict[str, Any]]:
+    state = json.loads((node.plugin.state_dir / "simulated-gpus.json").read_text())
+    assert state["bootId"] == node.boot_id_file.read_text().strip(), state["bootId"]
+    return [gi for gpu in state["gpus"].values() for gi in gpu.get("gpuInstances") or []]

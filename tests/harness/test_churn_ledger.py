@@ -1,0 +1,73 @@
+"""The churn's pure parts (e2e.harness.churn): its claims, the double-booking check on a
+checkpoint, the ledger's verdict; and bench.churn's table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.churn import table
+from e2e.harness.churn import Kind, Ledger, held_twice, standard_kinds
+
+
+def _device(name: str, **extra: Any) -> dict[str, Any]:
+    return {"poolName": "node", "deviceName": name, **extra}
+
+
+def _mig(start: int, size: int) -> dict[str, Any]:
+    mig = {"parentUuid": "GPU-a", "placementStart": start, "placementSize": size}
+    return _device(f"gpu-0-mig-{start}", mig=mig)
+
+
+def test_a_kind_asks_for_its_gpus_its_profile_and_its_memory() -> None:
+    kinds = standard_kinds(gpu_class="g", mig_class="m", shared_class="s")
+    assert sorted(kinds) == ["gpu", "mig", "pair", "share"]
+    (mig,) = kinds["mig"].requests()
+    expression = mig["exactly"]["selectors"][0]["cel"]["expression"]
+    assert ".minor in [0, 1]" in expression
+    assert '.profile == "1g.10gb"' in expression
+    (share,) = kinds["share"].requests()
+    assert share["exactly"]["capacity"] == {"requests": {"memory": "10Gi"}}
+    assert kinds["pair"].pods == 2
+    assert not kinds["share"].exclusive
+    minors = [m for k in kinds.values() for m in k.minors]
+    assert sorted(minors) == list(range(8))  # each kind on GPUs of its own
+
+
+def test_held_twice_finds_one_device_or_overlapping_slices_in_two_claims() -> None:
+    claims = {
+        "a": {"devices": [_device("gpu-1"), _mig(0, 2)]},
+        "b": {"devices": [_device("gpu-1"), _mig(1, 1)]},
+        "c": {"devices": [_device("gpu-2", shareId="s1"), _device("gpu-3", adminAccess=True)]},
+        "d": {"devices": [_device("gpu-2", shareId="s2"), _device("gpu-3"), _mig(2, 1)]},
+    }
+    assert held_twice(claims) == ["MIG slice 1 of GPU-a: a and b", "node/gpu-1: a and b"]
+
+
+def test_the_ledger_lists_every_problem_and_only_those() -> None:
+    ledger = Ledger(pods_started=3, waits=[1.0, 2.0, 9.0], prepare_retries=4)
+    ledger.leaks = {"CDI specs": [], "MIG instances": []}
+    assert ledger.problems() == []  # retries are kubelet doing its job
+    ledger.pods_failed.append("p: phase Pending")
+    ledger.leaks["CDI specs"].append("k8s.x-claim_u.json")
+    assert ledger.problems() == [
+        "did not start: p: phase Pending",
+        "left without a claim: CDI specs: ['k8s.x-claim_u.json']",
+    ]
+    summary = ledger.summary()
+    assert "waits" not in summary
+    assert (summary["longest_wait_s"], summary["p50_wait_s"]) == (9.0, 2.0)
+
+
+def test_the_bench_table_has_a_row_per_disruption_and_its_own_phase() -> None:
+    ledger = Ledger(
+        pods_started=5, waits=[1.0], longest_wait_by_phase={"steady": 1.0, "reboot": 7.5}
+    )
+    rows = table({"test_node_reboot": ledger.summary()}).splitlines()
+    assert len(rows) == 3
+    assert rows[2].startswith("| node_reboot | 5 | 0 | 0 | 0 | 0 |")
+    assert rows[2].endswith("| reboot: 7.5 |")
+
+
+def test_kind_defaults_are_one_exclusive_pod() -> None:
+    kind = Kind("x", "c", (0,))
+    assert (kind.pods, kind.exclusive, kind.profile, kind.memory) == (1, True, None, None)
