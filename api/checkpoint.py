@@ -9,7 +9,8 @@ a change writes one file whatever the number of claims held (``drasil.driver.che
                    "state": "PrepareStarted" | "PrepareCompleted",
                    "devices": [{"requestNames": [...], "poolName": "...",
                                 "deviceName": "...", "cdiDeviceIds": [...],
-                                "shareId": "...", "mig": {...}, "partition": {...},
+                                "shareId": "...", "mig": {...}, "staticMig": {...},
+                                "partition": {...},
                                 "sharing": "MPS"}],
                    "updatedAt": "<RFC 3339>"},
          "checksum": "<sha256 hex>"}
@@ -138,6 +139,25 @@ class MigRecord(_Document):
     uuid: str | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
+class StaticMigRecord(_Document):
+    """The MIG instance a static MIG device is (``--mig-mode static``): the operator
+    made it, so drasil never destroys it.
+
+    Recorded so that after a change to ``--mig-mode dynamic`` the plugin keeps the
+    instance while the claim holds it (the reconcile at start spares it) and refuses
+    dynamic placements that overlap it. Added after ``version`` 1 was fixed: a reader
+    that does not know it keeps it and ignores it, which is what it did before.
+    """
+
+    parent_uuid: str
+    profile_id: int
+    placement_start: int
+    placement_size: int
+    gpu_instance_id: int
+    compute_instance_id: int
+    uuid: str
+
+
 class PartitionRecord(_Document):
     """The compute partition mode a prepared device needs its GPU in (AMD's dynamic
     partitions): while any claim records one, the GPU stays in that mode."""
@@ -161,6 +181,8 @@ class PreparedDevice(_Document):
     # Admin-access results may share any device (docs/design.md#claims-and-configs).
     admin_access: bool = Field(default=False, exclude_if=lambda value: not value)
     mig: MigRecord | None = Field(default=None, exclude_if=lambda value: value is None)
+    # Never a ``mig`` record: an earlier reader destroys the instance a ``mig`` names.
+    static_mig: StaticMigRecord | None = Field(default=None, exclude_if=lambda value: value is None)
     partition: PartitionRecord | None = Field(default=None, exclude_if=lambda value: value is None)
     # How a shared or time-sliced GPU is used ("MPS", "TimeSlicing/Long"): claims on
     # one GPU must agree, and the last one to go restores the GPU.

@@ -4,7 +4,7 @@ The same tests as in ``make test`` (kubelet restarted while prepares are in flig
 plugin killed every 5 s, the API server restarted, the node rebooted, each beside a
 churn of Pods with whole GPUs, dynamic MIG placements, MPS shares and a claim of two
 Pods), run with the load going ``--seconds`` (default 300) after each disruption
-instead of 30. Each test writes its ledger; this collects them into
+instead of 20. Each test writes its ledger; this collects them into
 bench/results/churn.json and prints the table docs/upgrading.md keeps.
 
 ``python -m bench.churn [--seconds 300] [-k reboot]``

@@ -2,8 +2,12 @@
 
 The controller re-checks objects on every watch event and re-explains pending claims
 periodically; without memory it would post the same Event again each time. The
-memory is per process: a new leader posts the current problems once more, which
-also tells users the problem still stands.
+memory is per process, so each Event also has a name of its own (``event_name``: the
+object's name and a hash of its UID, the reason and the text): a new leader, after a
+roll of the Deployment, posts the current problems again under the same names and the
+API server keeps the first of each (409), so a roll neither loses nor doubles an Event.
+Once an Event expired (the API server's event TTL, 1 h by default) the next leader's
+post of a problem that still stands is a new one.
 
 Explanations change with the fleet: one GPU that flaps between healthy and tainted
 changes the text for every pending claim at once, and each change would be an Event on
@@ -15,6 +19,7 @@ never waits: a newly pending claim is told at once, storm or not.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -144,6 +149,18 @@ class RepostBudget:
             return True
 
 
+# An Event's name is a DNS subdomain (253 characters at most): the object's name,
+# shortened where needed, a dot and the hash.
+_NAME_ROOM = 253 - 1 - 32
+
+
+def event_name(ref: ObjectRef, reason: str, message: str) -> str:
+    """The one name an Event of ``reason`` and ``message`` about ``ref`` gets, whoever
+    posts it: ``<object name>.<32 hex digits>``."""
+    digest = hashlib.sha256(f"{ref.uid}\0{reason}\0{message}".encode()).hexdigest()[:32]
+    return f"{ref.name[:_NAME_ROOM].rstrip('.-')}.{digest}"
+
+
 class EventRecorder:
     """Posts Warning Events through ``KubeApi``, deduplicated by ``EventMemory``."""
 
@@ -162,12 +179,18 @@ class EventRecorder:
         if not self.memory.claim(ref.uid, reason, message):
             return False
         try:
-            self.api.post_event(
-                involved=ref.involved(), reason=reason, message=message, component=COMPONENT
+            posted = self.api.post_event(
+                involved=ref.involved(),
+                reason=reason,
+                message=message,
+                component=COMPONENT,
+                name=event_name(ref, reason, message),
             )
         except Exception:
             self.memory.unclaim(ref.uid, reason, message)
             raise
+        if not posted:  # already there (an earlier leader's), or the API refused it
+            return False
         self.metrics.events.labels(reason, ref.kind).inc()
         log.info("posted event", extra={"object": str(ref), "reason": reason, "text": message})
         return True

@@ -269,6 +269,20 @@ class CheckpointStore:
             self._put(claim_uid, record)
         return record
 
+    def replace_devices(self, claim_uid: str, devices: Iterable[PreparedDevice]) -> ClaimRecord:
+        """Record more about a claim's devices in one write, its state kept (an earlier
+        drasil's record completed at start); the claim must be recorded."""
+        with self._lock:
+            self._require_loaded()
+            before = self._claims.get(claim_uid)
+            if before is None:
+                raise CheckpointError(f"claim {claim_uid}: not recorded")
+            record = before.model_copy(
+                update={"devices": tuple(devices), "updated_at": self._clock()}
+            )
+            self._put(claim_uid, record)
+        return record
+
     def set_gpu(self, gpu_uuid: str, record: GpuRecord | None) -> None:
         """Record (or, with None or an empty record, forget) one GPU's changed state."""
         with self._lock:

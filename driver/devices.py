@@ -132,6 +132,23 @@ class MigPlacement:
 
 
 @dataclass(frozen=True)
+class MigSite:
+    """Where a MIG device that exists (``--mig-mode static``) sits on its GPU.
+
+    Its GPU instance's placement, in memory slices as ``MigPlacement``'s, and its ids:
+    enough to tell the instance apart from a dynamic MIG device's after a change of
+    ``--mig-mode``, when claims of both modes may hold parts of one GPU.
+    """
+
+    parent_uuid: str
+    profile_id: int
+    gpu_instance_id: int
+    compute_instance_id: int
+    start: int
+    size: int
+
+
+@dataclass(frozen=True)
 class PartitionSlot:
     """A compute partition made by switching its GPU's partition mode (AMD's
     ``--amd-partition-mode dynamic``): the GPU, the mode, the partition's index.
@@ -177,6 +194,8 @@ class Device:
     numa_node: int | None = None
     pcie_root: str | None = None
     mig_placement: MigPlacement | None = None
+    # A static MIG device: the GPU instance it is (None where NVML did not list it).
+    mig_site: MigSite | None = None
     # --amd-partition-mode dynamic: the partition prepare makes by switching the mode.
     compute_partition: PartitionSlot | None = None
     consumes_counters: tuple[CounterConsumption, ...] = ()

@@ -440,12 +440,20 @@ class KubeApi:
         message: str,
         event_type: str = "Warning",
         component: str = "drasil",
-    ) -> None:
-        """A core/v1 Event about ``involved`` (kind, name, namespace, uid, apiVersion)."""
+        name: str | None = None,
+    ) -> bool:
+        """A core/v1 Event about ``involved`` (kind, name, namespace, uid, apiVersion);
+        whether it was created. With ``name`` the Event is posted once under that name:
+        an Event already there (another process posted it) is left as it is."""
         namespace = involved.get("namespace") or "default"
         now = datetime.now(UTC)
+        meta = (
+            client.V1ObjectMeta(name=name)
+            if name
+            else client.V1ObjectMeta(generate_name=f"{involved['name']}.")
+        )
         event = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(generate_name=f"{involved['name']}."),
+            metadata=meta,
             involved_object=client.V1ObjectReference(**_reference(involved)),
             reason=reason,
             message=message[:1024],
@@ -458,7 +466,12 @@ class KubeApi:
         try:
             self._core.create_namespaced_event(namespace, event)
         except ApiException as err:  # events are best effort; never fail the caller
-            log.warning("could not post event", extra={"reason": reason, "error": str(err)})
+            if err.status == 409 and name:
+                log.debug("event already posted", extra={"reason": reason, "event": name})
+            else:
+                log.warning("could not post event", extra={"reason": reason, "error": str(err)})
+            return False
+        return True
 
 
 def _reference(involved: Mapping[str, str]) -> dict[str, str]:

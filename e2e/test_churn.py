@@ -10,7 +10,7 @@ container that saw other devices than its claim's, no device held by two claims,
 nothing left on the node once the churn's claims are gone) and with its disruption's
 own expected end state, written in its docstring first.
 
-`DRASIL_CHURN_SECONDS` (default 30) is how long the load runs after each disruption;
+`DRASIL_CHURN_SECONDS` (default 20) is how long the load runs after each disruption;
 `make bench-churn` runs the same at length (bench/churn.py).
 """
 
@@ -29,6 +29,7 @@ from e2e.harness.churn import (
     CHURN_PROFILE,
     Churn,
     Kind,
+    Target,
     churning,
     claim_manifest,
     pod_manifest,
@@ -45,7 +46,7 @@ GPUS = 8
 CHURN_DEVICES = 4 * 26 + 4  # each H100 whole and its 25 MIG placements; the L4s whole
 MIG_CLASS = f"mig-churn-e2e.{DRIVER}"
 SHARED_CLASS = f"shared-churn-e2e.{DRIVER}"
-SECONDS = float(os.environ.get("DRASIL_CHURN_SECONDS", "30"))
+SECONDS = float(os.environ.get("DRASIL_CHURN_SECONDS", "20"))
 ATTRS = f'device.attributes["{DRIVER}"]'
 
 
@@ -82,7 +83,7 @@ def kinds(node: Node, kube: Kube, gpu_class: str) -> Iterator[dict[str, Kind]]:
 
 @pytest.fixture
 def churn(kubeconfig: Path, node: Node, ns: str, kinds: dict[str, Kind]) -> Churn:
-    return Churn(kubeconfig, node, ns, kinds.values())
+    return Churn(kubeconfig, Target.of(node), ns, kinds.values())
 
 
 class Witness:

@@ -578,6 +578,53 @@ def test_unmatched_selector_is_explained_within_30s(
     assert_untouched(kube, namespace)
 
 
+def test_a_rolled_controller_neither_loses_nor_doubles_an_event(
+    kube: Kube,
+    namespace: str,
+    controller: ControllerProcess,
+    rack_node: str,
+    pools: Callable[..., dict[str, Any]],
+) -> None:
+    """The Deployment rolled while claims are pending. Expected: each claim explained
+    before the roll keeps one Unsatisfiable Event (count 1: the new leader's post of the
+    same text is the same Event); a claim that became pending while no controller ran
+    is explained by the new leader; no Event storm (one Event per claim and Pod)."""
+    pools("rack-r", [gpu("remote-0")], nodeSelector=RACK_A)
+    wait_ready(kube, "rack-r", "True")
+    kube.create(claim_template("h200-r", H200), namespace)
+    before = [uid for i in range(3) for uid in _pending_claim(kube, namespace, f"roll-{i}")]
+    for uid in before:
+        wait_event(kube, namespace, uid, "Unsatisfiable")
+    leading = _count_logged(controller, "leading")
+    controller.stop()
+    during = _pending_claim(kube, namespace, "roll-3")
+    controller.start()
+    wait_for(
+        lambda: _count_logged(controller, "leading") > leading or NotYet(controller.tail(5)),
+        timeout=60,
+        what="the new controller to lead",
+    )
+    for uid in during:
+        wait_event(kube, namespace, uid, "Unsatisfiable")
+    time.sleep(15)  # past --explain-after: the new leader re-explained every claim
+    for uid in [*before, *during]:  # each claim and each waiting Pod
+        (event,) = events(kube, namespace, uid, "Unsatisfiable")
+        assert event.count == 1, event
+    assert_untouched(kube, namespace)
+
+
+def _pending_claim(kube: Kube, namespace: str, pod: str) -> tuple[str, str]:
+    """A Pod whose claim (of template h200-r) can never be allocated; the UIDs of the
+    claim and the Pod."""
+    made = kube.create(pending_pod(pod, template="h200-r"), namespace)
+    claim = wait_for(lambda: pod_claim(kube, namespace, pod), timeout=30, what="the claim")
+    return str(claim["metadata"]["uid"]), str(made["metadata"]["uid"])
+
+
+def _count_logged(controller: ControllerProcess, message: str) -> int:
+    return sum(1 for entry in controller.logs() if entry.get("msg") == message)
+
+
 def node_slice(node: dict[str, Any], devices: list[dict[str, Any]]) -> dict[str, Any]:
     """A node-local ResourceSlice of this module's driver, owned by (and deleted with)
     the Node, as a node's plugin publishes it."""

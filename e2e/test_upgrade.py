@@ -14,12 +14,22 @@ its chart installed on the real node. Expected end states, step by step:
    unprepares its claim (its CDI spec goes), and a third Pod gets the freed GPU;
 4. all workloads deleted: no CDI spec and no checkpoint entry of the driver is left.
 
+From step 1 to 3 a churn (e2e.harness.churn) runs in a namespace of its own: Pods with
+whole GPUs, dynamic MIG placements, MPS shares and a claim of two Pods come and go
+through the upgrade's and the rollback's plugin handover (the DaemonSet's surge: two
+plugin instances for a moment). Its ledger must be clean: every Pod started, each saw
+exactly its devices, no device held twice, nothing left on the node once its claims are
+gone; the longest wait of a Pod created during each handover is in the ledger.
+
 The chart installs its own driver (gpu.upgrade.drasil.dev) beside the node's, as
-e2e/test_install.py does.
+e2e/test_install.py does, on GPUs of its own: four H100s and six L4s in dynamic MIG
+with consumable sharing; the churn uses minors 0-7 (e2e.harness.churn.CHURN_PROFILE),
+the workloads above the L4s 8 and 9.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,9 +40,11 @@ import yaml
 
 from e2e.harness import paths
 from e2e.harness.chart import CHART, LocalNode, helm, local_node_values
+from e2e.harness.churn import CHURN_PROFILE, Churn, Kind, Target, churning, standard_kinds
 from e2e.harness.cluster.host import free_ports
 from e2e.harness.cluster.node import Node
 from e2e.harness.kube import Kube, NotYet, wait_for
+from e2e.harness.pods import RESOURCE
 from e2e.harness.sources import exported
 from e2e.test_install import (
     TIMEOUT,
@@ -49,6 +61,15 @@ from tools.image import LocalImage, build_image, import_image
 
 DRIVER = "gpu.upgrade.drasil.dev"
 CLASS = "upgrade.drasil.dev"
+PROFILE = f"{CHURN_PROFILE},l4:2"  # minors 8 and 9 are the workloads'
+CHURN_CLASSES = {
+    "gpu": ("gpu-churn.upgrade.drasil.dev", 'type == "gpu"'),
+    "mig": ("mig-churn.upgrade.drasil.dev", 'type == "mig"'),
+    "share": (
+        "shared-churn.upgrade.drasil.dev",
+        'type == "gpu" && device.allowMultipleAllocations',
+    ),
+}
 PINNED = paths.CHECKOUT / "e2e" / "upgrade-from.txt"
 
 
@@ -78,8 +99,46 @@ def current(node: Node) -> LocalImage:
 
 @pytest.fixture
 def device_class(kube: Kube) -> Iterator[str]:
-    selector = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "gpu"'
+    attrs = f'device.attributes["{DRIVER}"]'
+    selector = f'device.driver == "{DRIVER}" && {attrs}.type == "gpu" && {attrs}.minor >= 8'
     yield from _device_class(kube, CLASS, selector)
+
+
+@pytest.fixture
+def churn_kinds(kube: Kube) -> Iterator[dict[str, Kind]]:
+    """The churn's DeviceClasses for this driver."""
+    for name, condition in CHURN_CLASSES.values():
+        kube.delete(RESOURCE, "DeviceClass", name)
+        expression = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].{condition}'
+        kube.create(
+            {
+                "apiVersion": RESOURCE,
+                "kind": "DeviceClass",
+                "metadata": {"name": name},
+                "spec": {"selectors": [{"cel": {"expression": expression}}]},
+            }
+        )
+    yield standard_kinds(
+        gpu_class=CHURN_CLASSES["gpu"][0],
+        mig_class=CHURN_CLASSES["mig"][0],
+        shared_class=CHURN_CLASSES["share"][0],
+        driver=DRIVER,
+    )
+    for name, _ in CHURN_CLASSES.values():
+        kube.delete(RESOURCE, "DeviceClass", name)
+
+
+@pytest.fixture
+def churn_namespace(kube: Kube) -> Iterator[str]:
+    name = f"churn-{secrets.token_hex(3)}"
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    wait_for(
+        lambda: kube.core.read_namespaced_service_account("default", name),
+        timeout=30,
+        what=f"ServiceAccount default in namespace {name}",
+    )
+    yield name
+    kube.delete("v1", "Namespace", name)
 
 
 def _values_file(node: Node, image: LocalImage, kubeconfig: Path, folder: Path) -> Path:
@@ -88,7 +147,13 @@ def _values_file(node: Node, image: LocalImage, kubeconfig: Path, folder: Path) 
         here, kubeconfig=kubeconfig, repository=image.repository, tag=image.tag,
         ports=free_ports(4),
     )  # fmt: skip
-    values.update(driverName=DRIVER, simulatedProfile="l4:2", logFormat="text")
+    values.update(
+        driverName=DRIVER,
+        simulatedProfile=PROFILE,
+        logFormat="text",
+        migMode="dynamic",
+        gpuSharing="consumable",
+    )
     values["deviceClasses"] = {"create": False}
     values["controller"]["enabled"] = False  # the node side is what carries state
     path = folder / f"values-{image.tag}.yaml"
@@ -108,9 +173,13 @@ def _rolled_to(kube: Kube, namespace: str, release: str, image: LocalImage) -> A
     return wait_for(rolled, timeout=TIMEOUT, what=f"the plugin to run {image.name}")
 
 
-def _specs(node: Node) -> list[str]:
-    """The driver's CDI spec files on the node."""
-    return sorted(p.name for p in node.cdi_dir.glob(f"k8s.{DRIVER}-claim_*.json"))
+def _specs(node: Node, namespace: str) -> list[str]:
+    """The driver's CDI spec files on the node for claims of `namespace`."""
+    return sorted(
+        p.name
+        for p in node.cdi_dir.glob(f"k8s.{DRIVER}-claim_*.json")
+        if json.loads(p.read_text())["annotations"]["drasil.dev/claim-namespace"] == namespace
+    )
 
 
 def _claim_entries(node: Node) -> list[str]:
@@ -133,6 +202,8 @@ def test_upgrade_from_the_pinned_release_and_roll_back_keeps_every_claim(
     earlier: tuple[Path, LocalImage],
     current: LocalImage,
     device_class: str,
+    churn_kinds: dict[str, Kind],
+    churn_namespace: str,
     tmp_path: Path,
 ) -> None:
     tree, old_image = earlier
@@ -142,6 +213,7 @@ def test_upgrade_from_the_pinned_release_and_roll_back_keeps_every_claim(
     old_values = _values_file(node, old_image, kubeconfig, tmp_path)
     new_values = _values_file(node, current, kubeconfig, tmp_path)
     old_chart = tree / "charts" / "drasil"
+    churn = Churn(kubeconfig, Target.of(node, DRIVER), churn_namespace, churn_kinds.values())
     try:
         # 1. The earlier release; a workload prepared by its plugin.
         _helm(kubeconfig, "install", release, str(old_chart), "-f", str(old_values), *common)
@@ -149,30 +221,41 @@ def test_upgrade_from_the_pinned_release_and_roll_back_keeps_every_claim(
         first = _workload(kube, namespace, node, device_class)
         first_gpu = _running_with_gpu(kube, namespace, first)
         first_uid = _pod(kube, namespace, first).metadata.uid
-        assert len(_specs(node)) == 1, _specs(node)
+        assert len(_specs(node, namespace)) == 1, _specs(node, namespace)
+        with churning(churn):
+            churn.wait_started(4)
 
-        # 2. Upgraded: the first claim stays prepared and held.
-        _helm(kubeconfig, "upgrade", release, str(CHART), "-f", str(new_values), *common)
-        _rolled_to(kube, namespace, release, current)
-        _unchanged(kube, namespace, first, first_uid)
-        second = _workload(kube, namespace, node, device_class)
-        second_gpu = _running_with_gpu(kube, namespace, second)
-        assert second_gpu != first_gpu  # two GPUs; the first is still the first Pod's
-        assert len(_specs(node)) == 2, _specs(node)
+            # 2. Upgraded: the first claim stays prepared and held.
+            churn.phase("helm upgrade")
+            _helm(kubeconfig, "upgrade", release, str(CHART), "-f", str(new_values), *common)
+            _rolled_to(kube, namespace, release, current)
+            _unchanged(kube, namespace, first, first_uid)
+            second = _workload(kube, namespace, node, device_class)
+            second_gpu = _running_with_gpu(kube, namespace, second)
+            assert second_gpu != first_gpu  # two GPUs; the first is still the first Pod's
+            assert len(_specs(node, namespace)) == 2, _specs(node, namespace)
+            churn.phase("upgraded")
+            churn.wait_started(4)
 
-        # 3. Rolled back: the earlier plugin reads the new one's state.
-        _helm(kubeconfig, "rollback", release, "1", *common)
-        _rolled_to(kube, namespace, release, old_image)
-        _unchanged(kube, namespace, first, first_uid)
-        _delete_pod(kube, namespace, second)
-        assert len(_specs(node)) == 1, _specs(node)
-        third = _workload(kube, namespace, node, device_class)
-        assert _running_with_gpu(kube, namespace, third) == second_gpu
+            # 3. Rolled back: the earlier plugin reads the new one's state.
+            churn.phase("helm rollback")
+            _helm(kubeconfig, "rollback", release, "1", *common)
+            _rolled_to(kube, namespace, release, old_image)
+            _unchanged(kube, namespace, first, first_uid)
+            _delete_pod(kube, namespace, second)
+            assert len(_specs(node, namespace)) == 1, _specs(node, namespace)
+            third = _workload(kube, namespace, node, device_class)
+            assert _running_with_gpu(kube, namespace, third) == second_gpu
+            churn.phase("rolled back")
+            churn.wait_started(4)
+        ledger = churn.ledger
+        assert ledger.pods_started > 0, ledger.summary()
+        assert not ledger.problems(), json.dumps(ledger.summary(), indent=1)
 
         # 4. Nothing left once the workloads are gone.
         for name in (first, third):
             _delete_pod(kube, namespace, name)
-        assert _specs(node) == []
+        assert _specs(node, namespace) == []
         assert _claim_entries(node) == []
     finally:  # never masks the failure that got here: check=False
         helm(

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from drasil.api.checkpoint import ClaimRecord, PartitionRecord, PreparedDevice
+from drasil.api.checkpoint import ClaimRecord, PartitionRecord, PreparedDevice, StaticMigRecord
 from drasil.driver.cdi.claimspecs import (
     ClaimDevice,
     ClaimSpecRequest,
@@ -259,6 +259,7 @@ def _device_plan(
         admin_access=result.admin_access,
         sharing=_sharing(result, config, device),
         partition=None if result.admin_access else _partition_record(device),
+        static_mig=_static_mig_record(device),
     )
     if result.admin_access:
         settings = admin_settings()
@@ -296,6 +297,24 @@ def _partition_record(device: Device) -> PartitionRecord | None:
         index=slot.index,
         start=slot.start,
         size=slot.size,
+    )
+
+
+def _static_mig_record(device: Device) -> StaticMigRecord | None:
+    """The instance a static MIG device is, recorded with the claim: a plugin started
+    later in ``--mig-mode dynamic`` keeps it and cuts nothing over it while the claim
+    holds it. Admin access too: its container uses the instance as well."""
+    site = device.mig_site
+    if site is None:
+        return None
+    return StaticMigRecord(
+        parent_uuid=site.parent_uuid,
+        profile_id=site.profile_id,
+        placement_start=site.start,
+        placement_size=site.size,
+        gpu_instance_id=site.gpu_instance_id,
+        compute_instance_id=site.compute_instance_id,
+        uuid=device.uuid,
     )
 
 
@@ -386,10 +405,14 @@ class _Footprint:
 def _footprint(
     name: str, held: PreparedDevice | None, devices: Mapping[str, Device]
 ) -> _Footprint | None:
-    """Where a device of a partitionable GPU sits (as recorded, if ``held``), else None."""
-    if held is not None and held.mig is not None:
-        start, size = held.mig.placement_start, held.mig.placement_size
-        return _Footprint(held.mig.parent_uuid, frozenset(range(start, start + size)), _SLICES)
+    """Where a device of a partitionable GPU sits (as recorded, if ``held``), else None.
+
+    The record wins over the device of that name: after a change of ``--mig-mode``
+    the node publishes other devices, and a held MIG instance is where its record says.
+    """
+    if held is not None and (mig := held.mig or held.static_mig) is not None:
+        start, size = mig.placement_start, mig.placement_size
+        return _Footprint(mig.parent_uuid, frozenset(range(start, start + size)), _SLICES)
     if held is not None and held.partition is not None:
         part = held.partition
         units = frozenset(range(part.start, part.start + part.size))
@@ -402,10 +425,17 @@ def _device_footprint(device: Device) -> _Footprint | None:
     if (placement := device.mig_placement) is not None:
         slices = frozenset(range(placement.start, placement.start + placement.size))
         return _Footprint(placement.parent_uuid, slices, _SLICES)
+    if (site := device.mig_site) is not None:
+        # A static MIG device: what it occupies, so that a dynamic MIG instance a
+        # claim prepared before a change to static mode is not handed out again.
+        slices = frozenset(range(site.start, site.start + site.size))
+        return _Footprint(site.parent_uuid, slices, _SLICES)
     if (slot := device.compute_partition) is not None:
         units = frozenset(range(slot.start, slot.start + slot.size))
         return _Footprint(slot.parent_uuid, units, _DIES, slot.mode)
-    if device.consumes_counters:
+    if device.consumes_counters or (device.type == DeviceType.GPU and device.uuid):
+        # A whole NVIDIA GPU holds every memory slice, in either MIG mode: a claim of
+        # it prepared under the other mode keeps MIG instances off it, and back.
         return _Footprint(device.uuid, _WHOLE_GPU, _SLICES)
     return None
 

@@ -61,6 +61,7 @@ from drasil.driver.devices import (
     CounterSet,
     Device,
     DeviceType,
+    MigSite,
     Version,
 )
 from drasil.driver.nvidia.nvml import (
@@ -69,6 +70,7 @@ from drasil.driver.nvidia.nvml import (
     BRAND_NAMES,
     DeviceAttributes,
     DeviceHandle,
+    GpuInstance,
     MigMode,
     NvmlError,
     NvmlLibrary,
@@ -194,6 +196,19 @@ def mig_device_name(
     """``gpu-0-mig-1g10gb-7-0`` (see the module docstring)."""
     compact = compact_profile(profile)
     return f"gpu-{parent_minor}-mig-{compact}-{gpu_instance}-{compute_instance}"
+
+
+_MIG_DEVICE_NAME = re.compile(r"gpu-(\d+)-mig-[a-z0-9]+-(\d+)-(\d+)")
+
+
+def parse_mig_device_name(name: str) -> tuple[int, int, int] | None:
+    """(parent minor, GPU instance, compute instance) of a static MIG device's name,
+    or None for any other name (a dynamic placement's ends ``-at-<start>``)."""
+    found = _MIG_DEVICE_NAME.fullmatch(name)
+    if found is None:
+        return None
+    minor, gi, ci = found.groups()
+    return int(minor), int(gi), int(ci)
 
 
 def discover(
@@ -474,7 +489,7 @@ def _mig_devices(
     skipped: list[SkippedDevice],
 ) -> list[Device]:
     devices: list[Device] = []
-    names = _profile_names(lib, handle)
+    instances = _gpu_instances(lib, handle)
     for slot in range(slots):
         try:
             mig = lib.device_mig_device_handle_by_index(handle, slot)
@@ -484,7 +499,7 @@ def _mig_devices(
             skipped.append(_skipped_mig(gpu, slot, err))
             continue
         try:
-            devices.append(_mig_device(lib, mig, gpu=gpu, profile_names=names))
+            devices.append(_mig_device(lib, mig, gpu=gpu, instances=instances))
         except _DEVICE_ERRORS as err:
             skipped.append(_skipped_mig(gpu, slot, err))
     return devices
@@ -496,12 +511,21 @@ def _skipped_mig(gpu: _Gpu, slot: int, err: Exception) -> SkippedDevice:
     )
 
 
-def _profile_names(lib: NvmlLibrary, handle: DeviceHandle) -> dict[int, str]:
-    """GPU instance id → its profile's name as NVML names it (``1g.10gb+me``).
+@dataclass(frozen=True)
+class _Instance:
+    """A GPU instance as NVML lists it, with its profile's name (None: not listed)."""
+
+    instance: GpuInstance
+    profile_name: str | None
+
+
+def _gpu_instances(lib: NvmlLibrary, handle: DeviceHandle) -> dict[int, _Instance]:
+    """GPU instance id → the instance and its profile's name as NVML names it.
 
     The name made from a MIG device's attributes cannot tell ``1g.10gb+me`` from
-    ``1g.10gb``; the profile NVML created the instance with can. Empty where NVML
-    does not say (the attributes' name is used then).
+    ``1g.10gb``; the profile NVML created the instance with can. The placement is
+    the device's site on the GPU (``MigSite``). Empty where NVML does not say (the
+    attributes' name is used then, and the device has no site).
     """
     try:
         profiles = {p.profile_id: p.name for p in lib.gpu_instance_profiles(handle)}
@@ -509,19 +533,18 @@ def _profile_names(lib: NvmlLibrary, handle: DeviceHandle) -> dict[int, str]:
     except NvmlError as err:
         log.info("MIG profile names from attributes", extra={"why": str(err)})
         return {}
-    return {
-        gi.gpu_instance_id: profiles[gi.profile_id] for gi in instances if gi.profile_id in profiles
-    }
+    return {gi.gpu_instance_id: _Instance(gi, profiles.get(gi.profile_id)) for gi in instances}
 
 
 def _mig_device(
-    lib: NvmlLibrary, handle: DeviceHandle, *, gpu: _Gpu, profile_names: Mapping[int, str]
+    lib: NvmlLibrary, handle: DeviceHandle, *, gpu: _Gpu, instances: Mapping[int, _Instance]
 ) -> Device:
     uuid = lib.device_uuid(handle)
     gi = lib.device_gpu_instance_id(handle)
     ci = lib.device_compute_instance_id(handle)
     facts = lib.device_attributes(handle)
-    profile = _static_profile(facts, gpu=gpu, named=profile_names.get(gi))
+    found = instances.get(gi)
+    profile = _static_profile(facts, gpu=gpu, named=found.profile_name if found else None)
     name = mig_device_name(
         parent_minor=gpu.minor, profile=profile, gpu_instance=gi, compute_instance=ci
     )
@@ -544,6 +567,18 @@ def _mig_device(
         char_devices=lib.mig_device_nodes(gpu.minor, gi, ci),
         numa_node=gpu.numa_node,
         pcie_root=gpu.pcie_root,
+        mig_site=_site(gpu.uuid, found.instance, ci) if found else None,
+    )
+
+
+def _site(parent_uuid: str, instance: GpuInstance, compute_instance: int) -> MigSite:
+    return MigSite(
+        parent_uuid=parent_uuid,
+        profile_id=instance.profile_id,
+        gpu_instance_id=instance.gpu_instance_id,
+        compute_instance_id=compute_instance,
+        start=instance.placement.start,
+        size=instance.placement.size,
     )
 
 

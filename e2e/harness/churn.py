@@ -48,7 +48,22 @@ from e2e.harness.pods import RESOURCE, visible_uuids
 COMMAND = "env | sort; trap 'exit 0' TERM; sleep 3600 & wait"
 PREPARE_RETRIED = "FailedPrepareDynamicResources"
 START_TIMEOUT = 180.0  # a Pod not running by then did not start
-ATTRS = f'device.attributes["{DRIVER}"]'
+
+
+@dataclass(frozen=True)
+class Target:
+    """The plugin the churn loads: its driver, its node, where it keeps its state and
+    writes its CDI specs."""
+
+    driver: str
+    node: str
+    state_dir: Path
+    cdi_dir: Path
+
+    @classmethod
+    def of(cls, node: Node, driver: str = DRIVER) -> Target:
+        """The node's own plugin (`driver` gpu.drasil.dev), or a chart's beside it."""
+        return cls(driver, node.name, node.plugins_dir / driver, node.cdi_dir)
 
 
 @dataclass(frozen=True)
@@ -58,15 +73,17 @@ class Kind:
     name: str
     device_class: str
     minors: tuple[int, ...]
+    driver: str = DRIVER
     pods: int = 1
     profile: str | None = None  # a MIG profile: a dynamic MIG placement of it
     memory: str | None = None  # a consumable share of this much memory
     exclusive: bool = True  # no other claim's container may see its devices meanwhile
 
     def requests(self) -> list[dict[str, Any]]:
-        cel = f"{ATTRS}.minor in [{', '.join(str(m) for m in self.minors)}]"
+        attrs = f'device.attributes["{self.driver}"]'
+        cel = f"{attrs}.minor in [{', '.join(str(m) for m in self.minors)}]"
         if self.profile is not None:
-            cel += f' && {ATTRS}.profile == "{self.profile}"'
+            cel += f' && {attrs}.profile == "{self.profile}"'
         exactly: dict[str, Any] = {
             "deviceClassName": self.device_class,
             "selectors": [{"cel": {"expression": cel}}],
@@ -81,14 +98,16 @@ class Kind:
 CHURN_PROFILE = "h100-80gb:4,l4:4"
 
 
-def standard_kinds(*, gpu_class: str, mig_class: str, shared_class: str) -> dict[str, Kind]:
+def standard_kinds(
+    *, gpu_class: str, mig_class: str, shared_class: str, driver: str = DRIVER
+) -> dict[str, Kind]:
     """The four kinds on a node of CHURN_PROFILE in dynamic MIG with consumable
     sharing: minors 0-3 are the H100s, 4-7 the L4s."""
     kinds = (
-        Kind("mig", mig_class, (0, 1), profile="1g.10gb"),
-        Kind("gpu", gpu_class, (2, 3)),
-        Kind("share", shared_class, (4, 5), memory="10Gi", exclusive=False),
-        Kind("pair", gpu_class, (6, 7), pods=2),
+        Kind("mig", mig_class, (0, 1), driver, profile="1g.10gb"),
+        Kind("gpu", gpu_class, (2, 3), driver),
+        Kind("share", shared_class, (4, 5), driver, memory="10Gi", exclusive=False),
+        Kind("pair", gpu_class, (6, 7), driver, pods=2),
     )
     return {k.name: k for k in kinds}
 
@@ -144,7 +163,7 @@ class Churn:
     def __init__(
         self,
         kubeconfig: Path,
-        node: Node,
+        target: Target,
         namespace: str,
         kinds: Iterable[Kind],
         *,
@@ -152,7 +171,7 @@ class Churn:
         seed: int = 0,
     ) -> None:
         self.kubeconfig = kubeconfig
-        self.node = node
+        self.target = target
         self.namespace = namespace
         self.kinds = tuple(kinds)
         self.lifetime = lifetime
@@ -209,7 +228,7 @@ class Churn:
         alive = [t.name for t in self._threads if t.is_alive()]
         if alive:
             raise AssertionError(f"churn workers still running after {timeout:.0f}s: {alive}")
-        self.ledger.leaks = wait_for_no_leaks(self.node, Kube(self.kubeconfig))
+        self.ledger.leaks = wait_for_no_leaks(self.target, Kube(self.kubeconfig))
         return self.ledger
 
     def _loop(self, kind: Kind, rng: random.Random) -> None:
@@ -250,7 +269,7 @@ class Churn:
         kube.create(claim_manifest(name, kind), self.namespace)
 
     def _create_pod(self, kube: Kube, name: str, claim: str) -> None:
-        kube.create(pod_manifest(name, claim, self.node.name), self.namespace)
+        kube.create(pod_manifest(name, claim, self.target.node), self.namespace)
 
     def _started(self, kube: Kube, pods: list[str], created: float, phase: str) -> bool:
         """Wait until every Pod runs; a Pod that does not is noted with why."""
@@ -320,14 +339,14 @@ class Churn:
         """The UUIDs of the claim's devices: a MIG instance's from the checkpoint (it
         has none before it is cut), a GPU's as published."""
         results = claim["status"]["allocation"]["devices"]["results"]
-        record = checkpoint_claims(self.node.plugin.state_dir).get(claim["metadata"]["uid"])
+        record = checkpoint_claims(self.target.state_dir).get(claim["metadata"]["uid"])
         migs = [d["mig"]["uuid"] for d in (record or {}).get("devices", []) if d.get("mig")]
         gpus = [self._uuid(r["device"]) for r in results if "-mig-" not in r["device"]]
         return sorted(migs + gpus)
 
     def _uuid(self, device: str) -> str:
         if device not in self._uuids:
-            self._uuids.update(published_uuids(Kube(self.kubeconfig), self.node))
+            self._uuids.update(published_uuids(Kube(self.kubeconfig), self.target))
         return self._uuids.get(device, f"<{device} not published>")
 
     def _hold(self, claim: str, uuids: list[str]) -> None:
@@ -348,7 +367,7 @@ class Churn:
     def _monitor(self) -> None:
         while not self._stopping.wait(1.0):
             try:
-                twice = held_twice(checkpoint_claims(self.node.plugin.state_dir))
+                twice = held_twice(checkpoint_claims(self.target.state_dir))
             except (OSError, ValueError):  # mid-write, or the plugin's dir gone in a reboot
                 continue
             with self._lock:
@@ -428,11 +447,12 @@ def _delete(kube: Kube, api: str, kind: str, name: str, namespace: str) -> None:
         time.sleep(0.5)
 
 
-def published_uuids(kube: Kube, node: Node) -> dict[str, str]:
+def published_uuids(kube: Kube, target: Target) -> dict[str, str]:
     """Device name -> uuid attribute of the node's devices (empty for a MIG placement
     not cut yet)."""
     slices = kube.resource(RESOURCE, "ResourceSlice").get(
-        field_selector=f"spec.nodeName={node.name},spec.driver={DRIVER}", _request_timeout=30
+        field_selector=f"spec.nodeName={target.node},spec.driver={target.driver}",
+        _request_timeout=30,
     )
     return {
         d["name"]: str(d.get("attributes", {}).get("uuid", {}).get("string", ""))
@@ -470,16 +490,16 @@ def held_twice(claims: dict[str, Any]) -> list[str]:
     return sorted(set(found))
 
 
-def leaks(node: Node, live: set[str]) -> dict[str, list[str]]:
+def leaks(target: Target, live: set[str]) -> dict[str, list[str]]:
     """What the node holds for no claim: checkpoint entries of claims not in `live`
     (the UIDs of the ResourceClaims that exist), and CDI specs, metadata files, MIG
     instances and MPS daemons of no checkpoint entry."""
-    state = node.plugin.state_dir
+    state = target.state_dir
     claims = checkpoint_claims(state)
     gone_claims = {uid: c for uid, c in claims.items() if uid not in live}
     specs = [
         p.name
-        for p in node.cdi_dir.glob(f"k8s.{DRIVER}-claim_*.json")
+        for p in target.cdi_dir.glob(f"k8s.{target.driver}-claim_*.json")
         if p.stem.rsplit("_", 1)[-1] not in claims
     ]
     metadata_dir = state / "dra-device-metadata"
@@ -537,12 +557,12 @@ def live_claims(kube: Kube) -> set[str]:
     return {c.metadata.uid for c in items}
 
 
-def wait_for_no_leaks(node: Node, kube: Kube, *, timeout: float = 60.0) -> dict[str, list[str]]:
+def wait_for_no_leaks(target: Target, kube: Kube, *, timeout: float = 60.0) -> dict[str, list[str]]:
     """`leaks` once kubelet had time to unprepare the last claims (its unprepare
     follows the Pod's deletion), else what is left at the deadline."""
     deadline = time.monotonic() + timeout
     while True:
-        found = leaks(node, live_claims(kube))
+        found = leaks(target, live_claims(kube))
         if not any(found.values()) or time.monotonic() > deadline:
             return found
         time.sleep(1.0)

@@ -16,6 +16,11 @@ Every NVML change runs under one lock (threads, and a ``FileLock`` in the state 
 for a second plugin instance during a rolling update), because NVML's placement
 decisions depend on what else exists on the GPU at that moment.
 
+Instances of claims prepared under ``--mig-mode static`` (a ``staticMig`` record,
+the operator's instances) are kept by ``reconcile`` and never destroyed: a change of
+``migMode`` leaves running workloads their MIG devices. ``static_records`` fills in
+that record for claims an earlier drasil prepared without it.
+
 Crash points (see ``drasil.driver.files``): ``mig-after-gi``, ``mig-after-ci``,
 ``mig-destroy-after-ci``.
 """
@@ -29,9 +34,16 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from drasil.api.checkpoint import ClaimRecord, MigRecord, MigState
+from drasil.api.checkpoint import (
+    ClaimRecord,
+    MigRecord,
+    MigState,
+    PreparedDevice,
+    StaticMigRecord,
+)
 from drasil.driver.devices import CharDevice, Device, MigPlacement
 from drasil.driver.files import FileLock, crash_point
+from drasil.driver.nvidia.nodedevices import parse_mig_device_name
 from drasil.driver.nvidia.nvml import (
     DeviceHandle,
     GpuInstance,
@@ -115,10 +127,16 @@ class ReconcileReport:
 
     destroyed: tuple[str, ...] = ()  # orphans: "<gpu uuid> gi=<id> <profile> at <start>"
     missing: tuple[str, ...] = ()  # claim UIDs whose recorded instance is gone
+    kept: tuple[str, ...] = ()  # static MIG instances claims hold: "<claim>: <where>"
 
     @property
     def message(self) -> str:
         parts = []
+        if self.kept:
+            parts.append(
+                f"kept {len(self.kept)} MIG instance(s) of claims prepared in static MIG "
+                "mode until they are unprepared: " + "; ".join(self.kept)
+            )
         if self.destroyed:
             parts.append(
                 f"destroyed {len(self.destroyed)} MIG instance(s) no prepared claim holds: "
@@ -336,26 +354,89 @@ class MigInstances:
 
         ``gpus`` are the node's partitionable devices: its placements, and the full
         GPUs where those are offered too; the GPUs they sit on are reconciled.
-        Instances on other GPUs (static MIG) are never touched.
+        Instances on other GPUs (static MIG) are never touched, and neither are those
+        claims prepared in static MIG mode hold (``staticMig``): the operator made them.
         """
-        held = _held(records)
+        held, kept = _held(records), _kept(records)
         destroyed: list[str] = []
+        spared: list[str] = []
         present: set[tuple[str, int, int]] = set()
         with self._locked():
             for gpu_uuid, gpu_name in partitionable_gpus(gpus).items():
                 handle = self._handle(gpu_uuid)
                 for instance in self._instances(handle):
                     key = (gpu_uuid, instance.profile_id, instance.placement.start)
-                    if key in held:
-                        present.add(key)
-                        continue
-                    self._destroy_instance(handle, instance)
-                    destroyed.append(
+                    where = (
                         f"{gpu_name} gi={instance.gpu_instance_id} "
                         f"{self._profile_name(handle, instance)} at {instance.placement.start}"
                     )
+                    if key in held:
+                        present.add(key)
+                    elif key in kept:
+                        spared.append(f"{kept[key]}: {where}")
+                    else:
+                        self._destroy_instance(handle, instance)
+                        destroyed.append(where)
         missing = sorted({uid for key, uid in held.items() if key not in present and uid})
-        return ReconcileReport(destroyed=tuple(destroyed), missing=tuple(missing))
+        return ReconcileReport(
+            destroyed=tuple(destroyed), missing=tuple(missing), kept=tuple(spared)
+        )
+
+    def static_records(
+        self, records: Mapping[str, ClaimRecord]
+    ) -> dict[str, tuple[PreparedDevice, ...]]:
+        """The devices of claims an earlier drasil prepared on static MIG devices
+        without a ``staticMig`` record, with the record filled in from NVML; claim UID
+        → its devices. Their names say the GPU (minor) and the instance ids.
+
+        Instances that are gone (the operator destroyed them) get no record: there is
+        nothing left to keep.
+        """
+        found: dict[str, tuple[PreparedDevice, ...]] = {}
+        with self._locked():
+            for uid, record in records.items():
+                devices = tuple(self._with_static_record(d) for d in record.devices)
+                if devices != record.devices:
+                    found[uid] = devices
+        return found
+
+    def _with_static_record(self, device: PreparedDevice) -> PreparedDevice:
+        parsed = parse_mig_device_name(device.device_name)
+        if parsed is None or device.mig is not None or device.static_mig is not None:
+            return device
+        minor, gi, ci = parsed
+        static = self._static_record(minor, gi, ci)
+        return device if static is None else device.model_copy(update={"static_mig": static})
+
+    def _static_record(self, minor: int, gi: int, ci: int) -> StaticMigRecord | None:
+        handle = self._handle_by_minor(minor)
+        if handle is None:
+            return None
+        parent = self.lib.device_uuid(handle)
+        for instance in self._instances(handle):
+            if instance.gpu_instance_id != gi:
+                continue
+            try:
+                uuid = self._mig_uuid(handle, gi, ci)
+            except MigError:
+                return None  # the compute instance is gone: no MIG device to keep
+            return StaticMigRecord(
+                parent_uuid=parent,
+                profile_id=instance.profile_id,
+                placement_start=instance.placement.start,
+                placement_size=instance.placement.size,
+                gpu_instance_id=gi,
+                compute_instance_id=ci,
+                uuid=uuid,
+            )
+        return None
+
+    def _handle_by_minor(self, minor: int) -> DeviceHandle | None:
+        for index in range(self.lib.device_count()):
+            handle = self.lib.device_handle_by_index(index)
+            if self.lib.device_minor_number(handle) == minor:
+                return handle
+        return None
 
     def _profile_name(self, handle: DeviceHandle, instance: GpuInstance) -> str:
         for profile in self.lib.gpu_instance_profiles(handle):
@@ -388,6 +469,34 @@ def _held(records: Mapping[str, ClaimRecord]) -> dict[tuple[str, int, int], str]
             created = mig.state == MigState.CREATED
             held[(mig.parent_uuid, mig.profile_id, mig.placement_start)] = uid if created else ""
     return held
+
+
+def _kept(records: Mapping[str, ClaimRecord]) -> dict[tuple[str, int, int], str]:
+    """(GPU, profile id, start) of every static MIG instance a claim holds → the
+    claim (``namespace/name``). Never "missing": re-preparing cannot make one."""
+    kept: dict[tuple[str, int, int], str] = {}
+    for record in records.values():
+        for device in record.devices:
+            if (static := device.static_mig) is not None:
+                key = (static.parent_uuid, static.profile_id, static.placement_start)
+                kept[key] = f"{record.namespace}/{record.name}"
+    return kept
+
+
+def held_by_dynamic_claims(
+    devices: Iterable[Device], records: Mapping[str, ClaimRecord]
+) -> set[str]:
+    """Names of static MIG devices that are instances claims cut in dynamic MIG mode
+    still hold: not published after a change to static mode, so the scheduler does
+    not hand them to a second claim (prepare refuses them too, naming the holder);
+    the instance goes with its claim's unprepare."""
+    cut = set(_held(records))
+    return {
+        d.name
+        for d in devices
+        if (site := d.mig_site) is not None
+        and (site.parent_uuid, site.profile_id, site.start) in cut
+    }
 
 
 def _find(instances: Iterable[GpuInstance], record: MigRecord) -> GpuInstance | None:

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 
+from drasil.api.checkpoint import ClaimRecord
 from drasil.api.kubelet.dra.v1 import dra_pb2_grpc as dra_v1_grpc
 from drasil.api.kubelet.dra.v1beta1 import dra_pb2_grpc as dra_v1beta1_grpc
 from drasil.api.kubelet.health.v1 import health_pb2_grpc as health_v1_grpc
@@ -21,6 +23,7 @@ from drasil.api.kubelet.pluginregistration import registration_pb2_grpc as reg_g
 from drasil.driver.cdi.claimspecs import delete_claim_spec
 from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore
 from drasil.driver.checkpointdisk import LoadOutcome, LoadResult
+from drasil.driver.devices import Device
 from drasil.driver.files import FileLock
 from drasil.driver.kubeapi import KubeApi
 from drasil.driver.nvidia.driverfiles import DriverRoot, find_binary
@@ -29,7 +32,7 @@ from drasil.driver.slices.publisher import PoolPublisher
 from drasil.kubeletplugin.dra import reconcile
 from drasil.kubeletplugin.dra.amdpartitions import PartitionModes
 from drasil.kubeletplugin.dra.healthservice import HealthStreams, HealthV1, HealthV1alpha1
-from drasil.kubeletplugin.dra.migs import MigInstances
+from drasil.kubeletplugin.dra.migs import MigInstances, held_by_dynamic_claims
 from drasil.kubeletplugin.dra.mps import (
     CONTROL_PROGRAM,
     DaemonLauncher,
@@ -188,27 +191,12 @@ class KubeletPlugin:
             self._node_event("PartitionModesRestored", "; ".join(done))
 
     def _reconcile_migs(self) -> None:
-        """Dynamic MIG: instances no claim holds are destroyed, lost ones re-prepared.
-
-        Runs before the sockets open, so no prepare races it. Static mode never
-        touches MIG instances: they are the operator's.
-        """
-        if self.opts.mig_mode != "dynamic":
-            return
-        gpus = [d for d in self.devices.values() if d.mig_placement is not None]
-        migs = self.preparer.migs
-        assert migs is not None
-        with self.preparer.state_lock():
-            report = migs.reconcile(gpus, self.store.claims())
-            for uid in report.missing:  # prepared again, instance and CDI spec, on the next call
-                record = self.store.get(uid)
-                if record is not None:
-                    self.store.mark_started(
-                        uid, namespace=record.namespace, name=record.name, devices=record.devices
-                    )
-        if report.message:
-            log.warning("MIG instances reconciled: %s", report.message)
-            self._node_event("MigInstancesReconciled", report.message)
+        """MIG instances against the checkpoint, before the sockets open (no prepare
+        races it); see ``reconcile_migs``."""
+        message = reconcile_migs(self.preparer, mig_mode=self.opts.mig_mode)
+        if message:
+            log.warning("MIG instances reconciled: %s", message)
+            self._node_event("MigInstancesReconciled", message)
 
     def _check_readiness(self) -> None:
         """Say at start what a real GPU container would miss here (log, one Event)."""
@@ -290,12 +278,21 @@ class KubeletPlugin:
             self.api,
             driver=self.opts.driver_name,
             node_name=self.opts.node_name,
-            devices=sorted(self.devices.values(), key=lambda d: d.name),
+            devices=sorted(self._published(), key=lambda d: d.name),
             counter_sets=self.node.counter_sets,
             health=self.health,
             publisher=publisher,
             resync=self.intervals.slice_resync,
         )
+
+    def _published(self) -> list[Device]:
+        """The devices slices offer: all but the static MIG devices that are instances
+        claims prepared in dynamic MIG mode still hold (after a change to static mode).
+        The Preparer keeps them, to refuse a claim allocated one, naming the holder."""
+        if self.opts.mig_mode == "dynamic":
+            return list(self.devices.values())
+        held = held_by_dynamic_claims(self.devices.values(), self.store.claims())
+        return [d for name, d in self.devices.items() if name not in held]
 
     def _start_loops(self) -> None:
         self.node.thread("slices", self.node_slices.run)
@@ -333,6 +330,52 @@ class KubeletPlugin:
     def stop(self) -> None:
         """Stop serving; the checkpoint and the CDI specs of prepared claims stay."""
         self.node.stop(self._servers)
+
+
+def reconcile_migs(preparer: Preparer, *, mig_mode: str) -> str:
+    """MIG instances against the checkpoint at start; what was done, for a Node Event.
+
+    Dynamic mode: instances no claim holds are destroyed, lost ones re-prepared, and
+    those of claims prepared in static mode (before a ``migMode`` change) are kept,
+    their records completed first where an earlier drasil wrote none. Static mode never
+    touches MIG instances (they are the operator's); instances claims cut in dynamic
+    mode stay until those claims' unprepare destroys them, and are only named here.
+    """
+    migs = preparer.migs
+    if migs is None:
+        return ""
+    if mig_mode != "dynamic":
+        with preparer.state_lock():
+            return _cut_in_dynamic_mode(preparer.store.claims())
+    gpus = [d for d in preparer.devices.values() if d.mig_placement is not None]
+    store = preparer.store
+    with preparer.state_lock():
+        for uid, devices in migs.static_records(store.claims()).items():
+            store.replace_devices(uid, devices)
+        report = migs.reconcile(gpus, store.claims())
+        for uid in report.missing:  # prepared again, instance and CDI spec, on the next call
+            record = store.get(uid)
+            if record is not None:
+                store.mark_started(
+                    uid, namespace=record.namespace, name=record.name, devices=record.devices
+                )
+    return report.message
+
+
+def _cut_in_dynamic_mode(records: Mapping[str, ClaimRecord]) -> str:
+    held = [
+        f"{r.namespace}/{r.name}: {d.mig.profile} at {d.mig.placement_start} on {d.mig.parent_uuid}"
+        for r in records.values()
+        for d in r.devices
+        if d.mig is not None
+    ]
+    if not held:
+        return ""
+    return (
+        f"{len(held)} MIG instance(s) cut in dynamic MIG mode are held by claims prepared "
+        "then; they are not offered again and are destroyed when those claims are "
+        "unprepared: " + "; ".join(held)
+    )
 
 
 def mps_program(opts: PluginOptions) -> DaemonProgram:

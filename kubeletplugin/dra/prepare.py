@@ -277,8 +277,8 @@ class Preparer:
 
     def _gpu_key(self, device: PreparedDevice) -> str:
         """The physical GPU a recorded device is on (what the store indexes by)."""
-        if device.mig is not None:
-            return device.mig.parent_uuid
+        if (mig := device.mig or device.static_mig) is not None:
+            return mig.parent_uuid  # the node may not publish the device any more
         return self._name_key(device.device_name)
 
     def _name_key(self, name: str) -> str:

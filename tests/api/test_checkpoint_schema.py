@@ -17,6 +17,7 @@ from drasil.api.checkpoint import (
     ClaimState,
     CorruptCheckpoint,
     PreparedDevice,
+    StaticMigRecord,
     UnsupportedCheckpointVersionError,
     checksum,
     decode_checkpoint,
@@ -183,3 +184,43 @@ def test_records_are_immutable() -> None:
         record.name = "other"  # type: ignore[misc]
     assert isinstance(record.devices, tuple)
     assert isinstance(record.devices[0].cdi_device_ids, tuple)
+
+
+def static_mig_sample() -> Checkpoint:
+    site = StaticMigRecord(
+        parent_uuid="GPU-1",
+        profile_id=9,
+        placement_start=4,
+        placement_size=4,
+        gpu_instance_id=2,
+        compute_instance_id=0,
+        uuid="MIG-2",
+    )
+    record = sample().claims[UID]
+    device = record.devices[0].model_copy(
+        update={"device_name": "gpu-0-mig-3g40gb-2-0", "static_mig": site}
+    )
+    return Checkpoint(
+        boot_id="boot-a", claims={UID: record.model_copy(update={"devices": (device,)})}
+    )
+
+
+def test_a_static_mig_record_is_additive() -> None:
+    """``staticMig`` is an optional field of version 1: an earlier reader keeps it as an
+    unknown field (and never takes it for a ``mig`` record, whose instance it would
+    destroy), and a record without it reads as before."""
+    document = json.loads(encode_checkpoint(static_mig_sample()))
+    assert document["version"] == 1
+    (device,) = document["claims"][UID]["devices"]
+    assert "mig" not in device
+    assert device["staticMig"] == {
+        "parentUuid": "GPU-1",
+        "profileId": 9,
+        "placementStart": 4,
+        "placementSize": 4,
+        "gpuInstanceId": 2,
+        "computeInstanceId": 0,
+        "uuid": "MIG-2",
+    }
+    assert decode_checkpoint(encode_checkpoint(static_mig_sample())) == static_mig_sample()
+    assert decode_checkpoint(encode_checkpoint(sample())).claims[UID].devices[0].static_mig is None

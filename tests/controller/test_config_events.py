@@ -73,7 +73,7 @@ def controller(monkeypatch: pytest.MonkeyPatch, posted: list[dict[str, Any]]) ->
         api=KubeApi(client.ApiClient(configuration)), options=options, metrics=ControllerMetrics()
     )
     c.view.put_pod(POD)
-    monkeypatch.setattr(c.api, "post_event", lambda **event: posted.append(event))
+    monkeypatch.setattr(c.api, "post_event", lambda **event: posted.append(event) or True)
     return c
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import cast
 
 from drasil.controller.events import (
@@ -11,6 +12,7 @@ from drasil.controller.events import (
     EventRecorder,
     ObjectRef,
     RepostBudget,
+    event_name,
 )
 from drasil.controller.metrics import ControllerMetrics
 from drasil.driver.kubeapi import KubeApi
@@ -128,3 +130,45 @@ def test_forgetting_an_object_makes_its_next_event_a_first_one() -> None:
     assert not recorder.budget_allows(ref, reason=UNSATISFIABLE, message="b")
     recorder.memory.forget(ref.uid)
     assert recorder.budget_allows(ref, reason=UNSATISFIABLE, message="b")
+
+
+def test_an_events_name_is_the_same_whoever_posts_it_and_a_valid_subdomain() -> None:
+    ref = ObjectRef("resource.k8s.io/v1", "ResourceClaim", "ns", "c", "uid-1")
+    name = event_name(ref, UNSATISFIABLE, "no GPU free")
+    assert name == event_name(ref, UNSATISFIABLE, "no GPU free")
+    assert re.fullmatch(r"c\.[0-9a-f]{32}", name)
+    others = {
+        event_name(ref, UNSATISFIABLE, "gpu-3 tainted"),
+        event_name(ref, EXPLANATION_INCOMPLETE, "no GPU free"),
+        event_name(ObjectRef("v1", "Pod", "ns", "c", "uid-2"), UNSATISFIABLE, "no GPU free"),
+    }
+    assert name not in others
+    assert len(others) == 3
+    long = ObjectRef("v1", "Pod", "ns", "a" * 252 + "-", "uid-3")
+    long_name = event_name(long, UNSATISFIABLE, "x")
+    assert len(long_name) <= 253
+    assert re.fullmatch(r"a+\.[0-9a-f]{32}", long_name)
+
+
+class _OncePerName:
+    """post_event as the API server answers it: a name already there is a 409."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def post_event(self, **event: str) -> bool:
+        if event["name"] in self.names:
+            return False
+        self.names.append(event["name"])
+        return True
+
+
+def test_a_new_leader_posts_the_standing_problems_under_the_names_already_there() -> None:
+    api = _OncePerName()
+    ref = ObjectRef("resource.k8s.io/v1", "ResourceClaim", "ns", "c", "uid-1")
+    first, second = (EventRecorder(cast(KubeApi, api), ControllerMetrics()) for _ in range(2))
+    assert first.warn(ref, reason=UNSATISFIABLE, message="no GPU free")
+    # A roll: the new process has no memory, and its post is the same Event.
+    assert not second.warn(ref, reason=UNSATISFIABLE, message="no GPU free")
+    assert second.warn(ref, reason=UNSATISFIABLE, message="gpu-3 tainted")
+    assert len(api.names) == 2

@@ -97,7 +97,7 @@ def test_the_unsatisfiable_event_names_counters_and_their_holder(
     monkeypatch.setattr(controller.api, "get_claim", lambda namespace, name, **_: job)
     monkeypatch.setattr(controller.api, "get_pod", lambda namespace, name: pod)
     monkeypatch.setattr(controller.api, "list_nodes", lambda: None)
-    monkeypatch.setattr(controller.api, "post_event", lambda **event: posted.append(event))
+    monkeypatch.setattr(controller.api, "post_event", lambda **event: posted.append(event) or True)
 
     message = controller.explanations.explain(("team-a", "job"))
 

@@ -63,7 +63,7 @@ def test_one_round_explains_every_due_claim_from_one_fleet(
         controller.api, "get_pod", lambda namespace, name: _pod(name, name.removeprefix("pod-"))
     )
     monkeypatch.setattr(controller.api, "list_nodes", lambda: None)
-    monkeypatch.setattr(controller.api, "post_event", lambda **event: posted.append(event))
+    monkeypatch.setattr(controller.api, "post_event", lambda **event: posted.append(event) or True)
     built: list[int] = []
 
     def counting_prepare(**kwargs: Any) -> Any:

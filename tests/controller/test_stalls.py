@@ -76,7 +76,7 @@ def test_a_satisfiable_pending_claim_gets_one_event_on_claim_and_pod(
     monkeypatch.setattr(controller.api, "get_claim", lambda namespace, name, **_: claim)
     monkeypatch.setattr(controller.api, "get_pod", lambda namespace, name: _pod(name, "job"))
     monkeypatch.setattr(controller.api, "list_nodes", lambda: None)
-    monkeypatch.setattr(controller.api, "post_event", lambda **event: posted.append(event))
+    monkeypatch.setattr(controller.api, "post_event", lambda **event: posted.append(event) or True)
     explain_after = controller.explanations.pending.explain_after
 
     asyncio.run(controller.tick(0.0))

@@ -61,7 +61,7 @@ def _controller(monkeypatch: pytest.MonkeyPatch, posted: list[dict[str, Any]]) -
     monkeypatch.setattr(controller.api, "get_claim", lambda namespace, name, **_: CLAIM)
     monkeypatch.setattr(controller.api, "get_pod", lambda namespace, name: POD)
     monkeypatch.setattr(controller.api, "list_nodes", lambda: None)
-    monkeypatch.setattr(controller.api, "post_event", lambda **event: posted.append(event))
+    monkeypatch.setattr(controller.api, "post_event", lambda **event: posted.append(event) or True)
     return controller
 
 
