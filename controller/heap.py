@@ -184,6 +184,42 @@ def release_free_memory() -> bool:
     return True
 
 
+# mallopt parameters (glibc's malloc.h).
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+M_ARENA_MAX = -8
+# Two arenas: the event loop's (where kopf parses every watch event) and one that the
+# worker threads share. glibc's default is 8 per core, and each arena keeps its own
+# free pages and fragments: a thread that parsed a claim leaves them in an arena no
+# other thread reuses.
+ARENA_MAX = 2
+# Blocks of this size and more are mmap'd and unmapped again on free. glibc raises its
+# threshold on its own after the first such block is freed (up to 32 MiB), and from
+# then on a large response body or list lands in the heap, where one small block
+# allocated after it pins its pages: fixed, they never do.
+MMAP_THRESHOLD = 256 * 1024
+# Free memory at the top of the heap past this is given back at once, not only by the
+# periodic malloc_trim (release_free_memory). Fixing it also stops glibc from raising
+# it along with the mmap threshold.
+TRIM_THRESHOLD = 1024 * 1024
+
+
+def tune_malloc() -> bool:
+    """Make glibc's malloc keep less free memory (the settings above); whether it
+    could (False off glibc). Called once at the controller's start, before its worker
+    threads exist: an arena is made for a thread on its first allocation."""
+    mallopt = getattr(LIBC, "mallopt", None)
+    if mallopt is None:
+        return False
+    settings = (
+        (M_ARENA_MAX, ARENA_MAX),
+        (M_MMAP_THRESHOLD, MMAP_THRESHOLD),
+        (M_TRIM_THRESHOLD, TRIM_THRESHOLD),
+    )
+    # mallopt returns 1 on success, 0 for a value it refuses.
+    return all(mallopt(ctypes.c_int(param), ctypes.c_int(value)) == 1 for param, value in settings)
+
+
 def start_from_env() -> Path | None:
     """Trace and report on SIGUSR1 if ``DRASIL_TRACEMALLOC`` names a path; the path.
     Raises ValueError for a ``DRASIL_TRACEMALLOC_FRAMES`` that is no integer."""

@@ -21,6 +21,7 @@ from typing import Any
 from drasil.api.limits import allow_nesting
 from drasil.controller.controller import Controller
 from drasil.controller.heap import start_from_env as trace_heap
+from drasil.controller.heap import tune_malloc
 from drasil.controller.leader import LeaseElector, acquire, hold, pause
 from drasil.controller.metrics import ControllerMetrics
 from drasil.controller.operator import quiet_kopf, run_operator
@@ -139,6 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the collector's full passes, which come more often as watch events pour in, no
     # longer walk it each time.
     gc.freeze()
+    tune_malloc()  # before any worker thread: glibc keeps less free memory (heap)
     metrics = ControllerMetrics()
     liveness = Liveness()
     try:

@@ -35,6 +35,7 @@ from drasil.driver.kubeapi import ApiClient
 
 FINALIZER = "drasil.dev/controller"
 RESOURCE_API = "resource.k8s.io/v1"
+LIST_CHUNK = 100  # objects per page of kopf's lists (settings: why)
 
 
 def settings() -> kopf.OperatorSettings:
@@ -59,6 +60,13 @@ def settings() -> kopf.OperatorSettings:
     # them alive through a burst of Pods; 1 s is still longer than the gap between
     # most events of one object, and a new worker costs microseconds.
     s.queueing.idle_timeout = 1.0
+    # kopf lists every kind before it watches it, at start and again whenever a watch
+    # has fallen too far behind. Listed whole, 500 ResourceSlices or 4,000 Pods are one
+    # response of megabytes parsed at once, tens of MiB of Python objects for a moment;
+    # the pages they took stay the process's long after (what is kept later lands
+    # between them). In chunks, kopf hands one chunk's objects to their workers while
+    # it asks for the next, and holds one chunk at a time.
+    s.watching.chunk_size = LIST_CHUNK
     return s
 
 

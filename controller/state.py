@@ -6,23 +6,24 @@ DeviceTaintRules and DevicePools live in plain dicts, replaced on every event an
 dropped on deletion. Readers on worker threads get copies under the lock.
 
 Memory follows what the controller needs, not what the cluster holds: a claim is
-kept as ``kept_claim`` (its name, uid, deletion, and what the driver was allocated:
-no spec, no other drivers' results, no managedFields), and an index of the
-unallocated ones with the classes they ask for lets the tick walk only those. Pods
-are reduced to the claims they use. Other objects are kept without managedFields.
+kept as a ``KeptClaim`` (its name, uid, deletion, and what the driver was allocated:
+no spec, no other drivers' results, no managedFields; slots, not nested JSON), and an
+index of the unallocated ones with the classes they ask for lets the tick walk only
+those. Pods are reduced to the claims they use (``PodRef``, indexed by ``UidIndex``).
+Other objects are kept without managedFields.
 
 Slices are kept whole (explanations read every device), but most of a device is the
 same on every node of a fleet: ``{"string": "Hopper"}``, ``{"value": "80Gi"}``. Each
 slice's attribute and capacity values are ``SharedValues``: one object per distinct
-value across the fleet instead of one per device, which takes a parsed slice of
-8 GPUs from about 36 KiB to 12. Nothing mutates a kept object, so sharing is safe.
+value (and per distinct capacity) across the fleet instead of one per device, and the
+attribute names are interned, which takes a parsed slice of 8 GPUs from about 36 KiB
+to 7. Nothing mutates a kept object, so sharing is safe.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
-from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -47,11 +48,6 @@ def key_of(obj: JsonObject) -> Key:
     return m.namespace, m.name
 
 
-def _allocated_pools(claim: JsonObject) -> set[tuple[str, str]]:
-    results = ResourceClaim(claim).results()
-    return {(str(r.get("driver", "")), str(r.get("pool", ""))) for r in results}
-
-
 def without_managed_fields(obj: JsonObject) -> JsonObject:
     """``obj`` without ``metadata.managedFields`` (often half an object's size)."""
     metadata = obj.get("metadata")
@@ -66,51 +62,113 @@ def _interned(value: object) -> object:
 
 
 def kept_claim(obj: JsonObject, *, driver: str) -> JsonDict:
+    """What the controller keeps of a claim, as JSON (``KeptClaim.json``)."""
+    return KeptClaim.of(obj, driver=driver).json()
+
+
+@dataclass(frozen=True, slots=True)
+class KeptClaim:
     """What the controller keeps of a claim: what the usage of devices (explanations),
-    ``status.devices`` and the attaches read (about 3 KiB in memory where the whole
-    claim takes 14). A pending claim is explained from a fresh read of the API
-    server, so its spec is not kept. The strings that repeat from claim to claim
-    (namespace, driver, pool, device and request names) are interned: every event
-    parses its own copies, which would otherwise stay, one set per claim."""
-    claim = ResourceClaim(obj)
-    m = claim.meta
-    metadata: JsonDict = {"name": m.name, "namespace": sys.intern(m.namespace), "uid": m.uid}
-    if m.deletion_timestamp:
-        metadata["deletionTimestamp"] = m.deletion_timestamp
-    kept: JsonDict = {
-        "apiVersion": _interned(obj.get("apiVersion")),
-        "kind": _interned(obj.get("kind")),
-    }
-    kept["metadata"] = metadata
-    status: JsonDict = {}
-    if claim.allocated:
-        results = claim.results(driver)
-        interned = [{k: _interned(v) for k, v in r.items()} for r in results]
-        allocation: JsonDict = {"devices": {"results": interned}}
-        # Where and when it was allocated matter to attaches alone.
-        if any(r.get("bindingConditions") for r in results):
-            if claim.node_selector:
-                allocation["nodeSelector"] = claim.node_selector
-            if claim.allocation_timestamp:
-                allocation["allocationTimestamp"] = claim.allocation_timestamp
-        status["allocation"] = allocation
-    ours = [entry for entry in claim.devices if entry.get("driver") == driver]
-    if ours:
-        status["devices"] = ours
-    if status:
-        kept["status"] = status
-    return kept
+    ``status.devices`` and the attaches read. A pending claim is explained from a fresh
+    read of the API server, so its spec is not kept.
+
+    Slots, not the JSON it stands for: the nested dicts of a claim's JSON (object,
+    metadata, status, allocation, devices) cost about 0.7 KiB a claim, kept for every
+    claim in the cluster; ``json()`` builds them for the moment a reader needs them.
+    The strings that repeat from claim to claim (namespace, driver, pool, device and
+    request names) are interned: every event parses its own copies, which would
+    otherwise stay, one set per claim; so is the name, which the claim's Pod holds too.
+    """
+
+    api_version: object
+    kind: object
+    namespace: str
+    name: str
+    uid: str
+    deletion: str
+    allocated: bool
+    results: tuple[JsonDict, ...]  # the driver's allocation results
+    devices: tuple[JsonObject, ...]  # the driver's status.devices entries
+    # Where and when it was allocated matter to attaches alone (bindingConditions).
+    node_selector: JsonObject | None
+    allocation_timestamp: str
+
+    @classmethod
+    def of(cls, obj: JsonObject, *, driver: str) -> KeptClaim:
+        claim = ResourceClaim(obj)
+        m = claim.meta
+        results = claim.results(driver) if claim.allocated else ()
+        attaching = any(r.get("bindingConditions") for r in results)
+        return cls(
+            api_version=_interned(obj.get("apiVersion")),
+            kind=_interned(obj.get("kind")),
+            namespace=sys.intern(m.namespace),
+            name=sys.intern(m.name),
+            uid=m.uid,
+            deletion=m.deletion_timestamp or "",
+            allocated=claim.allocated,
+            results=tuple({k: _interned(v) for k, v in r.items()} for r in results),
+            devices=tuple(entry for entry in claim.devices if entry.get("driver") == driver),
+            node_selector=(claim.node_selector or None) if attaching else None,
+            allocation_timestamp=claim.allocation_timestamp if attaching else "",
+        )
+
+    @property
+    def ref(self) -> str:
+        """``namespace/name``, as explanations name holders."""
+        return f"{self.namespace}/{self.name}"
+
+    def holds_from(self, driver: str, pool: str) -> bool:
+        """Whether a result of ``driver`` comes from ``pool``."""
+        return any(r.get("driver") == driver and r.get("pool") == pool for r in self.results)
+
+    def json(self) -> JsonDict:
+        """The claim as JSON with only the kept fields (a new dict each call; the
+        results and entries in it are shared and must not be changed)."""
+        metadata: JsonDict = {"name": self.name, "namespace": self.namespace, "uid": self.uid}
+        if self.deletion:
+            metadata["deletionTimestamp"] = self.deletion
+        kept: JsonDict = {"apiVersion": self.api_version, "kind": self.kind, "metadata": metadata}
+        status: JsonDict = {}
+        if self.allocated:
+            allocation: JsonDict = {"devices": {"results": list(self.results)}}
+            if self.node_selector:
+                allocation["nodeSelector"] = self.node_selector
+            if self.allocation_timestamp:
+                allocation["allocationTimestamp"] = self.allocation_timestamp
+            status["allocation"] = allocation
+        if self.devices:
+            status["devices"] = list(self.devices)
+        if status:
+            kept["status"] = status
+        return kept
+
+
+def _scalar_key(value: object) -> tuple[str, type, object] | None:
+    """What tells a one-entry dict of a scalar from another (the type is part of it:
+    ``{"int": 1}`` is not ``{"int": True}``); None for any other value."""
+    if not isinstance(value, dict) or len(value) != 1:
+        return None
+    [(kind, scalar)] = value.items()
+    if not isinstance(scalar, str | int | float | bool):
+        return None
+    return (kind, type(scalar), scalar)
 
 
 class SharedValues:
     """One instance of each distinct attribute or capacity value of the slices' devices
-    (a one-entry dict of a scalar, as ``{"int": 0}``). ``MAX`` bounds the table: past
-    it, it starts over; values already shared stay shared."""
+    (a one-entry dict of a scalar, as ``{"int": 0}``), and of each distinct capacity
+    of a device (``{"memory": {"value": "80Gi"}}``: equal on every GPU of a model,
+    where attributes differ in uuid and bus id). ``MAX`` bounds each table: past it,
+    it starts over; values already shared stay shared."""
 
     MAX = 1 << 16
 
     def __init__(self) -> None:
         self._values: dict[tuple[str, type, object], JsonDict] = {}
+        # By (name, id of its shared value) pairs: the value's entry in _values, or
+        # the capacity here, keeps it alive, so its id is not reused meanwhile.
+        self._capacities: dict[tuple[tuple[str, int], ...], JsonDict] = {}
 
     def __len__(self) -> int:
         return len(self._values)
@@ -127,22 +185,35 @@ class SharedValues:
     def _device(self, device: object) -> object:
         if not isinstance(device, Mapping):
             return device
-        kept = dict(device)
+        # Keys and names are interned: a parsed slice has its own copy of each
+        # attribute's name ("resource.kubernetes.io/pciBusID", ...), about 1 KiB a slice.
+        kept = {sys.intern(k): _interned(v) if k == "name" else v for k, v in device.items()}
         for field_name in ("attributes", "capacity"):
             entries = device.get(field_name)
             if isinstance(entries, Mapping):
-                kept[field_name] = {name: self.value(v) for name, v in entries.items()}
+                kept[field_name] = {sys.intern(n): self.value(v) for n, v in entries.items()}
+        capacity = kept.get("capacity")
+        if isinstance(capacity, dict):
+            kept["capacity"] = self._capacity(capacity)
         return kept
+
+    def _capacity(self, capacity: JsonDict) -> JsonDict:
+        if not all(_scalar_key(v) for v in capacity.values()):
+            return capacity  # a value not shared would make a key of its own
+        key = tuple((name, id(value)) for name, value in capacity.items())
+        found = self._capacities.get(key)
+        if found is None:
+            if len(self._capacities) >= self.MAX:
+                self._capacities.clear()
+            found = self._capacities[key] = capacity
+        return found
 
     def value(self, value: object) -> object:
         """The shared instance equal to ``value`` if it is a one-entry dict of a scalar
         (the type is part of the key: ``{"int": 1}`` is not ``{"int": True}``)."""
-        if not isinstance(value, dict) or len(value) != 1:
+        key = _scalar_key(value)
+        if key is None or not isinstance(value, dict):
             return value
-        [(kind, scalar)] = value.items()
-        if not isinstance(scalar, str | int | float | bool):
-            return value
-        key = (kind, type(scalar), scalar)
         found = self._values.get(key)
         if found is None:
             if len(self._values) >= self.MAX:
@@ -159,6 +230,13 @@ class Unallocated:
     classes: frozenset[str]
 
 
+def _names(names: set[str]) -> tuple[str, ...]:
+    """Sorted and interned: a tuple of one name is 48 bytes where a frozenset is 216
+    (a Pod has one or two claims); a claim's name is then one object with the kept
+    claim's, a template's one object for all its Pods."""
+    return tuple(sorted(sys.intern(n) for n in names))
+
+
 @dataclass(frozen=True, slots=True)
 class PodRef:
     """A Pod as far as claims go: which it uses, and whether it waits to be scheduled.
@@ -171,10 +249,10 @@ class PodRef:
     namespace: str
     name: str
     uid: str
-    claims: frozenset[str]
-    templates: frozenset[str]
+    claims: tuple[str, ...]
+    templates: tuple[str, ...]
     waiting: bool
-    direct: frozenset[str] = frozenset()
+    direct: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, obj: JsonObject) -> PodRef | None:
@@ -192,14 +270,52 @@ class PodRef:
             namespace=sys.intern(m.namespace),
             name=m.name,
             uid=m.uid,
-            claims=frozenset(direct | made),
-            templates=frozenset(templates),
+            claims=_names(direct | made),
+            templates=_names(templates),
             waiting=waiting and (pod.phase or "Pending") == "Pending",
-            direct=frozenset(direct),
+            direct=_names(direct),
         )
 
     def ref(self) -> ObjectRef:
         return ObjectRef("v1", "Pod", self.namespace, self.name, self.uid)
+
+
+class UidIndex:
+    """Pod uids by the (namespace, name) of a claim or template they use.
+
+    Most keys have one Pod (a claim made from a template is its Pod's alone): its uid
+    is the entry itself, and a set (216 bytes) is made only for a second Pod.
+    """
+
+    def __init__(self) -> None:
+        self._uids: dict[Key, str | set[str]] = {}
+
+    def __len__(self) -> int:
+        return len(self._uids)
+
+    def add(self, key: Key, uid: str) -> None:
+        found = self._uids.get(key)
+        if found is None:
+            self._uids[key] = uid
+        elif isinstance(found, set):
+            found.add(uid)
+        elif found != uid:
+            self._uids[key] = {found, uid}
+
+    def discard(self, key: Key, uid: str) -> None:
+        found = self._uids.get(key)
+        if isinstance(found, set):
+            found.discard(uid)
+            if len(found) == 1:
+                [self._uids[key]] = found
+        elif found == uid:
+            del self._uids[key]
+
+    def get(self, key: Key) -> tuple[str, ...]:
+        found = self._uids.get(key)
+        if found is None:
+            return ()
+        return (found,) if isinstance(found, str) else tuple(found)
 
 
 @dataclass(frozen=True)
@@ -216,11 +332,11 @@ class ClusterView:
     def __init__(self, *, driver: str) -> None:
         self.driver = driver
         self._lock = threading.Lock()
-        self._claims: dict[Key, JsonObject] = {}  # kept_claim of each
+        self._claims: dict[Key, KeptClaim] = {}
         self._unallocated: dict[Key, Unallocated] = {}
         self._pods: dict[str, PodRef] = {}
-        self._by_claim: dict[Key, set[str]] = defaultdict(set)
-        self._by_template: dict[Key, set[str]] = defaultdict(set)
+        self._by_claim = UidIndex()
+        self._by_template = UidIndex()
         self._slices: dict[str, JsonObject] = {}
         self._shared = SharedValues()  # under the lock, as _slices
         self._sharing_slices: set[str] = set()  # slices with a device of several claims
@@ -231,7 +347,8 @@ class ClusterView:
     # ---- claims -------------------------------------------------------------------
 
     def put_claim(self, claim: JsonObject) -> None:
-        key, kept, view = key_of(claim), kept_claim(claim, driver=self.driver), ResourceClaim(claim)
+        view, kept = ResourceClaim(claim), KeptClaim.of(claim, driver=self.driver)
+        key = (kept.namespace, kept.name)  # the interned strings, not the event's copies
         pending = not view.allocated and not view.meta.deletion_timestamp
         classes = frozenset(request_classes(view.spec)) if pending else frozenset()
         with self._lock:
@@ -248,8 +365,10 @@ class ClusterView:
             self._unallocated.pop(key, None)
 
     def claim(self, key: Key) -> JsonObject | None:
+        """The kept claim as JSON (``KeptClaim.json``)."""
         with self._lock:
-            return self._claims.get(key)
+            kept = self._claims.get(key)
+        return kept.json() if kept is not None else None
 
     def unallocated_claims(self) -> list[tuple[str, Key]]:
         """(uid, key) of the claims without an allocation, not being deleted, that ask
@@ -262,7 +381,15 @@ class ClusterView:
         """Claims with a result of the driver from ``pool``."""
         with self._lock:
             claims = list(self._claims.values())
-        return [c for c in claims if (self.driver, pool) in _allocated_pools(c)]
+        return [c.json() for c in claims if c.holds_from(self.driver, pool)]
+
+    def holdings(self) -> list[tuple[str, tuple[JsonDict, ...]]]:
+        """(``namespace/name``, the driver's allocation results) of every claim that
+        holds devices of the driver: what explanations count as used (``usage_of``),
+        read from the kept claims without building their JSON."""
+        with self._lock:
+            claims = list(self._claims.values())
+        return [(c.ref, c.results) for c in claims if c.results]
 
     # ---- pods ---------------------------------------------------------------------
 
@@ -274,9 +401,9 @@ class ClusterView:
             if ref is not None:
                 self._pods[uid] = ref
                 for name in ref.claims:
-                    self._by_claim[(ref.namespace, name)].add(uid)
+                    self._by_claim.add((ref.namespace, name), uid)
                 for name in ref.templates:
-                    self._by_template[(ref.namespace, name)].add(uid)
+                    self._by_template.add((ref.namespace, name), uid)
         return ref
 
     def drop_pod(self, pod: JsonObject) -> None:
@@ -289,17 +416,13 @@ class ClusterView:
             return
         for index, names in ((self._by_claim, old.claims), (self._by_template, old.templates)):
             for name in names:
-                uids = index.get((old.namespace, name))
-                if uids is not None:
-                    uids.discard(uid)
-                    if not uids:
-                        del index[(old.namespace, name)]
+                index.discard((old.namespace, name), uid)
 
     def pods_using(self, kind: str, key: Key) -> list[PodRef]:
         """Pods using the ResourceClaim or ResourceClaimTemplate ``key``."""
         index = self._by_template if kind == "ResourceClaimTemplate" else self._by_claim
         with self._lock:
-            return [self._pods[uid] for uid in sorted(index.get(key, ())) if uid in self._pods]
+            return [self._pods[uid] for uid in sorted(index.get(key)) if uid in self._pods]
 
     # ---- slices, classes, pools ---------------------------------------------------
 
@@ -371,11 +494,14 @@ class ClusterView:
             if (text(mapping(p.get("spec")).get("driver")) or self.driver) == self.driver
         }
 
-    def explain_snapshot(self) -> ExplainSnapshot:
+    def explain_snapshot(self, *, claims: bool = True) -> ExplainSnapshot:
+        """What explanations read; ``claims=False`` leaves the claims out (their JSON
+        is built for the snapshot: a round's shared fleet needs it, a single
+        explanation with that fleet does not)."""
         with self._lock:
-            return ExplainSnapshot(
-                slices=list(self._slices.values()),
-                claims=list(self._claims.values()),
-                classes=list(self._classes.values()),
-                taint_rules=list(self._taint_rules.values()),
-            )
+            kept = list(self._claims.values()) if claims else []
+            slices, classes = list(self._slices.values()), list(self._classes.values())
+            rules = list(self._taint_rules.values())
+        # Outside the lock: a few ms for thousands of claims.
+        as_json: list[JsonObject] = [c.json() for c in kept]
+        return ExplainSnapshot(slices=slices, claims=as_json, classes=classes, taint_rules=rules)

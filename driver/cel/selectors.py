@@ -259,6 +259,15 @@ class CelDeviceCache:
                     self._slices.popitem(last=False)
         return devices
 
+    def clear(self) -> None:
+        """Forget every slice's devices (the controller, once no claim is pending)."""
+        with self._lock:
+            self._slices.clear()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._slices)
+
 
 def slice_devices(resource_slice: Mapping[str, Any]) -> tuple[CelDevice, ...]:
     """Every device of a ResourceSlice, converted (uncached)."""

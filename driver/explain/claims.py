@@ -219,16 +219,18 @@ def prepare_fleet(
     claims: Iterable[JsonObject],
     driver: str,
     cache: CelDeviceCache | None = None,
+    usage: Usage | None = None,
 ) -> ExplainContext:
     """Inventory and usage for explaining any number of **unallocated** claims: an
     unallocated claim holds nothing, so leaving it out of the usage (as
     ``explain_claim`` does for the claim it explains) changes nothing, and one
     ``ExplainContext`` serves them all. Building both is linear in the fleet's devices
     and claims; the controller builds it once per round of explanations instead of
-    once per pending claim (docs/scale.md)."""
+    once per pending claim (docs/scale.md). ``usage``: the claims' usage where the
+    caller has it already (``usage_of``); ``claims`` is then not read."""
     return ExplainContext(
         inventory=build_inventory(slices, driver=driver, cache=cache),
-        usage=build_usage(claims, driver=driver),
+        usage=usage if usage is not None else build_usage(claims, driver=driver),
     )
 
 

@@ -16,7 +16,7 @@ from decimal import Decimal
 from typing import Any, cast
 
 from drasil.api.quantity import QuantityError, format_bytes, parse_quantity
-from drasil.driver.cel.selectors import CelDevice, CelDeviceCache
+from drasil.driver.cel.selectors import CelDevice, CelDeviceCache, SelectorResult
 from drasil.driver.objects import DeviceClass, JsonObject, ResourceClaim, mapping, meta, objects
 
 DeviceKey = tuple[str, str]  # (pool, device) within one driver
@@ -53,6 +53,15 @@ class Inventory:
     # Every definition of each counter set, as published: a set defined twice in a
     # pool is the pool's error, and ``counters`` reports it rather than picking one.
     counter_sets: Mapping[SetKey, tuple[JsonObject, ...]] = field(default_factory=dict)
+    # Each selector's result per device, filled as explanations evaluate them: the
+    # pending claims of one round mostly ask through the same class and selectors, and
+    # a device's result cannot change while the inventory lives (built anew from the
+    # slices for each round). Only what an explanation evaluated is kept, no longer
+    # than the inventory. By expression, then by the device object's id (the devices
+    # live as long as the inventory).
+    selected: dict[str, dict[int, SelectorResult]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
 
 def object_spec(obj: JsonObject) -> JsonObject:
@@ -139,19 +148,32 @@ def claim_ref(claim: JsonObject) -> str:
 
 def build_usage(claims: Iterable[JsonObject], *, driver: str, skip_uid: str = "") -> Usage:
     """What the allocated ``claims`` hold; ``skip_uid`` is the claim being explained."""
+    return usage_of(_holdings(claims, driver=driver, skip_uid=skip_uid))
+
+
+def _holdings(
+    claims: Iterable[JsonObject], *, driver: str, skip_uid: str
+) -> Iterator[tuple[str, tuple[JsonObject, ...]]]:
+    for claim in claims:
+        results = ResourceClaim(claim).results(driver)
+        if results and not (skip_uid and meta(claim).uid == skip_uid):
+            yield claim_ref(claim), results
+
+
+def usage_of(holdings: Iterable[tuple[str, Iterable[JsonObject]]]) -> Usage:
+    """What claims hold, given as (``namespace/name``, the driver's allocation results)
+    of each: ``build_usage`` without reading the claims' JSON, for a caller that keeps
+    the results already (the controller: thousands of claims each round)."""
     holders: dict[DeviceKey, list[str]] = defaultdict(list)
     consumed: dict[DeviceKey, dict[str, Decimal]] = defaultdict(dict)
-    for claim in claims:
-        view = ResourceClaim(claim)
-        if skip_uid and view.meta.uid == skip_uid:
-            continue
-        for result in view.results(driver):
+    for ref, results in holdings:
+        for result in results:
             if result.get("adminAccess"):
                 continue
             key = (str(result.get("pool", "")), str(result.get("device", "")))
             if result.get("shareID"):
                 _add_consumed(consumed[key], result.get("consumedCapacity") or {})
-            holders[key].append(claim_ref(claim))
+            holders[key].append(ref)
     return Usage(
         holders={k: tuple(sorted(set(v))) for k, v in holders.items()},
         consumed=dict(consumed),

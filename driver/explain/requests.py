@@ -8,7 +8,12 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from drasil.driver.cel.selectors import CelCompileError, CelDeadlineExceeded, compile_selector
+from drasil.driver.cel.selectors import (
+    CelCompileError,
+    CelDeadlineExceeded,
+    SelectorResult,
+    compile_selector,
+)
 from drasil.driver.explain.capacity import Shortfall, shortfall, shortfall_texts
 from drasil.driver.explain.counters import (
     CounterBook,
@@ -194,9 +199,16 @@ class _Filtered:
 
 
 def _select(
-    devices: Sequence[InventoryDevice], expression: str, *, phrase: str, deadline: float
+    devices: Sequence[InventoryDevice],
+    expression: str,
+    *,
+    phrase: str,
+    deadline: float,
+    memo: dict[int, SelectorResult],
 ) -> _Filtered:
     """Devices passing one selector; a CEL error fails the device and is noted.
+    ``memo``: its results known already, by device id (``Inventory.selected``), filled
+    with the new ones.
 
     Raises ``OutOfTime`` past ``deadline`` (``time.monotonic()``).
     """
@@ -207,10 +219,13 @@ def _select(
     passed: list[InventoryDevice] = []
     errors: Counter[str] = Counter()
     for device in devices:
-        try:
-            result = selector.evaluate(device.cel, deadline=deadline)
-        except CelDeadlineExceeded:
-            raise OutOfTime(expression, devices=len(devices)) from None
+        result = memo.get(id(device))
+        if result is None:
+            try:
+                result = selector.evaluate(device.cel, deadline=deadline)
+            except CelDeadlineExceeded:
+                raise OutOfTime(expression, devices=len(devices)) from None
+            memo[id(device)] = result
         if result.matched:
             passed.append(device)
         elif result.error:
@@ -229,12 +244,14 @@ def _selectors(owner: JsonObject) -> list[str]:
 
 
 def _class_stage(
-    devices: list[InventoryDevice], class_name: str, device_class: JsonObject, *, deadline: float
+    inventory: Inventory, class_name: str, device_class: JsonObject, *, deadline: float
 ) -> _Filtered:
     """All selectors of the class at once; the note names one that leaves no device."""
     notes: list[str] = []
+    devices = list(inventory.devices)
     for expression in _selectors(object_spec(device_class)):
-        filtered = _select(devices, expression, phrase="", deadline=deadline)
+        memo = inventory.selected.setdefault(expression, {})
+        filtered = _select(devices, expression, phrase="", deadline=deadline, memo=memo)
         devices = filtered.devices
         if filtered.stage.note:
             notes.append(filtered.stage.note)
@@ -261,7 +278,7 @@ def _funnel(
     if device_class is None:
         stages.append(Stage(0, f"pass class {class_name}", note="DeviceClass not found"))
         return [], stages, f"DeviceClass {class_name} does not exist"
-    filtered = _class_stage(devices, class_name, device_class, deadline=deadline)
+    filtered = _class_stage(inventory, class_name, device_class, deadline=deadline)
     stages.append(filtered.stage)
     if not filtered.devices:
         published = _published_types(devices, inventory.driver)
@@ -271,7 +288,8 @@ def _funnel(
     devices = filtered.devices
     for expression in _selectors(request):
         phrase = f"pass selector {_short(expression)}"
-        filtered = _select(devices, expression, phrase=phrase, deadline=deadline)
+        memo = inventory.selected.setdefault(expression, {})
+        filtered = _select(devices, expression, phrase=phrase, deadline=deadline, memo=memo)
         devices = filtered.devices
         stages.append(filtered.stage)
         if not devices:

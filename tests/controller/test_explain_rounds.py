@@ -83,3 +83,33 @@ def test_one_round_explains_every_due_claim_from_one_fleet(
     assert sorted(e["involved"]["name"] for e in on_claims) == sorted(claims)
     assert {e["reason"] for e in posted} == {UNSATISFIABLE}
     assert all(e["message"].endswith("both allocated to ml/train") for e in on_claims), on_claims
+
+
+def test_the_device_views_and_nodes_go_once_no_claim_waits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    controller = _controller()
+    controller.view.put_slice(
+        {**_gpu_slice(), "metadata": {"name": "s", "uid": "u", "resourceVersion": "1"}}
+    )
+    controller.view.put_class(CLASS)
+    controller.view.put_claim(_claim("job"))
+    controller.view.put_pod(_pod("pod-job", "job"))
+    monkeypatch.setattr(controller.api, "get_claim", lambda namespace, name, **_: _claim(name))
+    monkeypatch.setattr(controller.api, "get_pod", lambda namespace, name: _pod(name, "job"))
+    monkeypatch.setattr(controller.api, "list_nodes", lambda: [])
+    monkeypatch.setattr(controller.api, "post_event", lambda **event: None)
+    explanations = controller.explanations
+    explain_after = explanations.pending.explain_after
+
+    asyncio.run(controller.tick(0.0))
+    asyncio.run(controller.tick(explain_after))
+    assert len(explanations.cel_cache) == 1
+    assert explanations.nodes(now=explain_after) == []
+
+    controller.view.put_claim(_claim("job", holds=("gpu-0",)))  # allocated: nothing waits
+    asyncio.run(controller.tick(explain_after + 1))
+
+    assert len(explanations.cel_cache) == 0
+    monkeypatch.setattr(controller.api, "list_nodes", lambda: None)
+    assert explanations.nodes(now=explain_after + 1) is None  # listed again, not kept

@@ -96,3 +96,9 @@ def test_a_depth_that_is_no_number_is_refused_naming_the_variable(
     monkeypatch.setenv(heap.FRAMES_ENV, "deep")
     with pytest.raises(ValueError, match="DRASIL_TRACEMALLOC_FRAMES='deep'"):
         heap.start_from_env()
+
+
+def test_malloc_is_tuned_on_glibc() -> None:
+    # The test machines run glibc; the settings are glibc's (mallopt accepts them).
+    assert heap.LIBC is not None
+    assert heap.tune_malloc()

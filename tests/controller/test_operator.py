@@ -41,6 +41,7 @@ def test_settings_keep_state_in_memory_and_post_nothing() -> None:
     assert s.posting.enabled is False
     assert s.peering.standalone is True
     assert s.queueing.idle_timeout == 1.0  # workers do not hold their last event for long
+    assert s.watching.chunk_size == 100  # lists are read a page at a time
 
 
 def test_only_event_handlers_are_registered() -> None:

@@ -7,8 +7,10 @@ from typing import Any
 
 from drasil.controller.state import (
     ClusterView,
+    KeptClaim,
     PodRef,
     SharedValues,
+    UidIndex,
     kept_claim,
     without_managed_fields,
 )
@@ -57,9 +59,9 @@ def test_pod_ref_reads_claims_templates_and_generated_claims() -> None:
     ref = PodRef.of(pod("p", claims=["shared"], templates=["t"], generated=["p-t-abc"]))
 
     assert ref is not None
-    assert ref.claims == {"shared", "p-t-abc"}
-    assert ref.direct == {"shared"}
-    assert ref.templates == {"t"}
+    assert ref.claims == ("p-t-abc", "shared")  # sorted tuples: smaller than sets
+    assert ref.direct == ("shared",)
+    assert ref.templates == ("t",)
     assert ref.waiting
     assert ref.ref().kind == "Pod"
 
@@ -241,3 +243,82 @@ def test_published_pools_and_claims_allocated_from_them() -> None:
 
     assert view.published_pools() == {"rack-a"}
     assert [c["metadata"]["name"] for c in view.claims_allocated_from("rack-a")] == ["user"]
+
+
+def test_equal_capacities_are_one_object_and_keys_are_interned() -> None:
+    view = ClusterView(driver=DRIVER)
+    view.put_slice(gpu_slice("a"))
+    odd = gpu_slice("b")
+    odd["spec"]["devices"][0]["capacity"] = {"memory": {"value": "80Gi", "policy": {}}}
+    view.put_slice(odd)
+
+    kept_a, kept_b = view.explain_snapshot().slices
+    devices_a, devices_b = kept_a["spec"]["devices"], kept_b["spec"]["devices"]
+    assert devices_a[0]["capacity"] is devices_a[1]["capacity"]
+    assert devices_a[0]["capacity"] is devices_b[1]["capacity"]
+    assert devices_b[0]["capacity"] == {"memory": {"value": "80Gi", "policy": {}}}  # not shared
+    [name_a] = [k for k in devices_a[0]["attributes"] if k == "productName"]
+    [name_b] = [k for k in devices_b[1]["attributes"] if k == "productName"]
+    assert name_a is name_b
+
+
+def test_a_kept_claim_is_compact_and_gives_its_json_back() -> None:
+    result = {"request": "gpu", "driver": DRIVER, "pool": "rack-a", "device": "d"}
+    obj = claim("user", allocation={"devices": {"results": [result]}})
+    obj["metadata"]["deletionTimestamp"] = "2026-11-26T10:00:00Z"
+    kept = KeptClaim.of(obj, driver=DRIVER)
+
+    assert kept.json() == kept_claim(obj, driver=DRIVER)
+    assert kept.json()["metadata"]["deletionTimestamp"] == "2026-11-26T10:00:00Z"
+    assert kept.ref == "ml/user"
+    assert kept.holds_from(DRIVER, "rack-a")
+    assert not kept.holds_from(DRIVER, "rack-b")
+    assert not kept.holds_from("other.example.com", "rack-a")
+    assert "status" not in KeptClaim.of(claim("idle"), driver=DRIVER).json()
+
+
+def test_the_view_gives_claims_as_json_and_holdings_from_results() -> None:
+    view = ClusterView(driver=DRIVER)
+    result = {"request": "gpu", "driver": DRIVER, "pool": "rack-a", "device": "d"}
+    held = claim("user", allocation={"devices": {"results": [result]}})
+    view.put_claim(held)
+    view.put_claim(claim("idle"))
+
+    assert view.claim(("ml", "user")) == kept_claim(held, driver=DRIVER)
+    assert view.claim(("ml", "gone")) is None
+    assert view.holdings() == [("ml/user", (result,))]
+    assert len(view.explain_snapshot().claims) == 2
+    assert view.explain_snapshot(claims=False).claims == []
+
+
+def test_a_claim_name_is_one_object_for_the_claim_and_its_pod() -> None:
+    def parsed() -> str:  # a new str each time, as each watch event parses its own
+        return "".join(["p-gpu-", "abc"])
+
+    assert parsed() is not parsed()
+    ref = PodRef.of(pod("p", templates=["t"], generated=[parsed()]))
+
+    assert ref is not None
+    [name] = ref.claims
+    assert KeptClaim.of(claim(parsed()), driver=DRIVER).name is name
+
+
+def test_the_uid_index_keeps_one_uid_bare_and_more_in_a_set() -> None:
+    index = UidIndex()
+    key = ("ml", "shared")
+
+    assert index.get(key) == ()
+    index.add(key, "u1")
+    index.add(key, "u1")
+    assert index.get(key) == ("u1",)
+    index.add(key, "u2")
+    index.add(key, "u3")
+    assert sorted(index.get(key)) == ["u1", "u2", "u3"]
+    index.discard(key, "u2")
+    index.discard(key, "u3")
+    assert index.get(key) == ("u1",)
+    index.discard(key, "other")
+    assert index.get(key) == ("u1",)
+    index.discard(key, "u1")
+    assert index.get(key) == ()
+    assert len(index) == 0

@@ -492,6 +492,17 @@ def test_device_cache_drops_least_recently_used() -> None:
     assert cache.devices(_slice("1", "a")) is not first
 
 
+def test_device_cache_can_be_cleared() -> None:
+    cache = CelDeviceCache()
+    first = cache.devices(_slice("1", "a"))
+    assert len(cache) == 1
+
+    cache.clear()
+
+    assert len(cache) == 0
+    assert cache.devices(_slice("1", "a")) is not first
+
+
 def test_every_simulated_device_converts() -> None:
     gpu_class = compile_selector('device.attributes["gpu.drasil.dev"].type == "gpu"')
     mig_class = compile_selector('device.attributes["gpu.drasil.dev"].type == "mig"')
