@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 from e2e.harness.cluster.node import Node
 from e2e.harness.kube import Kube, NotYet, gone, wait_for
@@ -204,62 +201,6 @@ def test_invalid_config_is_reported_in_the_pods_events(kube: Kube, ns: str, node
     assert p["status"]["phase"] == "Pending"  # never started without its device
     uid = pod_claim(kube, ns, name)["metadata"]["uid"]
     assert not cdi_spec(node, uid).exists()
-
-
-def restart_kubelet_with_a_pod(kube: Kube, ns: str, node: Node) -> tuple[str, dict[str, Any]]:
-    """A running Pod with a GPU, then kubelet restarted (and registered the plugin again)."""
-    name, claim, _ = gpu_pod(kube, ns, node)
-    before = kube.get("v1", "Pod", name, ns)["status"]["containerStatuses"][0]
-    registered = kubelet_log(node).count('"Registered DRA plugin"')
-
-    node.restart_kubelet()  # waits for the plugin's NotifyRegistrationStatus(true)
-
-    wait_for(
-        lambda: kubelet_log(node).count('"Registered DRA plugin"') > registered or NotYet("no"),
-        timeout=60,
-        what="kubelet to log the plugin's registration again",
-    )
-    wait_for(lambda: node.node_ready()[0] or NotYet(node.node_ready()), timeout=60, what="Ready")
-    after = wait_running(kube, ns, name)["status"]["containerStatuses"][0]
-    assert after["containerID"] == before["containerID"]  # the same container kept running
-    assert after["restartCount"] == 0
-    assert cdi_spec(node, claim["metadata"]["uid"]).exists()
-    return name, claim
-
-
-@pytest.fixture
-def republish_after(node: Node, kube: Kube) -> Iterator[None]:
-    """kubelet deletes every ResourceSlice of its node when it starts; until the plugin
-    publishes again the node has no devices. Restart the plugin afterwards (it publishes
-    at start) so that later tests do not depend on how the test went."""
-    yield
-    node.restart_plugin(kill=False)
-    wait_for(
-        lambda: node.devices_published(8)[0] or NotYet(node.devices_published(8)),
-        timeout=60,
-        what="the node's devices published again",
-    )
-
-
-def test_kubelet_restart_keeps_pods_and_registers_the_plugin_again(
-    kube: Kube, ns: str, node: Node, republish_after: None
-) -> None:
-    restart_kubelet_with_a_pod(kube, ns, node)
-
-
-def test_new_pod_gets_a_device_soon_after_kubelet_restart(
-    kube: Kube, ns: str, node: Node, republish_after: None
-) -> None:
-    _, claim = restart_kubelet_with_a_pod(kube, ns, node)
-    name = pod(kube, ns, node, template_name=template(kube, ns))
-    wait_for(
-        lambda: node.devices_published(8)[0] or NotYet(node.devices_published(8)),
-        timeout=60,
-        what="the plugin to publish its devices again after kubelet wiped them",
-    )
-    wait_running(kube, ns, name)
-    env = container_env(kube, ns, name)
-    assert visible_uuids(env) != [device_uuid(kube, node, allocated_device(kube, claim))]
 
 
 def test_plugin_killed_and_restarted_leaks_nothing(kube: Kube, ns: str, node: Node) -> None:
