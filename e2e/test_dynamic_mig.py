@@ -42,6 +42,11 @@ MIG_CLASS = f"mig-e2e.{DRIVER}"
 
 @pytest.fixture(scope="module")
 def classes(kube: Kube) -> Iterator[None]:
+    yield from gpu_and_mig_classes(kube)
+
+
+def gpu_and_mig_classes(kube: Kube) -> Iterator[None]:
+    """DeviceClasses gpu.drasil.dev and MIG_CLASS, there while the generator runs."""
     mig_class: dict[str, Any] = {
         "apiVersion": RESOURCE,
         "kind": "DeviceClass",

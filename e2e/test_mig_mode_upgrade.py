@@ -31,7 +31,7 @@ from drasil.driver.nvidia.simulated import simulated_library
 from e2e.harness.chart import CHART
 from e2e.harness.cluster.node import Node
 from e2e.harness.kube import Kube, NotYet, wait_for
-from e2e.harness.pluginproc import DRIVER, GPU_CLASS, KubeletClient, PluginProcess
+from e2e.harness.pluginproc import DRIVER, KubeletClient, PluginProcess
 from e2e.test_dynamic_mig import (
     MIG_CLASS,
     PROFILE,
@@ -39,11 +39,13 @@ from e2e.test_dynamic_mig import (
     RESOURCE,
     claim_pod,
     delete_pod,
+    gpu_and_mig_classes,
     instances,
     stays_pending,
     wait_allocated,
 )
 from e2e.test_install import _delete_pod as delete_and_unprepare
+from e2e.test_install import _device_class as device_class_of
 from e2e.test_install import _helm as run_helm
 from e2e.test_install import _plugin_pods as plugin_pods
 from e2e.test_install import _pod as read_pod
@@ -59,28 +61,7 @@ AT_4 = f'{PROFILE_3G} && device.attributes["{DRIVER}"].placementStart == 4'
 
 @pytest.fixture(scope="module")
 def mig_classes(kube: Kube) -> Iterator[None]:
-    mig_class: dict[str, Any] = {
-        "apiVersion": RESOURCE,
-        "kind": "DeviceClass",
-        "metadata": {"name": MIG_CLASS},
-        "spec": {
-            "selectors": [
-                {
-                    "cel": {
-                        "expression": f'device.driver == "{DRIVER}" && '
-                        f'device.attributes["{DRIVER}"].type == "mig"'
-                    }
-                }
-            ]
-        },
-    }
-    names = (DRIVER, MIG_CLASS)
-    for name, obj in zip(names, (GPU_CLASS, mig_class), strict=True):
-        kube.delete(RESOURCE, "DeviceClass", name)
-        kube.create(obj)
-    yield
-    for name in names:
-        kube.delete(RESOURCE, "DeviceClass", name)
+    yield from gpu_and_mig_classes(kube)
 
 
 @pytest.fixture
@@ -232,17 +213,7 @@ def chart_mig_class(kube: Kube) -> Iterator[str]:
     selector = (
         f'device.driver == "{CHART_DRIVER}" && device.attributes["{CHART_DRIVER}"].type == "mig"'
     )
-    kube.delete(RESOURCE, "DeviceClass", CHART_MIG_CLASS)
-    kube.create(
-        {
-            "apiVersion": RESOURCE,
-            "kind": "DeviceClass",
-            "metadata": {"name": CHART_MIG_CLASS},
-            "spec": {"selectors": [{"cel": {"expression": selector}}]},
-        }
-    )
-    yield CHART_MIG_CLASS
-    kube.delete(RESOURCE, "DeviceClass", CHART_MIG_CLASS)
+    yield from device_class_of(kube, CHART_MIG_CLASS, selector)
 
 
 def chart_instances(node: Node) -> list[str]:

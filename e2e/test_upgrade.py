@@ -29,6 +29,7 @@ the workloads above the L4s 8 and 9.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 from collections.abc import Iterator
@@ -44,7 +45,6 @@ from e2e.harness.churn import CHURN_PROFILE, Churn, Kind, Target, churning, stan
 from e2e.harness.cluster.host import free_ports
 from e2e.harness.cluster.node import Node
 from e2e.harness.kube import Kube, NotYet, wait_for
-from e2e.harness.pods import RESOURCE
 from e2e.harness.sources import exported
 from e2e.test_install import (
     TIMEOUT,
@@ -107,25 +107,17 @@ def device_class(kube: Kube) -> Iterator[str]:
 @pytest.fixture
 def churn_kinds(kube: Kube) -> Iterator[dict[str, Kind]]:
     """The churn's DeviceClasses for this driver."""
-    for name, condition in CHURN_CLASSES.values():
-        kube.delete(RESOURCE, "DeviceClass", name)
-        expression = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].{condition}'
-        kube.create(
-            {
-                "apiVersion": RESOURCE,
-                "kind": "DeviceClass",
-                "metadata": {"name": name},
-                "spec": {"selectors": [{"cel": {"expression": expression}}]},
-            }
+    with contextlib.ExitStack() as made:
+        for name, condition in CHURN_CLASSES.values():
+            attrs = f'device.attributes["{DRIVER}"]'
+            expression = f'device.driver == "{DRIVER}" && {attrs}.{condition}'
+            made.enter_context(contextlib.contextmanager(_device_class)(kube, name, expression))
+        yield standard_kinds(
+            gpu_class=CHURN_CLASSES["gpu"][0],
+            mig_class=CHURN_CLASSES["mig"][0],
+            shared_class=CHURN_CLASSES["share"][0],
+            driver=DRIVER,
         )
-    yield standard_kinds(
-        gpu_class=CHURN_CLASSES["gpu"][0],
-        mig_class=CHURN_CLASSES["mig"][0],
-        shared_class=CHURN_CLASSES["share"][0],
-        driver=DRIVER,
-    )
-    for name, _ in CHURN_CLASSES.values():
-        kube.delete(RESOURCE, "DeviceClass", name)
 
 
 @pytest.fixture
@@ -248,9 +240,7 @@ def test_upgrade_from_the_pinned_release_and_roll_back_keeps_every_claim(
             assert _running_with_gpu(kube, namespace, third) == second_gpu
             churn.phase("rolled back")
             churn.wait_started(4)
-        ledger = churn.ledger
-        assert ledger.pods_started > 0, ledger.summary()
-        assert not ledger.problems(), json.dumps(ledger.summary(), indent=1)
+        churn.ledger.assert_clean()
 
         # 4. Nothing left once the workloads are gone.
         for name in (first, third):

@@ -148,6 +148,11 @@ class Ledger:
         )
         return data
 
+    def assert_clean(self) -> None:
+        """Pods started and no problem; the whole summary in the error if not."""
+        assert self.pods_started > 0, self.summary()
+        assert not self.problems(), json.dumps(self.summary(), indent=1)
+
     def problems(self) -> list[str]:
         """Everything that must be empty after a churn: drasil's failures."""
         found = [f"did not start: {p}" for p in self.pods_failed]
