@@ -63,8 +63,8 @@ BENCH_SCALE_ARGS ?=
 bench-scale: $(STAMP)
 	$(BIN)/python -m bench.scale $(BENCH_SCALE_ARGS)
 
-# The disruptions of e2e/test_churn.py with the load going BENCH_CHURN_ARGS' --seconds
-# (default 300) after each (docs/upgrading.md); e.g. BENCH_CHURN_ARGS="--seconds 120 -k reboot"
+# The churn of e2e/test_churn.py with the load going BENCH_CHURN_ARGS' --seconds
+# (default 300) after each disruption (docs/upgrading.md); e.g. BENCH_CHURN_ARGS="--seconds 120"
 BENCH_CHURN_ARGS ?=
 bench-churn: $(STAMP)
 	$(BIN)/python -m bench.churn $(BENCH_CHURN_ARGS)

@@ -1,16 +1,20 @@
 """Disruptions under load on the real node: Pods keep coming and going (e2e.harness.churn)
-while kubelet, the plugin, the API server restart and the node reboots.
+while kubelet restarts, the plugin is killed again and again, the API server restarts,
+the NVIDIA driver is upgraded under the node and the node reboots, one after the other
+in one churn (one warm-up, one ledger).
 
 The node's plugin runs for this module with four H100s and four L4s in dynamic MIG with
-consumable sharing (put back afterwards, its simulated GPUs reset), so the churn has
-all four kinds of claim: whole GPUs, MIG placements cut on demand on the H100s, MPS
-shares of the L4s, a claim of two Pods. Every test ends
-with the same ledger asserted (`Ledger.problems`: no Pod that did not start, no
-container that saw other devices than its claim's, no device held by two claims, and
-nothing left on the node once the churn's claims are gone) and with its disruption's
-own expected end state, written in its docstring first.
+consumable sharing and a fake driver root with the real `nvidia-cdi-hook` (put back
+afterwards, its simulated GPUs reset), so the churn has all four kinds of claim: whole
+GPUs, MIG placements cut on demand on the H100s, MPS shares of the L4s, a claim of two
+Pods; every Pod is of the probe image and loads the driver's libraries. The test ends
+with the ledger asserted (`Ledger.problems`: no Pod that did not start, no container
+that saw other devices than its claim's or could not load the driver, no device held
+by two claims, and nothing left on the node once the churn's claims are gone); each
+disruption's own expected end state is written in its function's docstring first and
+asserted where it ends.
 
-`DRASIL_CHURN_SECONDS` (default 20) is how long the load runs after each disruption;
+`DRASIL_CHURN_SECONDS` (default 10) is how long the load runs after each disruption;
 `make bench-churn` runs the same at length (bench/churn.py).
 """
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,13 +37,16 @@ from e2e.harness.churn import (
     Target,
     churning,
     claim_manifest,
+    loaded_driver,
     pod_manifest,
     printed_env,
     standard_kinds,
 )
 from e2e.harness.cluster.control_plane import Cluster
 from e2e.harness.cluster.node import Node
+from e2e.harness.driverroot import FakeRoot, build_fake_root, upgrade_fake_root
 from e2e.harness.kube import Kube, NotYet, wait_for
+from e2e.harness.nvidiatoolkit import cdi_hook_path
 from e2e.harness.pluginproc import DRIVER, checkpoint_claims, checkpoint_gpus
 from e2e.harness.pods import RESOURCE, visible_uuids
 
@@ -46,7 +54,8 @@ GPUS = 8
 CHURN_DEVICES = 4 * 26 + 4  # each H100 whole and its 25 MIG placements; the L4s whole
 MIG_CLASS = f"mig-churn-e2e.{DRIVER}"
 SHARED_CLASS = f"shared-churn-e2e.{DRIVER}"
-SECONDS = float(os.environ.get("DRASIL_CHURN_SECONDS", "20"))
+SECONDS = float(os.environ.get("DRASIL_CHURN_SECONDS", "10"))
+NEWER = "590.44.01"  # the driver version the upgrade installs
 ATTRS = f'device.attributes["{DRIVER}"]'
 
 
@@ -61,7 +70,18 @@ def _class(name: str, extra: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def kinds(node: Node, kube: Kube, gpu_class: str) -> Iterator[dict[str, Kind]]:
+def driver_root(node: Node) -> Iterator[FakeRoot]:
+    """A fake Debian driver root on the node (what the upgrade replaces)."""
+    where = node.run_dir / "churn-driver-root"
+    shutil.rmtree(where, ignore_errors=True)
+    yield build_fake_root(where, layout="debian")
+    shutil.rmtree(where, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def kinds(
+    node: Node, kube: Kube, gpu_class: str, driver_root: FakeRoot
+) -> Iterator[dict[str, Kind]]:
     classes = [
         _class(MIG_CLASS, f'{ATTRS}.type == "mig"'),
         _class(SHARED_CLASS, f'{ATTRS}.type == "gpu" && device.allowMultipleAllocations'),
@@ -71,11 +91,16 @@ def kinds(node: Node, kube: Kube, gpu_class: str) -> Iterator[dict[str, Kind]]:
         kube.create(c)
     profile = node.plugin.profile
     node.plugin.profile = CHURN_PROFILE
-    env = {"MIG_MODE": "dynamic", "GPU_SHARING": "consumable"}
+    env = {
+        "MIG_MODE": "dynamic",
+        "GPU_SHARING": "consumable",
+        "NVIDIA_DRIVER_ROOT": str(driver_root.root),
+        "NVIDIA_CDI_HOOK_PATH": str(cdi_hook_path()),
+    }
     node.restart_plugin_with(env, published=CHURN_DEVICES, reset_gpus=True)
     yield standard_kinds(gpu_class=gpu_class, mig_class=MIG_CLASS, shared_class=SHARED_CLASS)
     node.plugin.profile = profile
-    off = {"MIG_MODE": None, "GPU_SHARING": None}
+    off = dict.fromkeys(env)
     node.restart_plugin_with(off, published=GPUS, reset_gpus=True)
     for c in classes:
         kube.delete(RESOURCE, "DeviceClass", c["metadata"]["name"])
@@ -83,7 +108,7 @@ def kinds(node: Node, kube: Kube, gpu_class: str) -> Iterator[dict[str, Kind]]:
 
 @pytest.fixture
 def churn(kubeconfig: Path, node: Node, ns: str, kinds: dict[str, Kind]) -> Churn:
-    return Churn(kubeconfig, Target.of(node), ns, kinds.values())
+    return Churn(kubeconfig, Target.of(node), ns, kinds.values(), probe=True)
 
 
 class Witness:
@@ -94,7 +119,7 @@ class Witness:
         self.claim = f"witness-{kind.name}"
         self.pod = f"witness-{kind.name}-pod"
         kube.create(claim_manifest(self.claim, kind), ns)
-        kube.create(pod_manifest(self.pod, self.claim, node.name), ns)
+        kube.create(pod_manifest(self.pod, self.claim, node.name, probe=True), ns)
         self.container = self.running()
 
     def running(self, *, restarted_from: str | None = None) -> str:
@@ -140,53 +165,69 @@ def _assert_clean(churn: Churn, request: pytest.FixtureRequest) -> None:
     ledger.assert_clean()
 
 
-def test_kubelet_restarted_while_prepares_are_in_flight(
+def test_churn_through_every_disruption(
     kube: Kube,
     node: Node,
+    node_cluster: Cluster,
     ns: str,
     churn: Churn,
     kinds: dict[str, Kind],
+    driver_root: FakeRoot,
     request: pytest.FixtureRequest,
 ) -> None:
-    """Expected: kubelet registers the plugin again; a running Pod keeps its container
-    (no restart); Pods whose prepare was in flight start once kubelet is back (kubelet
-    asks again); the churn goes on; nothing failed, nothing leaked."""
-    witness = Witness(kube, node, ns, kinds["gpu"])
+    """One churn, five disruptions in turn (each function below says what it must
+    leave), three Pods that hold their claims throughout; then the ledger."""
+    witnesses = {k: Witness(kube, node, ns, kinds[k]) for k in ("gpu", "mig", "share")}
+    old_daemons = _mps_pids(node)
+    assert old_daemons, "the share has an MPS daemon"
     with churning(churn):
         churn.wait_started(4)
-        churn.phase("kubelet restart")
-        node.restart_kubelet()
-        churn.wait_started(4)
-        time.sleep(SECONDS)
-        witness.unchanged()
+        _kubelet_restarted(node, churn, witnesses)
+        _plugin_killed_every_few_seconds(node, churn, witnesses)
+        _api_server_restarted(kube, node, node_cluster, churn, witnesses)
+        _driver_upgraded(node, churn, driver_root, witnesses["gpu"])
+        _node_rebooted(node, churn, witnesses)
     _assert_clean(churn, request)
+    _rebooted_from_scratch(node, witnesses, old_daemons)
 
 
-def test_plugin_killed_every_few_seconds(
-    kube: Kube,
-    node: Node,
-    ns: str,
-    churn: Churn,
-    kinds: dict[str, Kind],
-    request: pytest.FixtureRequest,
+def _settle(churn: Churn, phase: str) -> None:
+    """Every Pod created during the disruption started, the load runs again (4 more
+    Pods started), then `SECONDS` more of it."""
+    churn.phase(phase)
+    churn.wait_caught_up()
+    churn.wait_started(4)
+    time.sleep(SECONDS)
+
+
+def _kubelet_restarted(node: Node, churn: Churn, witnesses: dict[str, Witness]) -> None:
+    """Expected: kubelet registers the plugin again; a running Pod keeps its container
+    (no restart); Pods whose prepare was in flight start once kubelet is back (kubelet
+    asks again); the churn goes on."""
+    churn.phase("kubelet restart")
+    node.restart_kubelet()
+    _settle(churn, "after the kubelet restart")
+    for witness in witnesses.values():
+        witness.unchanged()
+
+
+def _plugin_killed_every_few_seconds(
+    node: Node, churn: Churn, witnesses: dict[str, Witness]
 ) -> None:
     """Expected: while the plugin is killed (SIGKILL) every 5 s, prepares fail and
     kubelet retries them; a running Pod keeps its container; once the plugin stays up,
-    every waiting Pod starts, each with exactly its devices; no device is held twice,
-    nothing leaked (each restart finishes what the killed one began)."""
-    witness = Witness(kube, node, ns, kinds["mig"])
-    with churning(churn):
-        churn.wait_started(4)
-        churn.phase("plugin SIGKILL every 5 s")
-        deadline = time.monotonic() + SECONDS
-        while time.monotonic() < deadline:
-            node.restart_plugin(kill=True)
-            time.sleep(5.0)
-        churn.phase("after the kills")
-        churn.wait_started(4)
+    every waiting Pod starts, each with exactly its devices; no device is held twice
+    (each restart finishes what the killed one began)."""
+    churn.phase("plugin SIGKILL every 5 s")
+    deadline = time.monotonic() + max(SECONDS, 15.0)
+    while time.monotonic() < deadline:
+        node.restart_plugin(kill=True)
+        time.sleep(5.0)
+    _settle(churn, "after the kills")
+    for witness in witnesses.values():
         witness.unchanged()
-        assert witness.seen() == [witness.record()["devices"][0]["mig"]["uuid"]]
-    _assert_clean(churn, request)
+    mig = witnesses["mig"]
+    assert mig.seen() == [mig.record()["devices"][0]["mig"]["uuid"]]
 
 
 def _slice_versions(kube: Kube, node: Node) -> dict[str, str]:
@@ -196,61 +237,72 @@ def _slice_versions(kube: Kube, node: Node) -> dict[str, str]:
     return {s.metadata.name: s.metadata.resourceVersion for s in slices.items}
 
 
-def test_api_server_restarted(
-    kube: Kube,
-    node: Node,
-    node_cluster: Cluster,
-    ns: str,
-    churn: Churn,
-    kinds: dict[str, Kind],
-    request: pytest.FixtureRequest,
+def _api_server_restarted(
+    kube: Kube, node: Node, cluster: Cluster, churn: Churn, witnesses: dict[str, Witness]
 ) -> None:
-    """Expected: while kube-apiserver is down (5 s) and after, running Pods keep running;
-    the plugin's and kubelet's watches re-list and the churn goes on; nothing failed,
-    nothing leaked. Without load, a restart rewrites none of the node's ResourceSlices
-    (same resourceVersion: the plugin publishes only what changed)."""
-    witness = Witness(kube, node, ns, kinds["share"])
-    with churning(churn):
-        churn.wait_started(4)
-        churn.phase("API server restart")
-        node_cluster.restart_apiserver(down_seconds=5)
-        churn.wait_started(4)
-        time.sleep(SECONDS)
-        witness.unchanged()
-    _assert_clean(churn, request)
+    """Expected: while kube-apiserver is down (5 s) and after, running Pods keep
+    running; the plugin's and kubelet's watches re-list and the churn goes on. The
+    restart rewrites none of the node's ResourceSlices (same resourceVersion: the
+    plugin publishes only what changed, and in dynamic MIG mode claims change none)."""
     before = _slice_versions(kube, node)
-    node_cluster.restart_apiserver()
-    time.sleep(15)  # the plugin's watch re-lists and its resync runs meanwhile
+    churn.phase("API server restart")
+    cluster.restart_apiserver(down_seconds=5)
+    _settle(churn, "after the API server restart")
+    for witness in witnesses.values():
+        witness.unchanged()
     assert _slice_versions(kube, node) == before
 
 
-def test_node_reboot_prepares_every_claim_again(
-    kube: Kube,
-    node: Node,
-    ns: str,
-    churn: Churn,
-    kinds: dict[str, Kind],
-    request: pytest.FixtureRequest,
-) -> None:
+def _driver_upgraded(node: Node, churn: Churn, root: FakeRoot, witness: Witness) -> None:
+    """Expected: the driver's files replaced under the running node (the old version's
+    go before the new one's come, so a prepare in between fails and kubelet retries
+    it): within seconds the specs of prepared claims name the new files; a running
+    container keeps the old ones; the witness's container, killed, is started again
+    from its rewritten spec and loads the new driver (without the rewrite its mounts
+    would name files that are gone); every Pod created after the upgrade loads the new
+    driver."""
+    before = root.version
+    churn.phase("driver upgrade")
+    upgrade_fake_root(root, NEWER)
+    churn.phase("after the driver upgrade")
+    spec = node.cdi_dir / f"k8s.{DRIVER}-claim_{witness.uid}.json"
+    wait_for(
+        lambda: NEWER in spec.read_text() or NotYet(spec.read_text()[:300]),
+        timeout=60,
+        what="the witness's spec to name the new driver's files",
+    )
+    assert loaded_driver(printed_env_of(witness)) == before
+    node.ctr("task", "kill", "-s", "SIGKILL", witness.container.split("://")[-1])
+    witness.container = witness.running(restarted_from=witness.container)
+    assert loaded_driver(printed_env_of(witness)) == NEWER
+    _settle(churn, "after the driver upgrade")
+    loaded = churn.ledger.driver_versions.get("after the driver upgrade", {})
+    assert set(loaded) == {NEWER}, churn.ledger.driver_versions
+
+
+def printed_env_of(witness: Witness) -> str:
+    return printed_env(witness.kube, witness.ns, witness.pod).get("DRASIL_PROBE", "")
+
+
+def _node_rebooted(node: Node, churn: Churn, witnesses: dict[str, Witness]) -> None:
     """Expected: after a power cut and a boot (tmpfs gone, MIG instances and MPS
     daemons gone, a new boot id), kubelet starts the Pods still bound to the node
     again and asks the plugin to prepare their claims; the plugin trusts nothing of the
     old boot: each claim is prepared from scratch (checkpoint entries of the new boot,
     CDI specs written again, the MIG placement cut again, the MPS daemon started
-    again), and each new container sees exactly its claim's devices; the churn goes
-    on; nothing failed, nothing leaked."""
-    mig, share = Witness(kube, node, ns, kinds["mig"]), Witness(kube, node, ns, kinds["share"])
-    old_daemons = _mps_pids(node)
-    assert old_daemons, "the share has an MPS daemon"
-    with churning(churn):
-        churn.wait_started(4)
-        churn.phase("node reboot")
-        node.reboot()
-        for witness in (mig, share):
-            witness.running(restarted_from=witness.container)
-        churn.wait_started(4)
-        time.sleep(SECONDS)
-    _assert_clean(churn, request)
+    again), and each new container sees exactly its claim's devices (asserted after the
+    churn, in `_rebooted_from_scratch`)."""
+    churn.phase("node reboot")
+    node.reboot()
+    for witness in witnesses.values():
+        witness.container = witness.running(restarted_from=witness.container)
+    _settle(churn, "after the reboot")
+
+
+def _rebooted_from_scratch(
+    node: Node, witnesses: dict[str, Witness], old_daemons: list[int]
+) -> None:
+    mig = witnesses["mig"]
     assert mig.seen() == [mig.record()["devices"][0]["mig"]["uuid"]]
     instances = _simulated_instances(node)  # the churn's are gone: the witness's alone
     assert [gi["start"] for gi in instances] == [
@@ -259,7 +311,7 @@ def test_node_reboot_prepares_every_claim_again(
     new_daemons = _mps_pids(node)
     assert new_daemons, "the share's MPS daemon started again"
     assert not set(new_daemons) & set(old_daemons), (old_daemons, new_daemons)
-    for witness in (mig, share):
+    for witness in witnesses.values():
         assert (node.cdi_dir / f"k8s.{DRIVER}-claim_{witness.uid}.json").exists()
 
 

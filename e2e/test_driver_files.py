@@ -31,7 +31,7 @@ from drasil.driver.nvidia.driverfiles import DriverRoot, find_driver_files
 from drasil.kubeletplugin.gpucheck import cdicheck
 from e2e.harness import versions
 from e2e.harness.cluster.node import Node
-from e2e.harness.driverroot import FakeRoot, build_fake_root
+from e2e.harness.driverroot import FakeRoot, build_fake_root, upgrade_fake_root
 from e2e.harness.kube import Kube, NotYet, wait_for
 from e2e.harness.nvidiatoolkit import VOID_MOUNT_HOST_PATH, cdi_hook_path, reference_spec
 from e2e.harness.pluginproc import DRIVER
@@ -346,14 +346,7 @@ def test_a_driver_upgraded_under_the_plugin_gives_new_claims_the_new_files(
 ) -> None:
     before = _probe_pod(kube, ns, node, {"gpu": template(kube, ns)})
     _assert_loaded(_probe_result(kube, ns, before), driver_root.version)
-    # The driver's files replaced by a newer version's, as a package upgrade does.
-    staging = driver_root.root.parent / "driver-root-new"
-    shutil.rmtree(staging, ignore_errors=True)
-    newer = build_fake_root(staging, layout="debian", version=NEWER)
-    for folder in ("usr", "lib", "etc"):
-        shutil.rmtree(driver_root.root / folder)
-        shutil.copytree(newer.root / folder, driver_root.root / folder, symlinks=True)
-    shutil.rmtree(staging)
+    upgrade_fake_root(driver_root, NEWER)  # as a package upgrade replaces the files
     after = _probe_pod(kube, ns, node, {"gpu": template(kube, ns)})
     _assert_loaded(_probe_result(kube, ns, after), NEWER)
     (uid,) = _claim_uids(kube, ns, after)

@@ -143,11 +143,18 @@ class NodeRuntime:
         gauge.labels(names.UNHEALTHY).set_function(lambda: len(health.unhealthy()))
         return health
 
-    def thread(self, name: str, target: Callable[[threading.Event], None]) -> None:
-        """Run ``target(stop_event)`` in a daemon thread that ``stop`` joins."""
+    def thread(
+        self, name: str, target: Callable[[threading.Event], None], *, join: bool = True
+    ) -> None:
+        """Run ``target(stop_event)`` in a daemon thread that ``stop`` joins.
+
+        ``join=False`` for a thread that may sit in a blocking read (an API watch waits
+        up to its timeout for the next event) and holds nothing to finish: waiting for
+        it would add seconds to every stop, a rolling update's included."""
         thread = threading.Thread(target=target, args=(self.stop_event,), name=name, daemon=True)
         thread.start()
-        self._threads.append(thread)
+        if join:
+            self._threads.append(thread)
 
     def serve_http(self, *, registry: CollectorRegistry, check: HealthCheck) -> None:
         """``/metrics`` on ``--metrics-addr``; the probes there and on ``--health-addr``."""

@@ -1,4 +1,5 @@
-"""Per-claim transient CDI specs: build, validate, write, read, delete, list.
+"""Per-claim transient CDI specs: build, validate, write, read, delete, list, and
+give the written ones the node's new spec-wide edits.
 
 One spec file per prepared claim, ``<cdi_root>/k8s.<driver>-claim_<claimUID>.json``,
 kind ``k8s.<driver>/claim``, one CDI device per allocated device named
@@ -258,6 +259,32 @@ def write_claim_spec(req: ClaimSpecRequest, *, cdi_root: Path, driver: str) -> P
     # never see a partial spec.
     write_atomic(path, data, mode=SPEC_FILE_MODE, crash_tag=_CRASH_TAG, durable=False)
     return path
+
+
+def rewrite_common_edits(
+    cdi_root: Path, *, driver: str, claim_uid: str, edits: ContainerEdits
+) -> bool:
+    """Give a written claim spec the node's spec-wide edits of now; True when the
+    file changed.
+
+    Its devices stay as they are: only the driver's files and hooks, which every spec
+    of the node shares, are replaced (a driver upgraded under running Pods: kubelet
+    does not prepare again when a container restarts, so the spec it reads then must
+    name files that exist). A missing spec, and one without spec-wide edits (a claim
+    of no NVIDIA device), are left alone.
+    """
+    spec = read_claim_spec(cdi_root, driver=driver, claim_uid=claim_uid)
+    if spec is None or not spec.get("containerEdits"):
+        return False
+    wanted = common_edits_dict(edits)
+    if spec["containerEdits"] == wanted:
+        return False
+    spec = {**spec, "containerEdits": wanted}
+    spec["cdiVersion"] = required_cdi_version(spec)
+    validate_spec(spec)
+    path = spec_path(cdi_root, driver=driver, claim_uid=claim_uid)
+    write_atomic(path, encode_spec(spec), mode=SPEC_FILE_MODE, crash_tag=_CRASH_TAG, durable=False)
+    return True
 
 
 def read_claim_spec(cdi_root: Path, *, driver: str, claim_uid: str) -> CdiSpec | None:

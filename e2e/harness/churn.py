@@ -46,6 +46,9 @@ from e2e.harness.pods import RESOURCE, visible_uuids
 
 # Prints the env at every start of the container, then waits; exits at once on SIGTERM.
 COMMAND = "env | sort; trap 'exit 0' TERM; sleep 3600 & wait"
+# The same in the probe image, first printing what loading the driver gave (one line
+# of JSON: gpu-probe dlopens libcuda.so.1 and libnvidia-ml.so.1 by SONAME).
+PROBE_COMMAND = "echo \"DRASIL_PROBE=$(gpu-probe 2>&1 | tr -d '\\n')\"; " + COMMAND
 PREPARE_RETRIED = "FailedPrepareDynamicResources"
 START_TIMEOUT = 180.0  # a Pod not running by then did not start
 
@@ -123,9 +126,15 @@ class Ledger:
     prepare_retries: int = 0  # FailedPrepareDynamicResources events on the Pods
     retry_messages: list[str] = field(default_factory=list)  # the first few, to read
     waits: list[float] = field(default_factory=list)  # Pod created -> running, seconds
-    # The longest wait of a Pod created in each phase (`Churn.phase`).
+    # The Pods created in each phase (`Churn.phase`) that started, and the longest wait
+    # among them.
+    started_by_phase: dict[str, int] = field(default_factory=dict)
     longest_wait_by_phase: dict[str, float] = field(default_factory=dict)
     double_booked: list[str] = field(default_factory=list)
+    # With `Churn(probe=True)`: the driver version each Pod loaded, by phase, and the
+    # Pods that could not load it.
+    driver_versions: dict[str, dict[str, int]] = field(default_factory=dict)
+    driver_failures: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # the churn's own API calls that failed
     leaks: dict[str, list[str]] = field(default_factory=dict)
 
@@ -158,6 +167,7 @@ class Ledger:
         found = [f"did not start: {p}" for p in self.pods_failed]
         found += [f"wrong devices: {w}" for w in self.wrong_devices]
         found += [f"held twice: {d}" for d in self.double_booked]
+        found += [f"driver not loaded: {d}" for d in self.driver_failures]
         found += [f"left without a claim: {k}: {v}" for k, v in self.leaks.items() if v]
         return found
 
@@ -174,12 +184,14 @@ class Churn:
         *,
         lifetime: tuple[float, float] = (1.0, 4.0),
         seed: int = 0,
+        probe: bool = False,
     ) -> None:
         self.kubeconfig = kubeconfig
         self.target = target
         self.namespace = namespace
         self.kinds = tuple(kinds)
         self.lifetime = lifetime
+        self.probe = probe  # Pods of the probe image: each loads the driver's libraries
         self.ledger = Ledger()
         self._seed = seed
         self._lock = threading.Lock()
@@ -190,12 +202,25 @@ class Churn:
         ] = {}  # uuid of an exclusive device -> the claim whose Pod sees it
         self._uuids: dict[str, str] = {}  # published device name -> uuid
         self._phase = "steady"
+        self._waiting: dict[str, str] = {}  # worker -> the phase its waited-for Pods began in
 
     def phase(self, name: str) -> None:
         """Name what happens from now on (a disruption): the ledger keeps the longest
         wait of the Pods created in each phase."""
         with self._lock:
             self._phase = name
+
+    def wait_caught_up(self, *, timeout: float = START_TIMEOUT + 30.0) -> None:
+        """Until no worker waits for Pods created before the current phase: those
+        started, or were noted as not started. (kubelet retries a failed prepare about
+        once a minute, so a Pod that met one disruption must not meet the next.)"""
+
+        def caught_up() -> Any:
+            with self._lock:
+                behind = {k: v for k, v in self._waiting.items() if v != self._phase}
+            return True if not behind else NotYet(behind)
+
+        wait_for(caught_up, timeout=timeout, what="churn Pods of earlier phases", interval=0.5)
 
     def wait_started(self, count: int, *, timeout: float = 180.0) -> None:
         """Until `count` more Pods started (the load is warm, or runs again)."""
@@ -256,11 +281,16 @@ class Churn:
         try:
             created = time.monotonic()
             with self._lock:
-                phase = self._phase
-            for pod in pods:
-                self._create_pod(kube, pod, claim)
-            if self._started(kube, pods, created, phase):
-                self._check_devices(kube, kind, claim, pods)
+                phase = self._waiting[kind.name] = self._phase
+            try:
+                for pod in pods:
+                    self._create_pod(kube, pod, claim)
+                started = self._started(kube, pods, created, phase)
+            finally:
+                with self._lock:
+                    del self._waiting[kind.name]
+            if started:
+                self._check_devices(kube, kind, claim, pods, phase)
                 self._stopping.wait(rng.uniform(*self.lifetime))
         finally:
             for pod in pods:
@@ -274,7 +304,7 @@ class Churn:
         kube.create(claim_manifest(name, kind), self.namespace)
 
     def _create_pod(self, kube: Kube, name: str, claim: str) -> None:
-        kube.create(pod_manifest(name, claim, self.target.node), self.namespace)
+        kube.create(pod_manifest(name, claim, self.target.node, probe=self.probe), self.namespace)
 
     def _started(self, kube: Kube, pods: list[str], created: float, phase: str) -> bool:
         """Wait until every Pod runs; a Pod that does not is noted with why."""
@@ -289,6 +319,7 @@ class Churn:
                 ledger = self.ledger
                 ledger.pods_started += 1
                 ledger.waits.append(waited)
+                ledger.started_by_phase[phase] = ledger.started_by_phase.get(phase, 0) + 1
                 longest = ledger.longest_wait_by_phase.get(phase, 0.0)
                 ledger.longest_wait_by_phase[phase] = round(max(longest, waited), 2)
         return True
@@ -330,15 +361,29 @@ class Churn:
 
     # ---- what a container sees --------------------------------------------------------
 
-    def _check_devices(self, kube: Kube, kind: Kind, claim: str, pods: list[str]) -> None:
+    def _check_devices(
+        self, kube: Kube, kind: Kind, claim: str, pods: list[str], phase: str
+    ) -> None:
         obj = kube.get(RESOURCE, "ResourceClaim", claim, self.namespace)
         expected = self._expected_uuids(obj)
         for pod in pods:
-            seen = visible_uuids(printed_env(kube, self.namespace, pod))
+            env = printed_env(kube, self.namespace, pod)
+            seen = visible_uuids(env)
             if seen != expected:
                 self._note(self.ledger.wrong_devices, f"{pod}: saw {seen}, claim has {expected}")
+            if self.probe:
+                self._check_driver(pod, env.get("DRASIL_PROBE", ""), phase)
         if kind.exclusive:
             self._hold(claim, expected)
+
+    def _check_driver(self, pod: str, printed: str, phase: str) -> None:
+        version = loaded_driver(printed)
+        if version is None:
+            self._note(self.ledger.driver_failures, f"{pod}: {printed[:300]}")
+            return
+        with self._lock:
+            counts = self.ledger.driver_versions.setdefault(phase, {})
+            counts[version] = counts.get(version, 0) + 1
 
     def _expected_uuids(self, claim: dict[str, Any]) -> list[str]:
         """The UUIDs of the claim's devices: a MIG instance's from the checkpoint (it
@@ -391,9 +436,10 @@ def claim_manifest(name: str, kind: Kind) -> dict[str, Any]:
     }
 
 
-def pod_manifest(name: str, claim: str, node: str) -> dict[str, Any]:
+def pod_manifest(name: str, claim: str, node: str, *, probe: bool = False) -> dict[str, Any]:
     """A Pod on `node` whose one container uses `claim` and prints its env at every
-    start; restartPolicy Always, as a Deployment's Pod."""
+    start (`probe`: of the probe image, and what loading the driver gave first);
+    restartPolicy Always, as a Deployment's Pod."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -407,9 +453,9 @@ def pod_manifest(name: str, claim: str, node: str) -> dict[str, Any]:
             "containers": [
                 {
                     "name": "c",
-                    "image": versions.TEST_IMAGE,
+                    "image": versions.PROBE_IMAGE if probe else versions.TEST_IMAGE,
                     "imagePullPolicy": "Never",
-                    "command": ["sh", "-c", COMMAND],
+                    "command": ["sh", "-c", PROBE_COMMAND if probe else COMMAND],
                     "resources": {"claims": [{"name": "gpu"}]},
                 }
             ],
@@ -425,6 +471,21 @@ def churning(churn: Churn) -> Iterator[Churn]:
         yield churn
     finally:
         churn.stop()
+
+
+def loaded_driver(printed: str) -> str | None:
+    """The driver version a probe Pod printed (`DRASIL_PROBE`), or None when it could
+    not load and call into the driver's libraries."""
+    try:
+        result = json.loads(printed)
+    except ValueError:
+        return None
+    if not isinstance(result, dict) or "error" in result:
+        return None
+    if result.get("cuInit") != 0 or result.get("nvmlInit") != 0:
+        return None
+    version = result.get("driverVersion")
+    return str(version) if version else None
 
 
 def printed_env(kube: Kube, namespace: str, pod: str) -> dict[str, str]:

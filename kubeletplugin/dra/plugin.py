@@ -29,7 +29,7 @@ from drasil.driver.kubeapi import KubeApi
 from drasil.driver.nvidia.driverfiles import DriverRoot, find_binary
 from drasil.driver.nvidia.nvml import NvmlLibrary
 from drasil.driver.slices.publisher import PoolPublisher
-from drasil.kubeletplugin.dra import reconcile
+from drasil.kubeletplugin.dra import reconcile, specrefresh
 from drasil.kubeletplugin.dra.amdpartitions import PartitionModes
 from drasil.kubeletplugin.dra.healthservice import HealthStreams, HealthV1, HealthV1alpha1
 from drasil.kubeletplugin.dra.migs import MigInstances, held_by_dynamic_claims
@@ -59,6 +59,7 @@ from drasil.kubeletplugin.sockets import UnixSocketServer, pod_tag
 
 log = logging.getLogger(__name__)
 
+DRIVER_CHANGED_REASON = "DriverFilesChanged"
 SOCKET_CHECK_INTERVAL = 0.2  # a deleted socket is back well within a second
 
 
@@ -70,6 +71,7 @@ class Intervals:
     slice_resync: float = 300.0
     health_resend: float = 30.0
     fault_poll: float = 0.25
+    driver_files: float = specrefresh.INTERVAL
 
 
 def socket_names(opts: PluginOptions) -> tuple[str, str]:
@@ -296,7 +298,7 @@ class KubeletPlugin:
 
     def _start_loops(self) -> None:
         self.node.thread("slices", self.node_slices.run)
-        self.node.thread("slice-watch", self.node_slices.watch_deletions)
+        self.node.thread("slice-watch", self.node_slices.watch_deletions, join=False)
         self.node.thread(
             "reconcile",
             lambda stop: reconcile.run_periodically(
@@ -304,6 +306,18 @@ class KubeletPlugin:
             ),
         )
         self.node.thread("sockets", self._watch_sockets)
+        refresher = specrefresh.SpecRefresher(self.preparer, on_change=self._driver_changed)
+        self.node.thread(
+            "spec-refresh", lambda stop: refresher.run(stop, interval=self.intervals.driver_files)
+        )
+
+    def _driver_changed(self, version: str, specs: int) -> None:
+        self._node_event(
+            DRIVER_CHANGED_REASON,
+            f"the driver's files changed (now version {version}): the CDI specs of "
+            f"{specs} prepared claim(s) name the new files; running containers keep "
+            "the old ones until they restart",
+        )
 
     def _watch_sockets(self, stop: threading.Event) -> None:
         while not stop.wait(SOCKET_CHECK_INTERVAL):

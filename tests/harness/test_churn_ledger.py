@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.churn import table
-from e2e.harness.churn import Kind, Ledger, held_twice, standard_kinds
+from e2e.harness.churn import Kind, Ledger, held_twice, loaded_driver, standard_kinds
 
 
 def _device(name: str, **extra: Any) -> dict[str, Any]:
@@ -58,16 +58,29 @@ def test_the_ledger_lists_every_problem_and_only_those() -> None:
     assert (summary["longest_wait_s"], summary["p50_wait_s"]) == (9.0, 2.0)
 
 
-def test_the_bench_table_has_a_row_per_disruption_and_its_own_phase() -> None:
+def test_the_bench_table_has_the_totals_then_a_row_per_phase() -> None:
     ledger = Ledger(
-        pods_started=5, waits=[1.0], longest_wait_by_phase={"steady": 1.0, "reboot": 7.5}
+        pods_started=5,
+        waits=[1.0],
+        started_by_phase={"steady": 4, "node reboot": 1},
+        longest_wait_by_phase={"steady": 1.0, "node reboot": 7.5},
+        leaks={"CDI specs": ["k8s.x-claim_1.json"], "MPS daemons": []},
     )
-    rows = table({"test_node_reboot": ledger.summary()}).splitlines()
-    assert len(rows) == 3
-    assert rows[2].startswith("| node_reboot | 5 | 0 | 0 | 0 | 0 |")
-    assert rows[2].endswith("| reboot: 7.5 |")
+    rows = table({"test_churn_through_every_disruption": ledger.summary()}).splitlines()
+    assert rows[2].startswith("| churn_through_every_disruption | 5 | 0 | 0 | 0 | 0 | 0 |")
+    assert rows[2].endswith("| 1 |")  # one thing left without a claim
+    assert rows[-2:] == ["| steady | 4 | 1.0 |", "| node reboot | 1 | 7.5 |"]
 
 
 def test_kind_defaults_are_one_exclusive_pod() -> None:
     kind = Kind("x", "c", (0,))
     assert (kind.pods, kind.exclusive, kind.profile, kind.memory) == (1, True, None, None)
+
+
+def test_a_probe_that_loaded_the_driver_gives_its_version_else_none() -> None:
+    loaded = '{"cuInit": 0, "nvmlInit": 0, "driverVersion": "590.44.01", "libcuda": "/x"}'
+    assert loaded_driver(loaded) == "590.44.01"
+    assert loaded_driver('{"error": "dlopen libcuda.so.1: not found"}') is None
+    assert loaded_driver('{"cuInit": 100, "nvmlInit": 0, "driverVersion": "1"}') is None
+    assert loaded_driver("sh: gpu-probe: not found") is None
+    assert loaded_driver("") is None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,13 @@ POD_SUBNET_BASE = ipaddress.IPv4Network("10.244.0.0/16")
 # (the plugin allows 97 bytes, as it binds a temporary name first), and the cache dir
 # alone can take half of that.
 KUBELET_ROOT_BASE = Path("/var/lib/drasil-e2e")
+# kubelet asks a plugin again for a Pod whose prepare failed only at its next pod sync:
+# a FailedPrepareDynamicResources ends the sync without an error, so no 10 s backoff
+# applies, and `syncFrequency` (default 1m, plus up to half of it in jitter) decides.
+# The tests run kubelet with 10s so that a refused prepare is retried within seconds;
+# `make bench-churn` runs it with kubelet's default (bench/churn.py), as nodes do.
+KUBELET_SYNC_ENV = "DRASIL_E2E_KUBELET_SYNC"
+KUBELET_SYNC = "10s"
 
 
 class NodeError(RuntimeError):
@@ -298,6 +306,7 @@ disabled_plugins = [
             "protectKernelDefaults": False,
             "enableDebuggingHandlers": True,
             "nodeStatusReportFrequency": "10s",
+            "syncFrequency": os.environ.get(KUBELET_SYNC_ENV, KUBELET_SYNC),
             "maxPods": 110,
         }
 

@@ -62,7 +62,7 @@ import socket
 import stat
 import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from e2e.harness import paths
@@ -440,3 +440,18 @@ def build_fake_root(
         gpus=gpus,
         soname_of=soname_of,
     )
+
+
+def upgrade_fake_root(fake: FakeRoot, version: str) -> FakeRoot:
+    """Replace `fake`'s driver by `version`'s in place, as a package upgrade does: the
+    old files go before the new ones come (a prepare in between finds no driver). The
+    root as it is then; its folder stays the same."""
+    staging = fake.root.parent / f"{fake.root.name}-{version}"
+    shutil.rmtree(staging, ignore_errors=True)
+    newer = build_fake_root(staging, layout=fake.layout, version=version, gpus=fake.gpus)
+    for folder in ("usr", "lib", "etc"):
+        shutil.rmtree(fake.root / folder, ignore_errors=True)
+        if (newer.root / folder).exists():
+            shutil.copytree(newer.root / folder, fake.root / folder, symlinks=True)
+    shutil.rmtree(staging)
+    return replace(newer, root=fake.root)
