@@ -4,8 +4,10 @@ The same test as in ``make test`` (one churn of Pods with whole GPUs, dynamic MI
 placements, MPS shares and a claim of two Pods, through kubelet restarted while
 prepares are in flight, the plugin killed every 5 s, the API server restarted, the
 NVIDIA driver upgraded under the node and the node rebooted), run with the load going
-``--seconds`` (default 300) after each disruption instead of 10. The test writes its
-ledger; this collects it into bench/results/churn.json and prints the tables
+``--seconds`` (default 300) after each disruption instead of 10; and
+e2e/test_upgrade.py (``helm upgrade`` from the pinned release and ``helm rollback``
+while the same kinds of Pods come and go: the plugin handed over twice). Each writes
+its ledger; this collects them into bench/results/churn.json and prints the tables
 docs/upgrading.md keeps.
 
 ``python -m bench.churn [--seconds 300]``
@@ -24,11 +26,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from e2e.harness.churn import LEDGER_ENV, START_TIMEOUT_ENV
 from e2e.harness.cluster.nodeconfig import KUBELET_SYNC_ENV
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 RESULTS = CHECKOUT / "bench" / "results" / "churn.json"
-TEST = "e2e/test_churn.py"
+# The churn through every disruption, and the chart's upgrade and rollback under load
+# (the plugin handed over twice: the DaemonSet's surge).
+TESTS = ("e2e/test_churn.py", "e2e/test_upgrade.py")
+DISRUPTIONS = 5
 COLUMNS = (
     ("Pods started", "pods_started"),
     ("did not start", "pods_failed"),
@@ -48,11 +54,16 @@ def run(seconds: float, select: str | None, ledgers: Path) -> int:
         # kubelet's own pod sync period, as on a node (the tests shorten it; see
         # e2e/harness/cluster/nodeconfig.py): the waits measured are those users meet.
         KUBELET_SYNC_ENV: "1m",
+        START_TIMEOUT_ENV: "300",
         **os.environ,
         "DRASIL_CHURN_SECONDS": str(seconds),
-        "DRASIL_CHURN_LEDGER": str(ledgers),
+        LEDGER_ENV: str(ledgers),
     }
-    argv = [sys.executable, "-m", "pytest", TEST, "-q", "-p", "no:cacheprovider"]
+    # The churn test holds five disruptions: each runs `seconds` of load plus a few
+    # minutes of its own, past make test's per-test timeout.
+    timeout = int(DISRUPTIONS * (seconds + 300) + 600)
+    argv = [sys.executable, "-m", "pytest", *TESTS, "-q", "-p", "no:cacheprovider"]
+    argv.append(f"--timeout={timeout}")
     if select:
         argv += ["-k", select]
     return subprocess.run(argv, cwd=CHECKOUT, env=env, check=False).returncode
@@ -78,11 +89,13 @@ def table(results: dict[str, Any]) -> str:
     for test, ledger in results.items():
         cells = [test.removeprefix("test_"), *(_cell(ledger[key]) for _, key in COLUMNS)]
         rows.append("| " + " | ".join([*cells, _leaked(ledger)]) + " |")
-    rows += ["", "| phase | Pods created in it that started | longest wait s |", "|---|---|---|"]
-    for ledger in results.values():
+    rows += ["", "| churn | phase | Pods created in it that started | longest wait s |"]
+    rows.append("|---|---|---|---|")
+    for test, ledger in results.items():
         started = ledger.get("started_by_phase", {})
         for phase, longest in ledger["longest_wait_by_phase"].items():
-            rows.append(f"| {phase} | {started.get(phase, '-')} | {longest} |")
+            name = test.removeprefix("test_")
+            rows.append(f"| {name} | {phase} | {started.get(phase, '-')} | {longest} |")
     return "\n".join(rows)
 
 
@@ -100,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "seconds_after_each_disruption": args.seconds,
         "kubelet_sync_frequency": os.environ.get(KUBELET_SYNC_ENV, "1m"),
+        "pod_start_timeout_s": float(os.environ.get(START_TIMEOUT_ENV, "300")),
         "pytest_exit_code": code,
         "disruptions": results,
     }

@@ -156,13 +156,9 @@ class Witness:
 
 
 def _assert_clean(churn: Churn, request: pytest.FixtureRequest) -> None:
-    """The ledger has no problem; written to $DRASIL_CHURN_LEDGER/<test>.json first
-    (bench/churn.py reads it)."""
-    ledger = churn.ledger
-    if out := os.environ.get("DRASIL_CHURN_LEDGER"):
-        path = Path(out) / f"{request.node.name}.json"
-        path.write_text(json.dumps({"seconds": SECONDS, **ledger.summary()}, indent=1) + "\n")
-    ledger.assert_clean()
+    """The ledger has no problem; kept for bench/churn.py first."""
+    churn.ledger.keep(request.node.name, seconds=SECONDS)
+    churn.ledger.assert_clean()
 
 
 def test_churn_through_every_disruption(
@@ -256,8 +252,9 @@ def _api_server_restarted(
 def _driver_upgraded(node: Node, churn: Churn, root: FakeRoot, witness: Witness) -> None:
     """Expected: the driver's files replaced under the running node (the old version's
     go before the new one's come, so a prepare in between fails and kubelet retries
-    it): within seconds the specs of prepared claims name the new files; a running
-    container keeps the old ones; the witness's container, killed, is started again
+    it): within seconds the specs of prepared claims name the new files and a Node
+    Event `DriverFilesChanged` names the new version; a running container keeps the
+    old ones; the witness's container, killed, is started again
     from its rewritten spec and loads the new driver (without the rewrite its mounts
     would name files that are gone); every Pod created after the upgrade loads the new
     driver."""
@@ -272,12 +269,25 @@ def _driver_upgraded(node: Node, churn: Churn, root: FakeRoot, witness: Witness)
         what="the witness's spec to name the new driver's files",
     )
     assert loaded_driver(printed_env_of(witness)) == before
+    _wait_node_event(witness.kube, node, "DriverFilesChanged", NEWER)
     node.ctr("task", "kill", "-s", "SIGKILL", witness.container.split("://")[-1])
     witness.container = witness.running(restarted_from=witness.container)
     assert loaded_driver(printed_env_of(witness)) == NEWER
     _settle(churn, "after the driver upgrade")
     loaded = churn.ledger.driver_versions.get("after the driver upgrade", {})
     assert set(loaded) == {NEWER}, churn.ledger.driver_versions
+
+
+def _wait_node_event(kube: Kube, node: Node, reason: str, text: str) -> None:
+    def posted() -> Any:
+        found = kube.core.list_namespaced_event(
+            "default",
+            field_selector=f"involvedObject.name={node.name},reason={reason}",
+            _request_timeout=30,
+        ).items
+        return [e.message for e in found if text in (e.message or "")] or NotYet(found)
+
+    wait_for(posted, timeout=60, what=f"a {reason} Event of {node.name} naming {text}")
 
 
 def printed_env_of(witness: Witness) -> str:

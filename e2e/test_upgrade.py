@@ -240,6 +240,7 @@ def test_upgrade_from_the_pinned_release_and_roll_back_keeps_every_claim(
             assert _running_with_gpu(kube, namespace, third) == second_gpu
             churn.phase("rolled back")
             churn.wait_started(4)
+        churn.ledger.keep("test_upgrade_and_rollback")
         churn.ledger.assert_clean()
 
         # 4. Nothing left once the workloads are gone.

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import random
 import secrets
 import threading
@@ -50,7 +51,13 @@ COMMAND = "env | sort; trap 'exit 0' TERM; sleep 3600 & wait"
 # of JSON: gpu-probe dlopens libcuda.so.1 and libnvidia-ml.so.1 by SONAME).
 PROBE_COMMAND = "echo \"DRASIL_PROBE=$(gpu-probe 2>&1 | tr -d '\\n')\"; " + COMMAND
 PREPARE_RETRIED = "FailedPrepareDynamicResources"
-START_TIMEOUT = 180.0  # a Pod not running by then did not start
+# Where a churn test writes its ledger (`<dir>/<test>.json`) when set: bench/churn.py.
+LEDGER_ENV = "DRASIL_CHURN_LEDGER"
+# A Pod not running by then did not start. bench/churn.py gives more: with kubelet's
+# default pod sync (1m plus jitter) a Pod refused through a long disruption waits for
+# two or three of kubelet's retries.
+START_TIMEOUT_ENV = "DRASIL_CHURN_START_TIMEOUT"
+START_TIMEOUT = float(os.environ.get(START_TIMEOUT_ENV, "180"))
 
 
 @dataclass(frozen=True)
@@ -156,6 +163,12 @@ class Ledger:
             p95_wait_s=round(self.wait_at(0.95), 2),
         )
         return data
+
+    def keep(self, test: str, **extra: Any) -> None:
+        """Written to `$DRASIL_CHURN_LEDGER/<test>.json` with `extra`, when that is set."""
+        if out := os.environ.get(LEDGER_ENV):
+            path = Path(out) / f"{test}.json"
+            path.write_text(json.dumps({**extra, **self.summary()}, indent=1) + "\n")
 
     def assert_clean(self) -> None:
         """Pods started and no problem; the whole summary in the error if not."""

@@ -3,10 +3,14 @@ checkpoint, the ledger's verdict; and bench.churn's table."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bench.churn import table
-from e2e.harness.churn import Kind, Ledger, held_twice, loaded_driver, standard_kinds
+from e2e.harness.churn import LEDGER_ENV, Kind, Ledger, held_twice, loaded_driver, standard_kinds
 
 
 def _device(name: str, **extra: Any) -> dict[str, Any]:
@@ -69,7 +73,10 @@ def test_the_bench_table_has_the_totals_then_a_row_per_phase() -> None:
     rows = table({"test_churn_through_every_disruption": ledger.summary()}).splitlines()
     assert rows[2].startswith("| churn_through_every_disruption | 5 | 0 | 0 | 0 | 0 | 0 |")
     assert rows[2].endswith("| 1 |")  # one thing left without a claim
-    assert rows[-2:] == ["| steady | 4 | 1.0 |", "| node reboot | 1 | 7.5 |"]
+    assert rows[-2:] == [
+        "| churn_through_every_disruption | steady | 4 | 1.0 |",
+        "| churn_through_every_disruption | node reboot | 1 | 7.5 |",
+    ]
 
 
 def test_kind_defaults_are_one_exclusive_pod() -> None:
@@ -84,3 +91,16 @@ def test_a_probe_that_loaded_the_driver_gives_its_version_else_none() -> None:
     assert loaded_driver('{"cuInit": 100, "nvmlInit": 0, "driverVersion": "1"}') is None
     assert loaded_driver("sh: gpu-probe: not found") is None
     assert loaded_driver("") is None
+
+
+def test_a_ledger_is_kept_only_where_the_bench_asks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ledger = Ledger(pods_started=3, waits=[1.0, 2.0])
+    monkeypatch.delenv(LEDGER_ENV, raising=False)
+    ledger.keep("test_x", seconds=10)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setenv(LEDGER_ENV, str(tmp_path))
+    ledger.keep("test_x", seconds=10)
+    kept = json.loads((tmp_path / "test_x.json").read_text())
+    assert (kept["seconds"], kept["pods_started"], kept["longest_wait_s"]) == (10, 3, 2.0)
