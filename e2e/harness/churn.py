@@ -14,8 +14,12 @@ kind's waits measure drasil, not the packing of the other kinds:
 One cycle: a ResourceClaim, its Pod(s) (restartPolicy Always, as a Deployment's, so a
 reboot restarts them rather than failing them), the wait until every container runs,
 the check of the devices each printed (`visible_uuids` against the claim's allocation),
-a short life, the Pods deleted, the claim deleted. A monitor thread reads the plugin's
-checkpoint every second for devices held by two claims at once.
+a short life, the Pods deleted, the claim deleted. With `probe`, the Pods are of the
+probe image and first load the driver's libraries: the version each loaded is kept by
+phase. A monitor thread reads the plugin's checkpoint every second for devices held by
+two claims at once. `phase` names what happens from now on; `wait_caught_up` waits
+until no Pod of an earlier phase is still waited for, so that a Pod refused during one
+disruption (kubelet asks again only at its next pod sync) does not meet the next.
 
 The ledger (`Ledger`) is what an operator asks after an upgrade: Pods started, Pods that
 did not start (and why), prepare errors kubelet retried, the longest wait of a new Pod
