@@ -48,7 +48,7 @@ from e2e.harness.driverroot import FakeRoot, build_fake_root, upgrade_fake_root
 from e2e.harness.kube import Kube, NotYet, wait_for
 from e2e.harness.nvidiatoolkit import cdi_hook_path
 from e2e.harness.pluginproc import DRIVER, checkpoint_claims, checkpoint_gpus
-from e2e.harness.pods import RESOURCE, visible_uuids
+from e2e.harness.pods import RESOURCE, node_events, visible_uuids
 
 GPUS = 8
 CHURN_DEVICES = 4 * 26 + 4  # each H100 whole and its 25 MIG placements; the L4s whole
@@ -269,25 +269,13 @@ def _driver_upgraded(node: Node, churn: Churn, root: FakeRoot, witness: Witness)
         what="the witness's spec to name the new driver's files",
     )
     assert loaded_driver(printed_env_of(witness)) == before
-    _wait_node_event(witness.kube, node, "DriverFilesChanged", NEWER)
+    node_events(witness.kube, node.name, "DriverFilesChanged", containing=NEWER)
     node.ctr("task", "kill", "-s", "SIGKILL", witness.container.split("://")[-1])
     witness.container = witness.running(restarted_from=witness.container)
     assert loaded_driver(printed_env_of(witness)) == NEWER
     _settle(churn, "after the driver upgrade")
     loaded = churn.ledger.driver_versions.get("after the driver upgrade", {})
     assert set(loaded) == {NEWER}, churn.ledger.driver_versions
-
-
-def _wait_node_event(kube: Kube, node: Node, reason: str, text: str) -> None:
-    def posted() -> Any:
-        found = kube.core.list_namespaced_event(
-            "default",
-            field_selector=f"involvedObject.name={node.name},reason={reason}",
-            _request_timeout=30,
-        ).items
-        return [e.message for e in found if text in (e.message or "")] or NotYet(found)
-
-    wait_for(posted, timeout=60, what=f"a {reason} Event of {node.name} naming {text}")
 
 
 def printed_env_of(witness: Witness) -> str:

@@ -35,7 +35,14 @@ from e2e.harness.driverroot import FakeRoot, build_fake_root, upgrade_fake_root
 from e2e.harness.kube import Kube, NotYet, wait_for
 from e2e.harness.nvidiatoolkit import VOID_MOUNT_HOST_PATH, cdi_hook_path, reference_spec
 from e2e.harness.pluginproc import DRIVER
-from e2e.harness.pods import POD_TIMEOUT, cdi_spec, delete_pod, prepared_in, template
+from e2e.harness.pods import (
+    POD_TIMEOUT,
+    cdi_spec,
+    delete_pod,
+    node_events,
+    prepared_in,
+    template,
+)
 
 RESOURCE = "resource.k8s.io/v1"
 GPUS = 8  # the node's default profile
@@ -321,19 +328,13 @@ def test_drasil_doctor_on_the_node(driver_root: FakeRoot, hook: Path) -> None:
 def test_a_node_without_the_hook_says_so_in_a_node_event(
     kube: Kube, node: Node, driver_root: FakeRoot, hook: Path
 ) -> None:
-    def not_ready() -> Any:
-        found = kube.core.list_namespaced_event(
-            "default", field_selector=f"involvedObject.name={node.name},reason=GPUDriverNotReady"
-        ).items
-        return [e.message for e in found] or NotYet("no GPUDriverNotReady event")
-
     # No hook given and none in the "image": specs could carry no hooks.
     missing = str(node.run_dir / "no-such-hook")
     node.restart_plugin_with(
         {"NVIDIA_CDI_HOOK_PATH": None, "DRASIL_BUNDLED_CDI_HOOK": missing}, published=GPUS
     )
     try:
-        messages = wait_for(not_ready, timeout=60, what="the plugin's GPUDriverNotReady event")
+        messages = node_events(kube, node.name, "GPUDriverNotReady")
         assert any("no nvidia-cdi-hook" in m for m in messages), messages
     finally:
         node.restart_plugin_with(

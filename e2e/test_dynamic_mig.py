@@ -32,7 +32,7 @@ from e2e.harness.pluginproc import (
     PluginProcess,
     lose_checkpoint,
 )
-from e2e.harness.pods import pod, template
+from e2e.harness.pods import node_events, pod, template
 from e2e.test_kubeletplugin import assert_clean, cdi_file, checkpoint_claims
 
 RESOURCE = "resource.k8s.io/v1"
@@ -284,13 +284,7 @@ def test_orphan_instances_are_destroyed_at_start_and_said_in_an_event(
     plugin.start()
     assert instances(plugin) == []
 
-    def event() -> Any:
-        items = kube.core.list_event_for_all_namespaces(
-            field_selector=f"involvedObject.name={node},reason=MigInstancesReconciled"
-        ).items
-        return items[0].message if items else NotYet(None)
-
-    message = wait_for(event, timeout=30, what="MigInstancesReconciled event")
+    message = node_events(kube, node, "MigInstancesReconciled", timeout=30)[0]
     assert "3g.40gb" in message, message
 
 

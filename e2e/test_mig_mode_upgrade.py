@@ -32,6 +32,7 @@ from e2e.harness.chart import CHART
 from e2e.harness.cluster.node import Node
 from e2e.harness.kube import Kube, NotYet, wait_for
 from e2e.harness.pluginproc import DRIVER, KubeletClient, PluginProcess
+from e2e.harness.pods import node_events
 from e2e.test_dynamic_mig import (
     MIG_CLASS,
     PROFILE,
@@ -109,14 +110,7 @@ def published(kube: Kube, node: str, wanted: Callable[[list[str]], bool]) -> lis
 
 
 def node_event(kube: Kube, node: str) -> str:
-    def event() -> Any:
-        items = kube.core.list_event_for_all_namespaces(
-            field_selector=f"involvedObject.name={node},reason=MigInstancesReconciled"
-        ).items
-        return items[0].message if items else NotYet(None)
-
-    message: str = wait_for(event, timeout=30, what="MigInstancesReconciled event")
-    return message
+    return node_events(kube, node, "MigInstancesReconciled", timeout=30)[0]
 
 
 def operator_cuts_3g_at_4(plugin: PluginProcess) -> None:

@@ -154,6 +154,23 @@ def events(kube: Kube, namespace: str, name: str) -> list[str]:
     return [f"{e.reason}: {e.message}" for e in items]
 
 
+def node_events(
+    kube: Kube, node: str, reason: str, *, containing: str = "", timeout: float = 60.0
+) -> list[str]:
+    """The messages of the Events of `reason` about Node `node` (the plugin posts them
+    in `default`), once at least one holds `containing`."""
+
+    def posted() -> Any:
+        items = kube.core.list_event_for_all_namespaces(
+            field_selector=f"involvedObject.name={node},reason={reason}", _request_timeout=30
+        ).items
+        messages = [e.message or "" for e in items]
+        return messages if any(containing in m for m in messages) else NotYet(messages)
+
+    found: list[str] = wait_for(posted, timeout=timeout, what=f"a {reason} Event of {node}")
+    return found
+
+
 def device_uuids(kube: Kube, node: Node) -> dict[str, str]:
     """Device name -> uuid attribute, as the node's plugin (driver gpu.drasil.dev)
     published them."""
