@@ -10,7 +10,8 @@ while the same kinds of Pods come and go: the plugin handed over twice). Each wr
 its ledger; this collects them into bench/results/churn.json and prints the tables
 docs/upgrading.md keeps.
 
-``python -m bench.churn [--seconds 300]``
+``python -m bench.churn [--seconds 300] [-k test_upgrade]``: with ``-k`` only the tests
+selected run, and their ledgers replace theirs in the results file (the others kept).
 """
 
 from __future__ import annotations
@@ -105,11 +106,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-k", dest="select", help="only the tests pytest -k selects")
     parser.add_argument("--out", type=Path, default=RESULTS, help="the JSON written")
     args = parser.parse_args(argv)
+    when = datetime.now(UTC).isoformat(timespec="seconds")
     with tempfile.TemporaryDirectory(prefix="drasil-churn-") as tmp:
         code = run(args.seconds, args.select, Path(tmp))
-        results = collect(Path(tmp))
+        results = {test: {"when": when, **ledger} for test, ledger in collect(Path(tmp)).items()}
+    if args.select and args.out.exists():
+        # A selected run replaces the ledgers it made and keeps the others (each says
+        # when it was made).
+        results = {**json.loads(args.out.read_text()).get("disruptions", {}), **results}
     doc = {
-        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "when": when,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "seconds_after_each_disruption": args.seconds,
         "kubelet_sync_frequency": os.environ.get(KUBELET_SYNC_ENV, "1m"),

@@ -97,7 +97,8 @@ def _helm(kubeconfig: Path, *args: str) -> str:
 
 def _plugin_pods(kube: Kube, namespace: str, release: str) -> list[Any]:
     selector = f"app.kubernetes.io/instance={release},app.kubernetes.io/component=kubelet-plugin"
-    return list(kube.core.list_namespaced_pod(namespace, label_selector=selector).items)
+    pods = kube.core.list_namespaced_pod(namespace, label_selector=selector, _request_timeout=30)
+    return list(pods.items)
 
 
 def _pod(kube: Kube, namespace: str, name: str) -> Any:

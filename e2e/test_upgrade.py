@@ -16,10 +16,16 @@ its chart installed on the real node. Expected end states, step by step:
 
 From step 1 to 3 a churn (e2e.harness.churn) runs in a namespace of its own: Pods with
 whole GPUs, dynamic MIG placements, MPS shares and a claim of two Pods come and go
-through the upgrade's and the rollback's plugin handover (the DaemonSet's surge: two
-plugin instances for a moment). Its ledger must be clean: every Pod started, each saw
-exactly its devices, no device held twice, nothing left on the node once its claims are
-gone; the longest wait of a Pod created during each handover is in the ledger.
+through the upgrade's and the rollback's plugin handover. Its ledger must be clean: every
+Pod started, each saw exactly its devices, no device held twice, nothing left on the node
+once its claims are gone; the longest wait of a Pod created during each handover is in
+the ledger.
+
+The chart runs as its defaults have it: its daemons on the Pod network (they reach the
+API server through e2e.harness.apirelay), per-Pod socket names, so each handover is the
+DaemonSet's surge: the new plugin Pod is Ready beside the old one (a watch of the Pods
+sees two Ready at once), both registered with kubelet for a moment, and kubelet always
+has a plugin to call (no prepare in the churn is refused for want of one).
 
 The chart installs its own driver (gpu.upgrade.drasil.dev) beside the node's, as
 e2e/test_install.py does, on GPUs of its own: four H100s and six L4s in dynamic MIG
@@ -32,14 +38,20 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import urllib3
 import yaml
+from kubernetes import watch
+from kubernetes.client.exceptions import ApiException
 
 from e2e.harness import paths
+from e2e.harness.apirelay import ApiRelay, api_relay
 from e2e.harness.chart import CHART, LocalNode, helm, local_node_values
 from e2e.harness.churn import CHURN_PROFILE, Churn, Kind, Target, churning, standard_kinds
 from e2e.harness.cluster.host import free_ports
@@ -71,6 +83,7 @@ CHURN_CLASSES = {
     ),
 }
 PINNED = paths.CHECKOUT / "e2e" / "upgrade-from.txt"
+PLUGIN_COMPONENT = "app.kubernetes.io/component=kubelet-plugin"
 
 
 def pinned_commit() -> str:
@@ -133,11 +146,21 @@ def churn_namespace(kube: Kube) -> Iterator[str]:
     kube.delete("v1", "Namespace", name)
 
 
-def _values_file(node: Node, image: LocalImage, kubeconfig: Path, folder: Path) -> Path:
+@pytest.fixture(scope="module")
+def relay(node: Node, kubeconfig: Path) -> Iterator[ApiRelay]:
+    """The API server on the node IP, for the chart's daemons on the Pod network."""
+    server = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+    with api_relay(node.config.node_ip, int(server.rsplit(":", 1)[1])) as r:
+        yield r
+
+
+def _values_file(
+    node: Node, image: LocalImage, kubeconfig: Path, folder: Path, relay: ApiRelay
+) -> Path:
     here = LocalNode(node.name, node.registrar_dir, node.plugins_dir, node.cdi_dir)
     values = local_node_values(
         here, kubeconfig=kubeconfig, repository=image.repository, tag=image.tag,
-        ports=free_ports(4),
+        ports=free_ports(4), relay=(relay.listen_host, relay.port),
     )  # fmt: skip
     values.update(
         driverName=DRIVER,
@@ -163,6 +186,46 @@ def _rolled_to(kube: Kube, namespace: str, release: str, image: LocalImage) -> A
         return pods[0] if ok else NotYet([(p.metadata.name, p.status.phase) for p in pods])
 
     return wait_for(rolled, timeout=TIMEOUT, what=f"the plugin to run {image.name}")
+
+
+class _ReadyPlugins:
+    """The most plugin Pods of a release Ready at once while the `with` block runs, from
+    a watch of them: a surge shows 2 (the new Pod Ready before the old one goes)."""
+
+    def __init__(self, kube: Kube, namespace: str, release: str) -> None:
+        self.kube, self.namespace = kube, namespace
+        self.selector = f"app.kubernetes.io/instance={release},{PLUGIN_COMPONENT}"
+        self.most = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="ready-plugins", daemon=True)
+
+    def __enter__(self) -> _ReadyPlugins:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            ready: dict[str, bool] = {}  # a new watch lists every Pod again
+            try:
+                stream = watch.Watch().stream(  # type: ignore[no-untyped-call]
+                    self.kube.core.list_namespaced_pod, self.namespace,
+                    label_selector=self.selector, timeout_seconds=5, _request_timeout=30,
+                )  # fmt: skip
+                for event in stream:
+                    pod = event["object"]
+                    if event["type"] == "DELETED":
+                        ready.pop(pod.metadata.name, None)
+                    else:
+                        ready[pod.metadata.name] = _ready(pod)
+                    self.most = max(self.most, sum(ready.values()))
+                    if self._stop.is_set():
+                        return
+            except (ApiException, urllib3.exceptions.HTTPError):
+                time.sleep(1)
 
 
 def _specs(node: Node, namespace: str) -> list[str]:
@@ -196,14 +259,15 @@ def test_upgrade_from_the_pinned_release_and_roll_back_keeps_every_claim(
     device_class: str,
     churn_kinds: dict[str, Kind],
     churn_namespace: str,
+    relay: ApiRelay,
     tmp_path: Path,
 ) -> None:
     tree, old_image = earlier
     assert old_image.name != current.name
     release = f"upg{secrets.token_hex(2)}"
     common = [f"--namespace={namespace}", f"--timeout={TIMEOUT}s", "--wait"]
-    old_values = _values_file(node, old_image, kubeconfig, tmp_path)
-    new_values = _values_file(node, current, kubeconfig, tmp_path)
+    old_values = _values_file(node, old_image, kubeconfig, tmp_path, relay)
+    new_values = _values_file(node, current, kubeconfig, tmp_path, relay)
     old_chart = tree / "charts" / "drasil"
     churn = Churn(kubeconfig, Target.of(node, DRIVER), churn_namespace, churn_kinds.values())
     try:
@@ -219,8 +283,10 @@ def test_upgrade_from_the_pinned_release_and_roll_back_keeps_every_claim(
 
             # 2. Upgraded: the first claim stays prepared and held.
             churn.phase("helm upgrade")
-            _helm(kubeconfig, "upgrade", release, str(CHART), "-f", str(new_values), *common)
-            _rolled_to(kube, namespace, release, current)
+            with _ReadyPlugins(kube, namespace, release) as plugins:
+                _helm(kubeconfig, "upgrade", release, str(CHART), "-f", str(new_values), *common)
+                _rolled_to(kube, namespace, release, current)
+            assert plugins.most == 2, "the new plugin Pod was not Ready beside the old one"
             _unchanged(kube, namespace, first, first_uid)
             second = _workload(kube, namespace, node, device_class)
             second_gpu = _running_with_gpu(kube, namespace, second)
@@ -231,8 +297,10 @@ def test_upgrade_from_the_pinned_release_and_roll_back_keeps_every_claim(
 
             # 3. Rolled back: the earlier plugin reads the new one's state.
             churn.phase("helm rollback")
-            _helm(kubeconfig, "rollback", release, "1", *common)
-            _rolled_to(kube, namespace, release, old_image)
+            with _ReadyPlugins(kube, namespace, release) as plugins:
+                _helm(kubeconfig, "rollback", release, "1", *common)
+                _rolled_to(kube, namespace, release, old_image)
+            assert plugins.most == 2, "the earlier plugin Pod was not Ready beside the new one"
             _unchanged(kube, namespace, first, first_uid)
             _delete_pod(kube, namespace, second)
             assert len(_specs(node, namespace)) == 1, _specs(node, namespace)
@@ -240,8 +308,10 @@ def test_upgrade_from_the_pinned_release_and_roll_back_keeps_every_claim(
             assert _running_with_gpu(kube, namespace, third) == second_gpu
             churn.phase("rolled back")
             churn.wait_started(4)
-        churn.ledger.keep("test_upgrade_and_rollback")
+        churn.ledger.keep("test_upgrade_and_rollback", api_relay_connections=relay.connections)
         churn.ledger.assert_clean()
+        # Both handovers surged: kubelet always had a plugin to call.
+        assert not churn.ledger.unserved_by_phase, churn.ledger.summary()
 
         # 4. Nothing left once the workloads are gone.
         for name in (first, third):

@@ -339,6 +339,7 @@ def local_node_values(
     repository: str,
     tag: str,
     ports: Sequence[int],
+    relay: tuple[str, int] | None = None,
 ) -> dict[str, Any]:
     """Chart values for the local cluster and its real node, all ordinary chart values:
 
@@ -346,17 +347,24 @@ def local_node_values(
       on 127.0.0.1 only and there is no kube-proxy, so a Pod reaches it only from the
       host's network namespace, at its own address; `ports` (plugin metrics and health,
       controller metrics and health) are free ports of the host;
-    - `kubeletPlugin.podUidInSocketNames: false`: the node's kubelet root dir
-      (/var/lib/drasil-e2e/<run id>) leaves no room in a unix socket path for a Pod UID;
+    - `kubeletPlugin.podUidInSocketNames: false`: with host ports the chart replaces the
+      plugin's Pod without a surge, so the two never serve at once;
     - the node's registrar, plugins and CDI directories; the image imported into the
       node's containerd (`pullPolicy: Never`);
     - one controller replica (two would share the node's ports); leader election
       still runs, on the release's Lease.
+
+    With `relay` (host and port of an `e2e.harness.apirelay.ApiRelay` on the node IP)
+    both daemons run on the Pod network as the chart's defaults have them: no host
+    network, per-Pod socket names (the node's short kubelet root leaves room for them),
+    so the plugin's update surges; they reach the API server through the relay.
     """
     server = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
     host, port = server.removeprefix("https://").rsplit(":", 1)
     metrics_port, health_port, controller_metrics, controller_health = ports
     selector = {"kubernetes.io/hostname": node.name}
+    if relay is not None:
+        host, port = relay[0], str(relay[1])
     return {
         "backend": "simulated",
         "apiServer": {"host": host, "port": int(port)},
@@ -365,8 +373,8 @@ def local_node_values(
             "registrarDir": str(node.registrar_dir),
             "pluginsDir": str(node.plugins_dir),
             "cdiRoot": str(node.cdi_dir),
-            "hostNetwork": True,
-            "podUidInSocketNames": False,
+            "hostNetwork": relay is None,
+            "podUidInSocketNames": relay is not None,
             "metricsPort": metrics_port,
             "healthPort": health_port,
             "nodeSelector": selector,
@@ -374,7 +382,7 @@ def local_node_values(
         "controller": {
             "enabled": True,
             "replicas": 1,
-            "hostNetwork": True,
+            "hostNetwork": relay is None,
             "metricsPort": controller_metrics,
             "healthPort": controller_health,
             "nodeSelector": selector,

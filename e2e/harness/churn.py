@@ -55,6 +55,9 @@ COMMAND = "env | sort; trap 'exit 0' TERM; sleep 3600 & wait"
 # of JSON: gpu-probe dlopens libcuda.so.1 and libnvidia-ml.so.1 by SONAME).
 PROBE_COMMAND = "echo \"DRASIL_PROBE=$(gpu-probe 2>&1 | tr -d '\\n')\"; " + COMMAND
 PREPARE_RETRIED = "FailedPrepareDynamicResources"
+# What kubelet says when no plugin of the driver answered its call: none registered,
+# or the registered one's socket refused or vanished (gRPC Unavailable).
+UNSERVED = ("is not registered", "code = Unavailable")
 # Where a churn test writes its ledger (`<dir>/<test>.json`) when set: bench/churn.py.
 LEDGER_ENV = "DRASIL_CHURN_LEDGER"
 # A Pod not running by then did not start. bench/churn.py gives more: with kubelet's
@@ -126,6 +129,12 @@ def standard_kinds(
     return {k.name: k for k in kinds}
 
 
+def unserved_retry(message: str) -> bool:
+    """Whether a FailedPrepareDynamicResources message says kubelet found no plugin to
+    serve it (rather than a plugin that refused the claim)."""
+    return any(text in message for text in UNSERVED)
+
+
 @dataclass
 class Ledger:
     """What the churn saw; `leaks` is filled by `Churn.stop`."""
@@ -136,6 +145,10 @@ class Ledger:
     wrong_devices: list[str] = field(default_factory=list)  # "<pod>: saw X, claim has Y"
     prepare_retries: int = 0  # FailedPrepareDynamicResources events on the Pods
     retry_messages: list[str] = field(default_factory=list)  # the first few, to read
+    # Of those, the ones where kubelet had no plugin to ask (the driver not registered,
+    # its socket gone or refusing), by the phase the Pod was created in: a plugin
+    # handover with a surge must leave none.
+    unserved_by_phase: dict[str, int] = field(default_factory=dict)
     waits: list[float] = field(default_factory=list)  # Pod created -> running, seconds
     # The Pods created in each phase (`Churn.phase`) that started, and the longest wait
     # among them.
@@ -327,7 +340,7 @@ class Churn:
         """Wait until every Pod runs; a Pod that does not is noted with why."""
         for pod in pods:
             why = self._wait_running(kube, pod, created + START_TIMEOUT)
-            self._count_retries(kube, pod)
+            self._count_retries(kube, pod, phase)
             if why is not None:
                 self._note(self.ledger.pods_failed, f"{pod}: {why}")
                 return False
@@ -365,13 +378,17 @@ class Churn:
         ).items
         return [f"{e.reason} x{e.count or 1}: {(e.message or '')[:200]}" for e in items]
 
-    def _count_retries(self, kube: Kube, pod: str) -> None:
+    def _count_retries(self, kube: Kube, pod: str, phase: str) -> None:
         items = kube.core.list_namespaced_event(
             self.namespace, field_selector=f"involvedObject.name={pod}", _request_timeout=30
         ).items
         retried = [e for e in items if e.reason == PREPARE_RETRIED]
+        unserved = sum(e.count or 1 for e in retried if unserved_retry(e.message or ""))
         with self._lock:
             self.ledger.prepare_retries += sum(e.count or 1 for e in retried)
+            if unserved:
+                by_phase = self.ledger.unserved_by_phase
+                by_phase[phase] = by_phase.get(phase, 0) + unserved
             for e in retried:
                 if len(self.ledger.retry_messages) < 20:
                     self.ledger.retry_messages.append(f"{pod}: {(e.message or '')[:300]}")

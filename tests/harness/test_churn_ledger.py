@@ -10,7 +10,15 @@ from typing import Any
 import pytest
 
 from bench.churn import table
-from e2e.harness.churn import LEDGER_ENV, Kind, Ledger, held_twice, loaded_driver, standard_kinds
+from e2e.harness.churn import (
+    LEDGER_ENV,
+    Kind,
+    Ledger,
+    held_twice,
+    loaded_driver,
+    standard_kinds,
+    unserved_retry,
+)
 
 
 def _device(name: str, **extra: Any) -> dict[str, Any]:
@@ -104,3 +112,16 @@ def test_a_ledger_is_kept_only_where_the_bench_asks(
     ledger.keep("test_x", seconds=10)
     kept = json.loads((tmp_path / "test_x.json").read_text())
     assert (kept["seconds"], kept["pods_started"], kept["longest_wait_s"]) == (10, 3, 2.0)
+
+
+def test_a_retry_is_unserved_only_when_kubelet_had_no_plugin_to_call() -> None:
+    assert unserved_retry(
+        "prepare dynamic resources: DRA driver gpu.upgrade.drasil.dev is not registered"
+    )
+    assert unserved_retry(
+        'NodePrepareResources: rpc error: code = Unavailable desc = connection error: desc = "'
+        'transport: Error while dialing: dial unix /x/dra.sock: connect: connection refused"'
+    )
+    assert not unserved_retry(
+        "NodePrepareResources: claim default/c: MIG placement 0+4 of gpu-0 is held by claim d"
+    )

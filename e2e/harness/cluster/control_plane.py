@@ -24,6 +24,7 @@ from e2e.harness.cluster import pki, rundir
 from e2e.harness.cluster.fleet import DEFAULT_FLEET_PROFILE, KwokFleet
 from e2e.harness.cluster.host import free_ports, mounts_under
 from e2e.harness.cluster.node import DEFAULT_PROFILE, NODE_NAME, Node, NodeError
+from e2e.harness.cluster.nodeconfig import possible_node_ips
 from e2e.harness.cluster.rundir import STATE_FILE, ClusterError, Ports, RunDir, http_get
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
@@ -237,7 +238,9 @@ class Cluster(RunDir):
                 "kubernetes.default.svc",
                 "kubernetes.default.svc.cluster.local",
             ),
-            ips=("127.0.0.1", "::1", KUBERNETES_SERVICE_IP),
+            # Every node IP too: Pods on the Pod network reach it there through a relay
+            # (e2e.harness.apirelay).
+            ips=("127.0.0.1", "::1", KUBERNETES_SERVICE_IP, *possible_node_ips()),
         )
         del apiserver  # its paths are fixed; kept for readability of the call above
         # The front proxy (aggregation layer) has its own CA. Nothing aggregated runs

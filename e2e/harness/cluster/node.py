@@ -5,7 +5,7 @@ machine, with everything in the cluster's run directory:
 
     containerd/            containerd's root (content, snapshots), state and runc dirs
     containerd.sock        its socket (CRI, and `ctr`)
-    kubelet ->             kubelet's --root-dir, /var/lib/drasil-e2e/<run id>/ (see
+    kubelet ->             kubelet's --root-dir, /var/lib/drasil-e2e/<hash>/ (see
                            KUBELET_ROOT_BASE): plugins_registry/ and plugins/ (the DRA
                            plugin's sockets and checkpoint), pods/ (volumes), pki/
     cdi/                   the plugin's CDI root, one of containerd's cdi_spec_dirs

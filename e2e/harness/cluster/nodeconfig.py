@@ -29,10 +29,11 @@ DEFAULT_PROFILE = "h100-80gb:8"
 # temporary name 10 bytes longer first.
 MAX_SOCKET_PATH = 97
 POD_SUBNET_BASE = ipaddress.IPv4Network("10.244.0.0/16")
-# kubelet's --root-dir of each run is <this>/<run id>. Not under the run dir: the
-# plugin's <root>/plugins_registry/gpu.drasil.dev-reg.sock must fit a unix socket path
-# (the plugin allows 97 bytes, as it binds a temporary name first), and the cache dir
-# alone can take half of that.
+# kubelet's --root-dir of each run is <this>/<8 hex digits of the run dir's hash>. Not
+# under the run dir, and not named by the run id: the plugin's
+# <root>/plugins_registry/<driver>-<13 chars of its Pod UID>-reg.sock (the chart's
+# per-Pod socket names) must fit a unix socket path (the plugin allows 97 bytes, as it
+# binds a temporary name first), and the cache dir alone can take half of that.
 KUBELET_ROOT_BASE = Path("/var/lib/drasil-e2e")
 # kubelet asks a plugin again for a Pod whose prepare failed only at its next pod sync:
 # a FailedPrepareDynamicResources ends the sync without an error, so no 10 s backoff
@@ -72,6 +73,13 @@ class NodeConfig:
         return f"{self.node_ip}/{ipaddress.ip_network(self.subnet).prefixlen}"
 
 
+def possible_node_ips() -> tuple[str, ...]:
+    """Every node IP a run may get: the first address of each /24 of POD_SUBNET_BASE.
+    The API server's certificate names them all, so that a Pod on the Pod network can
+    reach it at its node's IP (e2e.harness.apirelay) before that node exists."""
+    return tuple(str(next(net.hosts())) for net in POD_SUBNET_BASE.subnets(new_prefix=24))
+
+
 def new_config(run: RunDir, *, name: str, profile: str) -> NodeConfig:
     """Free ports, a free Pod subnet, and names derived from the run's id."""
     run_id = run.run_dir.name
@@ -88,7 +96,7 @@ def new_config(run: RunDir, *, name: str, profile: str) -> NodeConfig:
         cgroup_root=f"drasil-e2e-{run_id}",
         bridge=f"drasil{digest[:8]}",
         subnet=subnet,
-        kubelet_root=str(KUBELET_ROOT_BASE / run_id),
+        kubelet_root=str(KUBELET_ROOT_BASE / digest[:8]),
     )
 
 
