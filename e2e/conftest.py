@@ -35,10 +35,8 @@ from e2e.harness.pods import (
     EXTENDED_CLASS,
     EXTENDED_RESOURCE,
     NODE_GPU_SELECTOR,
-    POD_TIMEOUT,
     RESOURCE,
-    delete_pod,
-    prepared_in,
+    drain_namespace,
 )
 
 E2E_DIR = Path(__file__).parent
@@ -302,15 +300,7 @@ def ns(namespace: str, kube: Kube, node: Node, gpu_class: str) -> Iterator[str]:
     """The test's namespace; afterwards its Pods are deleted and the test waits until
     the node unprepared every claim of it: no CDI spec, no checkpoint entry left."""
     yield namespace
-    for item in kube.core.list_namespaced_pod(namespace).items:
-        assert item.metadata is not None
-        assert item.metadata.name is not None
-        delete_pod(kube, namespace, item.metadata.name)
-    wait_for(
-        lambda: NotYet(prepared_in(node, namespace)) if prepared_in(node, namespace) else True,
-        timeout=POD_TIMEOUT,
-        what=f"the node to unprepare every claim of {namespace}",
-    )
+    drain_namespace(kube, node, namespace)
 
 
 @pytest.fixture(scope="module")

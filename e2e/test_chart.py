@@ -117,7 +117,9 @@ def test_template_renders_both_daemons_as_documented(values_file: Path | None) -
             expected += ["rbac.authorization.k8s.io/v1/Role"]
             expected += ["rbac.authorization.k8s.io/v1/RoleBinding"]
     if values["deviceClasses"]["create"]:
-        expected += ["resource.k8s.io/v1/DeviceClass"] * 6  # NVIDIA 3, AMD 2, any-gpu
+        # NVIDIA 3, AMD 2, any-gpu, and one per MIG profile listed
+        classes = 6 + len(values["deviceClasses"]["migProfiles"])
+        expected += ["resource.k8s.io/v1/DeviceClass"] * classes
     if values["validatingAdmissionPolicy"]["enabled"]:
         policies = int(dra) + int(controller)
         expected += ["admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"] * policies
@@ -438,6 +440,32 @@ def test_device_classes_select_our_driver_and_type() -> None:
     assert named["gpu.drasil.dev"] == "drasil.dev/gpu"
 
 
+def test_a_mig_profile_class_stands_for_the_device_plugins_resource_of_it() -> None:
+    """deviceClasses.migProfiles: one class per profile, selecting MIG devices of it,
+    whose extended resource is named as NVIDIA's device plugin names it ("+" as ".")."""
+    sets = [
+        "deviceClasses.migProfiles={1g.10gb,1g.10gb+me}",
+        "deviceClasses.migExtendedResourcePrefix=nvidia.com/mig-",
+        "deviceClasses.extendedResourceName=nvidia.com/gpu",
+    ]
+    rendered = render(namespace="ns", sets=sets)
+    classes = {o["metadata"]["name"]: o["spec"] for o in by_kind(rendered, "DeviceClass")}
+    assert classes["gpu.drasil.dev"]["extendedResourceName"] == "nvidia.com/gpu"
+    assert classes["mig-1g.10gb.drasil.dev"]["extendedResourceName"] == "nvidia.com/mig-1g.10gb"
+    plus = classes["mig-1g.10gb.me.drasil.dev"]
+    assert plus["extendedResourceName"] == "nvidia.com/mig-1g.10gb.me"
+    (selector,) = plus["selectors"]
+    assert selector["cel"]["expression"] == (
+        'device.driver == "gpu.drasil.dev" && device.attributes["gpu.drasil.dev"].type == "mig"'
+        ' && device.attributes["gpu.drasil.dev"].profile == "1g.10gb+me"'
+    )
+    # Without a prefix the classes are there, with no extended resource.
+    bare = render(namespace="ns", sets=["deviceClasses.migProfiles={2g.20gb}"])
+    (two,) = [o for o in by_kind(bare, "DeviceClass") if o["metadata"]["name"].startswith("mig-")]
+    assert two["metadata"]["name"] == "mig-2g.20gb.drasil.dev"
+    assert "extendedResourceName" not in two["spec"]
+
+
 # ---- values.schema.json ------------------------------------------------------------
 
 
@@ -484,6 +512,16 @@ def test_device_classes_select_our_driver_and_type() -> None:
             ["nvml.driverRoot=run/nvidia/driver"],
             ["/nvml/driverRoot", "does not match pattern"],
             id="relative-deprecated-driver-root",
+        ),
+        pytest.param(
+            ["deviceClasses.migProfiles={1g.10gb\\,x}"],
+            ["/deviceClasses/migProfiles/0", "does not match pattern"],
+            id="bad-mig-profile",
+        ),
+        pytest.param(
+            ["deviceClasses.migExtendedResourcePrefix=mig-"],
+            ["/deviceClasses/migExtendedResourcePrefix"],
+            id="prefix-without-domain",
         ),
         pytest.param(
             ["controller.replicas=2", "controller.leaderElect=false"],

@@ -173,7 +173,7 @@ def node_events(
 
 def device_uuids(kube: Kube, node: Node) -> dict[str, str]:
     """Device name -> uuid attribute, as the node's plugin (driver gpu.drasil.dev)
-    published them."""
+    published them (a dynamic MIG placement has none: no instance exists yet)."""
     slices = kube.resource(RESOURCE, "ResourceSlice").get(
         field_selector=f"spec.nodeName={node.name},spec.driver={DRIVER}"
     )
@@ -181,6 +181,7 @@ def device_uuids(kube: Kube, node: Node) -> dict[str, str]:
         d["name"]: str(d["attributes"]["uuid"]["string"])
         for s in slices.items
         for d in s.to_dict()["spec"].get("devices") or []
+        if "uuid" in d["attributes"]
     }
 
 
@@ -217,6 +218,21 @@ def checkpoint(node: Node) -> dict[str, Any]:
 
 def cdi_spec(node: Node, uid: str) -> Path:
     return node.cdi_dir / f"k8s.{DRIVER}-claim_{uid}.json"
+
+
+def drain_namespace(kube: Kube, node: Node, namespace: str) -> None:
+    """Delete every Pod of `namespace` and wait until the node unprepared every claim
+    of it: no CDI spec, no checkpoint entry left."""
+    pods = kube.core.list_namespaced_pod(namespace, _request_timeout=30).items
+    for item in pods:
+        assert item.metadata is not None
+        assert item.metadata.name is not None
+        delete_pod(kube, namespace, item.metadata.name)
+    wait_for(
+        lambda: NotYet(prepared_in(node, namespace)) if prepared_in(node, namespace) else True,
+        timeout=POD_TIMEOUT,
+        what=f"the node to unprepare every claim of {namespace}",
+    )
 
 
 def prepared_in(node: Node, namespace: str) -> dict[str, Any]:

@@ -1,0 +1,107 @@
+"""Pods written for NVIDIA's device plugin run unchanged on a drasil DRA node.
+
+The chart's DeviceClasses, rendered with the values docs/migrating.md gives
+(`deviceClasses.extendedResourceName: nvidia.com/gpu`, `migProfiles: [1g.10gb]` with
+`migExtendedResourcePrefix: nvidia.com/mig-`), are created on the cluster as Helm would
+create them, and the node's plugin runs in dynamic MIG mode (its eight simulated H100s
+published whole and as every MIG placement; put back in static mode afterwards, its
+GPUs reset). Expected end states:
+
+- a Pod with `resources.limits: {nvidia.com/gpu: 1}` and nothing else of DRA runs; the
+  scheduler made its claim from the class of that extended resource, and its container
+  sees exactly one GPU, the whole GPU allocated;
+- a Pod with `resources.limits: {nvidia.com/mig-1g.10gb: 1}` runs; its claim holds a
+  1g.10gb MIG instance cut for it, and its container sees exactly that instance;
+- both Pods deleted, the node holds nothing of their claims (instance destroyed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from e2e.harness.chart import render
+from e2e.harness.cluster.node import Node
+from e2e.harness.kube import Kube
+from e2e.harness.pluginproc import DRIVER
+from e2e.harness.pods import (
+    RESOURCE,
+    checkpoint,
+    container_env,
+    device_uuid,
+    drain_namespace,
+    pod,
+    visible_uuids,
+    wait_running,
+)
+from e2e.test_node import allocated_device, pod_claim
+from e2e.test_node_mig import DEVICES_PER_H100, GPUS
+
+# docs/migrating.md, "Pods that ask for nvidia.com/gpu".
+MIGRATION_VALUES = [
+    f"driverName={DRIVER}",
+    "deviceClasses.extendedResourceName=nvidia.com/gpu",
+    "deviceClasses.migProfiles={1g.10gb}",
+    "deviceClasses.migExtendedResourcePrefix=nvidia.com/mig-",
+]
+CLASSES = ("gpu.drasil.dev", "mig-1g.10gb.drasil.dev")
+
+
+@pytest.fixture(scope="module")
+def migrated(kube: Kube, node: Node) -> Iterator[Node]:
+    """The chart's classes for whole GPUs and 1g.10gb instances; the plugin in dynamic
+    MIG mode."""
+    rendered = render(namespace="drasil-system", sets=MIGRATION_VALUES)
+    classes = [o for o in rendered if o["kind"] == "DeviceClass"]
+    chosen = [c for c in classes if c["metadata"]["name"] in CLASSES]
+    assert len(chosen) == len(CLASSES), [c["metadata"]["name"] for c in classes]
+    for obj in chosen:
+        kube.delete(RESOURCE, "DeviceClass", obj["metadata"]["name"])
+        kube.create(obj)
+    node.restart_plugin_with({"MIG_MODE": "dynamic"}, published=GPUS * DEVICES_PER_H100)
+    yield node
+    node.restart_plugin_with({"MIG_MODE": None}, published=GPUS, reset_gpus=True)
+    for name in CLASSES:
+        kube.delete(RESOURCE, "DeviceClass", name)
+
+
+@pytest.fixture
+def moved(namespace: str, kube: Kube, migrated: Node) -> Iterator[str]:
+    yield namespace
+    drain_namespace(kube, migrated, namespace)
+
+
+def _record(node: Node, claim: dict[str, Any]) -> dict[str, Any]:
+    """The node's checkpoint record of the claim's one device."""
+    (device,) = checkpoint(node)[claim["metadata"]["uid"]]["devices"]
+    return dict(device)
+
+
+def test_a_pod_asking_for_nvidia_com_gpu_gets_one_whole_gpu(
+    kube: Kube, moved: str, migrated: Node
+) -> None:
+    name = pod(kube, moved, migrated, limits={"nvidia.com/gpu": 1})
+    wait_running(kube, moved, name)
+    claim = pod_claim(kube, moved, name)
+    annotations = claim["metadata"]["annotations"]
+    assert annotations["resource.kubernetes.io/extended-resource-claim"] == "true"
+    device = allocated_device(kube, claim)
+    assert "mig" not in _record(migrated, claim), device  # a whole GPU, nothing cut
+    uuid = device_uuid(kube, migrated, device)
+    assert uuid.startswith("GPU-")
+    assert visible_uuids(container_env(kube, moved, name)) == [uuid]
+
+
+def test_a_pod_asking_for_a_mig_profile_gets_an_instance_of_it(
+    kube: Kube, moved: str, migrated: Node
+) -> None:
+    name = pod(kube, moved, migrated, limits={"nvidia.com/mig-1g.10gb": 1})
+    wait_running(kube, moved, name)
+    claim = pod_claim(kube, moved, name)
+    annotations = claim["metadata"]["annotations"]
+    assert annotations["resource.kubernetes.io/extended-resource-claim"] == "true"
+    mig = _record(migrated, claim)["mig"]
+    assert (mig["profile"], mig["state"]) == ("1g.10gb", "Created")
+    assert visible_uuids(container_env(kube, moved, name)) == [mig["uuid"]]
