@@ -423,6 +423,17 @@ class KubeApi:
             return None
         return node.metadata.uid if node.metadata else None
 
+    def get_node_allocatable(self, name: str) -> dict[str, str] | None:
+        """The Node's ``status.allocatable`` (resource -> quantity), or None when there
+        is no such Node."""
+        try:
+            node = self._core.read_node(name)
+        except ApiException as err:
+            _or_none(err)
+            return None
+        status = node.status
+        return {k: str(v) for k, v in (status.allocatable or {}).items()} if status else {}
+
     def get_node_labels(self, name: str) -> dict[str, str] | None:
         """The Node's labels, or None when there is no such Node."""
         try:

@@ -294,6 +294,7 @@ def test_daemonset_command_line_is_accepted_by_the_plugin(values_file: Path | No
         assert str(opts.registrar_dir) == plugin["registrarDir"]
         assert opts.gpu_sharing == values["gpuSharing"]
         assert opts.mps_multiuser == values["mps"]["multiUser"]
+        assert opts.device_plugin_resources == tuple(plugin["devicePluginResources"])
         _check_mps_daemon_pods(opts, values, container["image"])
     else:
         assert str(opts.device_plugins_dir) == plugin["devicePluginsDir"]

@@ -12,7 +12,16 @@ GPUs reset). Expected end states:
   sees exactly one GPU, the whole GPU allocated;
 - a Pod with `resources.limits: {nvidia.com/mig-1g.10gb: 1}` runs; its claim holds a
   1g.10gb MIG instance cut for it, and its container sees exactly that instance;
-- both Pods deleted, the node holds nothing of their claims (instance destroyed).
+- both Pods deleted, the node holds nothing of their claims (instance destroyed);
+- another device plugin registered for the same GPUs (drasil's own device-plugin mode
+  standing in for NVIDIA's, its resource `drasil.dev/gpu` named in the DRA plugin's
+  `DEVICE_PLUGIN_RESOURCES`): the DRA plugin publishes none of its devices and posts a
+  `DevicePluginConflict` Node Event naming the resource, its count and the way out; a
+  Pod with a claim for a GPU does not start: kube-scheduler finds no device
+  (FailedScheduling), or, where its informer had not yet seen the devices go, the
+  plugin refuses the prepare, naming the conflict; the device plugin stopped (the Node
+  reports 0), the devices are published again (`DevicePluginConflictCleared`) and the
+  Pod runs.
 """
 
 from __future__ import annotations
@@ -24,15 +33,18 @@ import pytest
 
 from e2e.harness.chart import render
 from e2e.harness.cluster.node import Node
-from e2e.harness.kube import Kube
-from e2e.harness.pluginproc import DRIVER
+from e2e.harness.kube import Kube, NotYet, wait_for
+from e2e.harness.pluginproc import DRIVER, GPU_RESOURCE
 from e2e.harness.pods import (
     RESOURCE,
     checkpoint,
     container_env,
     device_uuid,
     drain_namespace,
+    events,
+    node_events,
     pod,
+    template,
     visible_uuids,
     wait_running,
 )
@@ -47,6 +59,10 @@ MIGRATION_VALUES = [
     "deviceClasses.migExtendedResourcePrefix=nvidia.com/mig-",
 ]
 CLASSES = ("gpu.drasil.dev", "mig-1g.10gb.drasil.dev")
+DEVICE_PLUGIN_RESOURCES = "DEVICE_PLUGIN_RESOURCES"  # the DRA plugin's env
+# kubeletplugin/dra/doublebooking.py's Event reasons
+CONFLICT_REASON = "DevicePluginConflict"
+CLEARED_REASON = "DevicePluginConflictCleared"
 
 
 @pytest.fixture(scope="module")
@@ -105,3 +121,41 @@ def test_a_pod_asking_for_a_mig_profile_gets_an_instance_of_it(
     mig = _record(migrated, claim)["mig"]
     assert (mig["profile"], mig["state"]) == ("1g.10gb", "Created")
     assert visible_uuids(container_env(kube, moved, name)) == [mig["uuid"]]
+
+
+def test_another_device_plugin_for_the_same_gpus_makes_dra_withhold_them(
+    kube: Kube, moved: str, migrated: Node
+) -> None:
+    node, published = migrated, GPUS * DEVICES_PER_H100
+    node.restart_plugin_with({DEVICE_PLUGIN_RESOURCES: GPU_RESOURCE}, published=published)
+    try:
+        node.start_device_plugin()
+        node_events(
+            kube, node.name, CONFLICT_REASON, containing=f"allocatable {GPU_RESOURCE}: {GPUS}"
+        )
+        wait_for(
+            lambda: node.devices_published(0), timeout=60, what="the DRA devices withheld"
+        )  # fmt: skip
+        name = pod(kube, moved, node, template_name=template(kube, moved))
+        refused = f"{name} refused for want of a device"
+        wait_for(lambda: _refused(kube, moved, name), timeout=60, what=refused)
+
+        node.stop_device_plugin()  # the Node reports 0 allocatable now
+        node_events(kube, node.name, CLEARED_REASON, containing=f"its {published} device(s)")
+        wait_running(kube, moved, name)
+    finally:
+        if node.device_plugin.running():
+            node.stop_device_plugin()
+        node.plugin.env.pop(DEVICE_PLUGIN_RESOURCES, None)  # the module's teardown restarts it
+
+
+def _refused(kube: Kube, namespace: str, name: str) -> Any:
+    """The Pod's Events once one says it got no device: not scheduled, or its prepare
+    refused because the device is withheld."""
+    seen = events(kube, namespace, name)
+    found = [
+        e
+        for e in seen
+        if e.startswith("FailedScheduling") or ("FailedPrepare" in e and "is withheld" in e)
+    ]
+    return found or NotYet(seen)

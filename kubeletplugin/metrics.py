@@ -50,6 +50,13 @@ class PluginMetrics:
             registry=self.registry,
         )
         self.devices = devices_gauge(self.registry)
+        self.device_plugin_conflicts = Gauge(
+            "drasil_device_plugin_conflicts",
+            "Allocatable count of another device plugin's resource on this Node; while "
+            "one is above 0 drasil publishes none of that vendor's GPUs.",
+            ["resource"],
+            registry=self.registry,
+        )
         self.slice_writes = _by_result(
             "drasil_resourceslice_writes",
             "ResourceSlice writes by verb (create|update|delete) and result.",

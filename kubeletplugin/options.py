@@ -22,6 +22,19 @@ MODES = ("dra", "device-plugin")
 MIG_STRATEGIES = ("none", "single", "mixed")
 MIG_MODES = ("static", "dynamic")
 GPU_SHARING = ("exclusive", "consumable")
+# The extended resources of the vendors' own device plugins (NVIDIA's whole GPUs, its
+# shared "gpu.shared", MIG devices of its mixed strategy; ROCm's): while the Node has
+# one allocatable, DRA mode withholds that vendor's GPUs (kubeletplugin/dra/doublebooking.py).
+DEVICE_PLUGIN_RESOURCES = (
+    "nvidia.com/gpu",
+    "nvidia.com/gpu.shared",
+    "nvidia.com/mig-*",
+    "amd.com/gpu",
+)
+# <domain>/<name>, the name possibly with shell wildcards (* ? [...]).
+_RESOURCE_PATTERN = re.compile(
+    r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9*?\[\]][-A-Za-z0-9_.*?\[\]]*"
+)
 CDI_HOOKS = ("enabled", "disabled")
 VENDORS = ("nvidia", "amd")
 AUTO_VENDORS = "auto"
@@ -97,6 +110,8 @@ class PluginOptions:
     amd_resource_name: str = "amd.com/gpu"
     # static: AMD GPUs as their partition mode is; dynamic: prepare switches the mode.
     amd_partition_mode: str = "static"
+    # DRA mode: another device plugin's resources that make this one withhold GPUs.
+    device_plugin_resources: tuple[str, ...] = DEVICE_PLUGIN_RESOURCES
 
     @property
     def driver_root_host(self) -> str:
@@ -294,6 +309,14 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "and switches the GPU's mode at prepare (docs/amd.md#dynamic-partitions)",
     )
     p.add_argument(
+        "--device-plugin-resources",
+        default=env.get("DEVICE_PLUGIN_RESOURCES", ",".join(DEVICE_PLUGIN_RESOURCES)),
+        help="env DEVICE_PLUGIN_RESOURCES; DRA mode: comma-separated extended resources "
+        "(shell wildcards allowed) of other device plugins; while the Node has one "
+        "allocatable, drasil publishes none of that vendor's GPUs, so that no GPU has two "
+        "holders (empty: never; docs/migrating.md)",
+    )
+    p.add_argument(
         "--amd-resource-name",
         default=env.get("AMD_RESOURCE_NAME", "amd.com/gpu"),
         help="device-plugin mode: the extended resource of AMD GPUs (ROCm's plugin's)",
@@ -403,7 +426,20 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         amd_sysfs_root=Path(ns.amd_sysfs_root),
         amd_resource_name=ns.amd_resource_name,
         amd_partition_mode=ns.amd_partition_mode,
+        device_plugin_resources=_resource_patterns(ns.device_plugin_resources),
     )
+
+
+def _resource_patterns(text: str) -> tuple[str, ...]:
+    """``nvidia.com/gpu,nvidia.com/mig-*`` → a tuple; each must be <domain>/<name>."""
+    patterns = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    for pattern in patterns:
+        if len(pattern) > 253 or not _RESOURCE_PATTERN.fullmatch(pattern):
+            raise OptionsError(
+                f"--device-plugin-resources: {pattern!r} is no extended resource name "
+                "<domain>/<name> (the name may hold * ? [...]), e.g. nvidia.com/mig-*"
+            )
+    return patterns
 
 
 def _vendors(text: str) -> tuple[str, ...]:

@@ -48,6 +48,9 @@ class ApiRelay:
         with self._lock:
             self._closed = True
             open_now = list(self._open)
+        # shutdown first: closing a listening socket that a thread waits in accept() on
+        # leaves it listening until that accept returns (Linux); shutdown wakes it.
+        _shut(self._server)
         with contextlib.suppress(OSError):
             self._server.close()
         for sock in open_now:

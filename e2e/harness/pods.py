@@ -149,7 +149,7 @@ def device_variable(device: str) -> str:
 
 def events(kube: Kube, namespace: str, name: str) -> list[str]:
     items = kube.core.list_namespaced_event(
-        namespace, field_selector=f"involvedObject.name={name}"
+        namespace, field_selector=f"involvedObject.name={name}", _request_timeout=30
     ).items
     return [f"{e.reason}: {e.message}" for e in items]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from drasil.driver.devices import CounterSet, Device
 from drasil.driver.discovery.health import HealthTracker
@@ -60,6 +60,20 @@ class NodeSlices:
         self.last_error = ""
         self._owner: OwnerRef | None = None
         self._poke = threading.Event()
+        # Devices left out of the slices while another device plugin serves them
+        # (doublebooking.py); None: none.
+        self._withheld: Callable[[Device], bool] | None = None
+
+    def withhold(self, withheld: Callable[[Device], bool] | None) -> None:
+        """Leave the devices `withheld` selects out of the slices (None: publish all),
+        and publish so now."""
+        self._withheld = withheld
+        self.poke()
+
+    def offered(self) -> list[Device]:
+        """The devices the slices offer now."""
+        withheld = self._withheld
+        return [d for d in self.devices if withheld is None or not withheld(d)]
 
     def poke(self) -> None:
         """Publish again now (e.g. kubelet registered us: it may have wiped our slices)."""
@@ -74,7 +88,7 @@ class NodeSlices:
         return build_slices(
             driver=self.driver,
             pool=self.node_name,
-            devices=self.devices,
+            devices=self.offered(),
             node_name=self.node_name,
             taints=taints,
             counter_sets=self.counter_sets,

@@ -29,7 +29,7 @@ from drasil.driver.kubeapi import KubeApi
 from drasil.driver.nvidia.driverfiles import DriverRoot, find_binary
 from drasil.driver.nvidia.nvml import NvmlLibrary
 from drasil.driver.slices.publisher import PoolPublisher
-from drasil.kubeletplugin.dra import reconcile, specrefresh
+from drasil.kubeletplugin.dra import doublebooking, reconcile, specrefresh
 from drasil.kubeletplugin.dra.amdpartitions import PartitionModes
 from drasil.kubeletplugin.dra.healthservice import HealthStreams, HealthV1, HealthV1alpha1
 from drasil.kubeletplugin.dra.migs import MigInstances, held_by_dynamic_claims
@@ -72,6 +72,7 @@ class Intervals:
     health_resend: float = 30.0
     fault_poll: float = 0.25
     driver_files: float = specrefresh.INTERVAL
+    device_plugins: float = doublebooking.INTERVAL
 
 
 def socket_names(opts: PluginOptions) -> tuple[str, str]:
@@ -153,6 +154,7 @@ class KubeletPlugin:
             list(self.devices.values()), fault_poll=self.intervals.fault_poll
         )
         self._make_node_slices()
+        self._guard_double_booking()
         self._start_servers()
         self._start_loops()
         self.node.serve_http(registry=self.metrics.registry, check=self.check_health)
@@ -219,14 +221,16 @@ class KubeletPlugin:
         elif loaded.outcome == LoadOutcome.BOOT_CHANGED:
             log.info("node rebooted; prepared state discarded", extra={"detail": loaded.detail})
 
-    def _node_event(self, reason: str, message: str) -> None:
+    def _node_event(self, reason: str, message: str, *, event_type: str = "Warning") -> None:
         # In the background: an API server that hangs must not keep the plugin from
         # serving the claims it can answer from its own state.
         def post() -> None:
             try:
                 uid = self.api.get_node_uid(self.opts.node_name) or ""
                 involved = {"kind": "Node", "name": self.opts.node_name, "uid": uid}
-                self.api.post_event(involved=involved, reason=reason, message=message)
+                self.api.post_event(
+                    involved=involved, reason=reason, message=message, event_type=event_type
+                )
             except Exception as err:  # the API may be away; the log line stays
                 log.warning("could not post node event", extra={"error": str(err)})
 
@@ -287,6 +291,55 @@ class KubeletPlugin:
             resync=self.intervals.slice_resync,
         )
 
+    def _guard_double_booking(self) -> None:
+        """Withhold GPUs another device plugin advertises; the first look before the
+        first publish, so that they are never offered twice even for a moment."""
+        self.guard = doublebooking.DoubleBookingGuard(
+            self.api,
+            node_name=self.opts.node_name,
+            patterns=self.opts.device_plugin_resources,
+            on_change=self._device_plugin_conflict,
+        )
+        if not self.guard.patterns:
+            return
+        self.preparer.withheld = self._withheld
+        try:
+            self.guard.check_once()
+        except Exception as err:  # the API may be away: the loop looks again
+            log.warning("could not read the Node's allocatable", extra={"error": str(err)})
+
+    def _withheld(self, name: str) -> str | None:
+        found = self.guard.current
+        device = self.devices.get(name)
+        if not found.resources or device is None or not found.withheld(device):
+            return None
+        listed = ", ".join(sorted(found.resources))
+        return (
+            f"another device plugin on Node {self.opts.node_name} hands out the same GPUs "
+            f"({listed}); see its {doublebooking.CONFLICT_REASON} Event"
+        )
+
+    def _device_plugin_conflict(self, found: doublebooking.Conflict) -> None:
+        gauge = self.metrics.device_plugin_conflicts
+        gauge.clear()
+        for resource, count in found.resources.items():
+            gauge.labels(resource).set(count)
+        slices = self.node_slices
+        if not found.resources:
+            slices.withhold(None)
+            message = (
+                "no other device plugin advertises GPUs on this Node any more: drasil "
+                f"publishes its {len(slices.devices)} device(s) again"
+            )
+            log.info(message)
+            self._node_event(doublebooking.CLEARED_REASON, message, event_type="Normal")
+            return
+        withheld = sum(1 for d in slices.devices if found.withheld(d))
+        slices.withhold(found.withheld)
+        message = found.message(self.opts.node_name, withheld)
+        log.warning(message)
+        self._node_event(doublebooking.CONFLICT_REASON, message)
+
     def _published(self) -> list[Device]:
         """The devices slices offer: all but the static MIG devices that are instances
         claims prepared in dynamic MIG mode still hold (after a change to static mode).
@@ -310,6 +363,11 @@ class KubeletPlugin:
         self.node.thread(
             "spec-refresh", lambda stop: refresher.run(stop, interval=self.intervals.driver_files)
         )
+        if self.guard.patterns:
+            self.node.thread(
+                "device-plugins",
+                lambda stop: self.guard.run(stop, interval=self.intervals.device_plugins),
+            )
 
     def _driver_changed(self, version: str, specs: int) -> None:
         self._node_event(

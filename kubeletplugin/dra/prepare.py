@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -170,6 +170,9 @@ class Preparer:
     migs: MigInstances | None = None  # None: no NVML to cut MIG instances with
     effects: GpuEffects | None = None  # None: sharing reaches containers as env only
     partitions: PartitionModes | None = None  # None: no AMD GPUs to switch modes of
+    # Why a device may not be prepared now (None: it may), e.g. another device plugin
+    # on the node hands it out (doublebooking.py); None: every device may.
+    withheld: Callable[[str], str | None] | None = None
 
     def __post_init__(self) -> None:
         self._api_slots = threading.BoundedSemaphore(self.api_readers)
@@ -234,9 +237,20 @@ class Preparer:
             return record.devices
         claim = self._read_claim(ref)
         plan = plan_prepare(claim, ref=ref, node=self.node)
+        self._check_not_withheld(plan)
         if self.effects is not None:
             self.effects.check(plan, claim)
         return self._carry_out(plan, claim, resumed=record is not None)
+
+    def _check_not_withheld(self, plan: PreparePlan) -> None:
+        """A claim allocated a withheld device before kube-scheduler saw it go from the
+        slices is refused (kubelet retries it); claims prepared before stay."""
+        if self.withheld is None:
+            return
+        for device in plan.prepared:
+            why = self.withheld(device.device_name)
+            if why is not None:
+                raise PrepareError(f"device {device.device_name!r} is withheld: {why}")
 
     def _carry_out(
         self, plan: PreparePlan, claim: Mapping[str, Any], *, resumed: bool

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from prometheus_client import CollectorRegistry
 
 from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore
 from drasil.driver.claims.plan import ClaimRef
@@ -33,6 +34,9 @@ from drasil.driver.kubeapi import checked_name
 from drasil.driver.nvidia.nodedevices import discover
 from drasil.driver.nvidia.simulated import simulated_library
 from drasil.kubeletplugin.dra.prepare import Preparer
+from drasil.kubeletplugin.metrics import devices_gauge
+from drasil.kubeletplugin.node import NodeRuntime
+from drasil.kubeletplugin.options import parse_options
 from drasil.kubeletplugin.sockets import UnixSocketServer
 
 DRIVER = "gpu.drasil.dev"
@@ -42,6 +46,24 @@ CONFIG_API = "resource.drasil.dev/v1beta1"
 DEADLINE = 20.0  # generous: a poll ends as soon as its condition holds
 
 Claim = dict[str, Any]
+
+
+def simulated_node(tmp_path: Path, profile: str, *extra: str) -> NodeRuntime:
+    """The node daemon's runtime over simulated GPUs of `profile`, its dirs under
+    `tmp_path`, no HTTP; `extra` flags on top (e.g. ``--mig-mode=dynamic``)."""
+    flags = [
+        f"--node-name={NODE}",
+        "--backend=simulated",
+        f"--simulated-profile={profile}",
+        f"--plugins-dir={tmp_path / 'plugins'}",
+        f"--registrar-dir={tmp_path / 'registry'}",
+        "--metrics-addr=0",
+        "--health-addr=0",
+        *extra,
+    ]
+    opts = parse_options(flags, {})
+    lib = simulated_library(opts.simulated_profile, node_name=NODE)
+    return NodeRuntime(opts, lib=lib, devices_gauge=devices_gauge(CollectorRegistry()))
 
 
 def node_devices(profile: str = PROFILE, *, node: str = NODE) -> dict[str, Device]:

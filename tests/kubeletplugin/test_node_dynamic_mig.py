@@ -5,15 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kubelet_client import NODE
-from prometheus_client import CollectorRegistry
+from kubelet_client import NODE, simulated_node
 
 from drasil.driver.discovery.health import HealthTracker
-from drasil.driver.nvidia.simulated import simulated_library
 from drasil.kubeletplugin.dra.nodeslices import NodeSlices
-from drasil.kubeletplugin.metrics import devices_gauge
-from drasil.kubeletplugin.node import NodeRuntime
-from drasil.kubeletplugin.options import parse_options
 
 
 class _Api:
@@ -22,19 +17,7 @@ class _Api:
 
 
 def test_dynamic_node_publishes_counter_sets(tmp_path: Path) -> None:
-    flags = [
-        f"--node-name={NODE}",
-        "--backend=simulated",
-        "--simulated-profile=h100-80gb:2,l4:1",
-        f"--plugins-dir={tmp_path / 'plugins'}",
-        f"--registrar-dir={tmp_path / 'registry'}",
-        "--metrics-addr=0",
-        "--health-addr=0",
-        "--mig-mode=dynamic",
-    ]
-    opts = parse_options(flags, {})
-    lib = simulated_library(opts.simulated_profile, node_name=NODE)
-    node = NodeRuntime(opts, lib=lib, devices_gauge=devices_gauge(CollectorRegistry()))
+    node = simulated_node(tmp_path, "h100-80gb:2,l4:1", "--mig-mode=dynamic")
     devices = node.discover()
     assert [c.name for c in node.counter_sets] == ["gpu-0-counters", "gpu-1-counters"]
     assert len(devices) == 2 * 26 + 1
@@ -55,36 +38,12 @@ def test_dynamic_node_publishes_counter_sets(tmp_path: Path) -> None:
 
 
 def test_static_node_has_no_counter_sets(tmp_path: Path) -> None:
-    flags = [
-        f"--node-name={NODE}",
-        "--backend=simulated",
-        "--simulated-profile=a100-40gb-mig:1",
-        f"--plugins-dir={tmp_path / 'plugins'}",
-        f"--registrar-dir={tmp_path / 'registry'}",
-        "--metrics-addr=0",
-        "--health-addr=0",
-    ]
-    opts = parse_options(flags, {})
-    lib = simulated_library(opts.simulated_profile, node_name=NODE)
-    node = NodeRuntime(opts, lib=lib, devices_gauge=devices_gauge(CollectorRegistry()))
+    node = simulated_node(tmp_path, "a100-40gb-mig:1")
     assert len(node.discover()) == 4
     assert node.counter_sets == ()
 
 
 def test_device_plugin_mode_stays_static(tmp_path: Path) -> None:
-    flags = [
-        f"--node-name={NODE}",
-        "--backend=simulated",
-        "--simulated-profile=h100-80gb:1",
-        f"--plugins-dir={tmp_path / 'plugins'}",
-        f"--registrar-dir={tmp_path / 'registry'}",
-        "--metrics-addr=0",
-        "--health-addr=0",
-        "--mode=device-plugin",
-        "--mig-mode=dynamic",
-    ]
-    opts = parse_options(flags, {})
-    lib = simulated_library(opts.simulated_profile, node_name=NODE)
-    node = NodeRuntime(opts, lib=lib, devices_gauge=devices_gauge(CollectorRegistry()))
+    node = simulated_node(tmp_path, "h100-80gb:1", "--mode=device-plugin", "--mig-mode=dynamic")
     assert [d.name for d in node.discover()] == ["gpu-0"]
     assert node.counter_sets == ()

@@ -596,3 +596,20 @@ def test_prepares_waiting_for_a_hung_api_server_are_bounded(tmp_path: Path) -> N
     )
     assert again.error == ""
     assert unprepared == ""
+
+
+def test_a_withheld_device_is_refused_and_a_prepared_claim_kept(tmp_path: Path) -> None:
+    kept = claim_json(UID_A, result("gpu-1"), name="kept")
+    late = claim_json(UID_B, result("gpu-2"), name="late")
+    preparer, _ = setup(tmp_path, kept, late)
+    assert preparer.prepare(ref_of(kept)).error == ""
+    preparer.withheld = lambda name: "another plugin hands it out" if name != "gpu-0" else None
+
+    outcome = preparer.prepare(ref_of(late))
+    assert outcome.error == "device 'gpu-2' is withheld: another plugin hands it out"
+    assert preparer.store.get(UID_B) is None
+    assert not spec_file(tmp_path, UID_B).exists()
+    # Prepared before the conflict: asked again, it is still prepared.
+    assert preparer.prepare(ref_of(kept)).error == ""
+    preparer.withheld = lambda name: None
+    assert preparer.prepare(ref_of(late)).error == ""
