@@ -434,6 +434,15 @@ class KubeApi:
         status = node.status
         return {k: str(v) for k, v in (status.allocatable or {}).items()} if status else {}
 
+    def patch_node_labels(self, name: str, labels: Mapping[str, str | None]) -> bool:
+        """Merge-patch the Node's labels (None removes one); False when it is gone."""
+        try:
+            self._core.patch_node(name, {"metadata": {"labels": dict(labels)}})
+        except ApiException as err:
+            _or_none(err)
+            return False
+        return True
+
     def get_node_labels(self, name: str) -> dict[str, str] | None:
         """The Node's labels, or None when there is no such Node."""
         try:

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from drasil.driver.nvidia.nodelabels import OWN_KEY
 from drasil.kubeletplugin.options import PluginOptions, parse_options
 from e2e.harness import paths
 from e2e.harness.chart import (
@@ -121,7 +122,9 @@ def test_template_renders_both_daemons_as_documented(values_file: Path | None) -
         classes = 6 + len(values["deviceClasses"]["migProfiles"])
         expected += ["resource.k8s.io/v1/DeviceClass"] * classes
     if values["validatingAdmissionPolicy"]["enabled"]:
-        policies = int(dra) + int(controller)
+        labels = values["nodeLabels"]
+        patches_node = dra and labels["names"] != "off" and not labels["nfdFeaturesDir"]
+        policies = int(dra) + int(controller) + int(patches_node)
         expected += ["admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"] * policies
         expected += ["admissionregistration.k8s.io/v1/ValidatingAdmissionPolicyBinding"] * policies
     if values["serviceMonitor"]["enabled"]:
@@ -205,6 +208,8 @@ def test_daemonset_rolls_one_node_at_a_time_with_host_dirs_and_probes(
     expected = {"state-dir": state_dir, "cdi-root": plugin["cdiRoot"]}
     if values["mode"] == "dra":
         expected["registrar-dir"] = plugin["registrarDir"]
+        if values["nodeLabels"]["nfdFeaturesDir"]:
+            expected["nfd-features"] = values["nodeLabels"]["nfdFeaturesDir"]
     else:
         expected["device-plugins-dir"] = plugin["devicePluginsDir"]
     assert host == {name: (path, path) for name, path in expected.items()}
@@ -295,6 +300,9 @@ def test_daemonset_command_line_is_accepted_by_the_plugin(values_file: Path | No
         assert opts.gpu_sharing == values["gpuSharing"]
         assert opts.mps_multiuser == values["mps"]["multiUser"]
         assert opts.device_plugin_resources == tuple(plugin["devicePluginResources"])
+        assert opts.node_labels == values["nodeLabels"]["names"]
+        nfd = values["nodeLabels"]["nfdFeaturesDir"]
+        assert opts.nfd_features_dir == (Path(nfd) if nfd else None)
         _check_mps_daemon_pods(opts, values, container["image"])
     else:
         assert str(opts.device_plugins_dir) == plugin["devicePluginsDir"]
@@ -439,6 +447,28 @@ def test_device_classes_select_our_driver_and_type() -> None:
     }
     assert named["amdgpu.drasil.dev"] == "amd.com/gpu"
     assert named["gpu.drasil.dev"] == "drasil.dev/gpu"
+
+
+def test_the_node_label_policy_lets_the_plugin_change_exactly_its_own_keys() -> None:
+    """The chart's CEL pattern of the keys the plugin may change is the one the plugin
+    keeps to (drasil.driver.nvidia.nodelabels.OWN_KEY), GFD's names only with gfd."""
+    for names, prefixes in (("gfd", r"drasil\.dev|nvidia\.com"), ("drasil", r"drasil\.dev")):
+        rendered = render(namespace="ns", sets=[f"nodeLabels.names={names}"])
+        (policy,) = [
+            o
+            for o in by_kind(rendered, "ValidatingAdmissionPolicy")
+            if o["metadata"]["name"].endswith("-node-labels")
+        ]
+        (foreign,) = [v for v in policy["spec"]["variables"] if v["name"] == "foreign"]
+        pattern = foreign["expression"].split("matches(r'", 1)[1].removesuffix("'))")
+        expected = OWN_KEY.pattern.replace(r"drasil\.dev|nvidia\.com", prefixes, 1)
+        assert pattern == expected
+    for off in (["nodeLabels.names=off"], ["nodeLabels.nfdFeaturesDir=/etc/nfd/features.d"]):
+        policies = [
+            p["metadata"]["name"]
+            for p in by_kind(render(namespace="ns", sets=off), "ValidatingAdmissionPolicy")
+        ]
+        assert not any(n.endswith("-node-labels") for n in policies), policies
 
 
 def test_a_mig_profile_class_stands_for_the_device_plugins_resource_of_it() -> None:

@@ -7,9 +7,12 @@ create them, and the node's plugin runs in dynamic MIG mode (its eight simulated
 published whole and as every MIG placement; put back in static mode afterwards, its
 GPUs reset). Expected end states:
 
-- a Pod with `resources.limits: {nvidia.com/gpu: 1}` and nothing else of DRA runs; the
-  scheduler made its claim from the class of that extended resource, and its container
-  sees exactly one GPU, the whole GPU allocated;
+- the plugin (`NODE_LABELS=gfd`) labels its Node from discovery under drasil.dev/ and
+  GPU Feature Discovery's nvidia.com/ names (product, count, memory, family, compute
+  capability, MIG and MPS); a Pod with `resources.limits: {nvidia.com/gpu: 1}` and a
+  node selector on `nvidia.com/gpu.product`, nothing else of DRA, runs; the scheduler
+  made its claim from the class of that extended resource, and its container sees
+  exactly one GPU, the whole GPU allocated;
 - a Pod with `resources.limits: {nvidia.com/mig-1g.10gb: 1}` runs; its claim holds a
   1g.10gb MIG instance cut for it, and its container sees exactly that instance;
 - both Pods deleted, the node holds nothing of their claims (instance destroyed);
@@ -60,6 +63,8 @@ MIGRATION_VALUES = [
 ]
 CLASSES = ("gpu.drasil.dev", "mig-1g.10gb.drasil.dev")
 DEVICE_PLUGIN_RESOURCES = "DEVICE_PLUGIN_RESOURCES"  # the DRA plugin's env
+NODE_LABELS = "NODE_LABELS"  # the DRA plugin's env
+PRODUCT = "NVIDIA-H100-80GB-HBM3"  # the simulated H100's productName as a label value
 # kubeletplugin/dra/doublebooking.py's Event reasons
 CONFLICT_REASON = "DevicePluginConflict"
 CLEARED_REASON = "DevicePluginConflictCleared"
@@ -76,9 +81,11 @@ def migrated(kube: Kube, node: Node) -> Iterator[Node]:
     for obj in chosen:
         kube.delete(RESOURCE, "DeviceClass", obj["metadata"]["name"])
         kube.create(obj)
-    node.restart_plugin_with({"MIG_MODE": "dynamic"}, published=GPUS * DEVICES_PER_H100)
+    env = {"MIG_MODE": "dynamic", NODE_LABELS: "gfd"}
+    node.restart_plugin_with(env, published=GPUS * DEVICES_PER_H100)
     yield node
-    node.restart_plugin_with({"MIG_MODE": None}, published=GPUS, reset_gpus=True)
+    back: dict[str, str | None] = {"MIG_MODE": None, NODE_LABELS: None}
+    node.restart_plugin_with(back, published=GPUS, reset_gpus=True)
     for name in CLASSES:
         kube.delete(RESOURCE, "DeviceClass", name)
 
@@ -89,16 +96,37 @@ def moved(namespace: str, kube: Kube, migrated: Node) -> Iterator[str]:
     drain_namespace(kube, migrated, namespace)
 
 
+def _labelled(kube: Kube, node: str) -> Any:
+    """The Node's labels once the plugin put GFD's names on it."""
+    labels = kube.get("v1", "Node", node)["metadata"].get("labels") or {}
+    return labels if "nvidia.com/gpu.product" in labels else NotYet(labels)
+
+
 def _record(node: Node, claim: dict[str, Any]) -> dict[str, Any]:
     """The node's checkpoint record of the claim's one device."""
     (device,) = checkpoint(node)[claim["metadata"]["uid"]]["devices"]
     return dict(device)
 
 
-def test_a_pod_asking_for_nvidia_com_gpu_gets_one_whole_gpu(
+def test_a_pod_selecting_gfd_labels_asking_for_nvidia_com_gpu_gets_one_whole_gpu(
     kube: Kube, moved: str, migrated: Node
 ) -> None:
-    name = pod(kube, moved, migrated, limits={"nvidia.com/gpu": 1})
+    labels = wait_for(
+        lambda: _labelled(kube, migrated.name), timeout=60, what="the node's GPU labels"
+    )  # fmt: skip
+    for prefix in ("drasil.dev/", "nvidia.com/"):
+        assert labels[prefix + "gpu.product"] == PRODUCT
+        assert labels[prefix + "gpu.count"] == str(GPUS)
+        assert labels[prefix + "gpu.memory"] == "81920"  # MiB, as GFD has it
+        assert labels[prefix + "gpu.family"] == "hopper"
+        assert (labels[prefix + "gpu.compute.major"], labels[prefix + "gpu.compute.minor"]) == (
+            "9",
+            "0",
+        )
+        assert labels[prefix + "mig.capable"] == labels[prefix + "mps.capable"] == "true"
+    assert labels["drasil.dev/mig.mode"] == "dynamic"
+    selector = {"nvidia.com/gpu.product": PRODUCT}
+    name = pod(kube, moved, migrated, limits={"nvidia.com/gpu": 1}, node_selector=selector)
     wait_running(kube, moved, name)
     claim = pod_claim(kube, moved, name)
     annotations = claim["metadata"]["annotations"]

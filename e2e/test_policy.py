@@ -75,6 +75,10 @@ class Install:
         return f"{self.fullname}-kubelet-plugin-slices"
 
     @property
+    def node_label_policy(self) -> str:
+        return f"{self.fullname}-kubelet-plugin-node-labels"
+
+    @property
     def controller_policy(self) -> str:
         return f"{self.fullname}-controller-slices"
 
@@ -307,7 +311,7 @@ def _checked_status(kube: Kube, name: str) -> dict[str, Any] | NotYet:
 def test_policies_type_check_cleanly(kube: Kube, install: Install) -> None:
     """The API server type-checks the CEL of a policy against ResourceSlice's schema
     in the background; a warning there means an expression can fail at run time."""
-    for name in (install.plugin_policy, install.controller_policy):
+    for name in (install.plugin_policy, install.node_label_policy, install.controller_policy):
         status = wait_for(
             functools.partial(_checked_status, kube, name),
             timeout=60,
@@ -365,6 +369,65 @@ def test_plugin_writes_only_its_own_nodes_slices_of_our_driver(
 
     plugin.resource(*SLICES).delete(name=own["metadata"]["name"])  # own: allowed
     assert kube.get(*SLICES, theirs["metadata"]["name"])  # untouched
+
+
+def _node_labels(kube: Kube, name: str) -> dict[str, str]:
+    meta = kube.core.read_node(name, _request_timeout=30).metadata
+    return dict(meta.labels or {}) if meta is not None else {}
+
+
+def test_plugin_labels_only_its_own_node_with_its_own_keys(
+    kube: Kube,
+    kubeconfig: Path,
+    namespace: str,
+    install: Install,
+    nodes: tuple[str, str],
+    tmp_path: Path,
+) -> None:
+    """The plugin's GPU labels (nodeLabels): RBAC lets it patch Nodes, the policy only
+    its own Node, only drasil's label keys, nothing else of the Node."""
+    node_a, node_b = nodes
+    plugin = as_daemon(kube, kubeconfig, namespace, install.plugin_sa, node_a, tmp_path)
+    policy = install.node_label_policy
+
+    def label(node: str, labels: dict[str, str | None], *, dry_run: bool = False) -> Any:
+        body = {"metadata": {"labels": labels}}
+        return plugin.core.patch_node(node, body, dry_run="All" if dry_run else None)
+
+    def refused() -> Any:
+        try:
+            label(node_b, {"drasil.dev/gpu.present": "true"}, dry_run=True)
+        except ApiException as e:
+            if e.status == 403 and f"ValidatingAdmissionPolicy '{policy}'" in (e.body or ""):
+                return True
+            return NotYet({"status": e.status, "body": e.body})
+        return NotYet("dry-run patch of another Node was allowed")
+
+    wait_for(refused, timeout=60, what=f"policy {policy} to be enforced")
+
+    # Its own Node, its own keys: set, changed, removed.
+    label(node_a, {"drasil.dev/gpu.product": "NVIDIA-H100", "drasil.dev/mig-1g.10gb.count": "7"})
+    label(node_a, {"drasil.dev/gpu.product": "NVIDIA-H200", "drasil.dev/mig-1g.10gb.count": None})
+    own = _node_labels(kube, node_a)
+    assert own["drasil.dev/gpu.product"] == "NVIDIA-H200"
+    assert "drasil.dev/mig-1g.10gb.count" not in own
+
+    # Another Node: no.
+    message = denied(lambda: label(node_b, {"drasil.dev/gpu.present": "true"}))
+    assert f"on node {node_a} may only label its own Node, not {node_b}" in message
+    # Any other key: the operator's drasil.dev/mig-mode, GFD's names (nodeLabels.names is
+    # drasil here), anyone's.
+    for key in ("drasil.dev/mig-mode", "nvidia.com/gpu.product", "node-role.kubernetes.io/gpu"):
+        message = denied(functools.partial(label, node_a, {key: "x"}))
+        assert f"may only change its own GPU labels of a Node, not {key}" in message
+    # Nothing else of the Node: a taint, an annotation.
+    taint = {"spec": {"taints": [{"key": "k", "value": "v", "effect": "NoSchedule"}]}}
+    message = denied(lambda: plugin.core.patch_node(node_a, taint))
+    assert "may change nothing of a Node but its GPU labels" in message
+    note = {"metadata": {"annotations": {"example.com/a": "b"}}}
+    message = denied(lambda: plugin.core.patch_node(node_a, note))
+    assert "may change nothing of a Node but its GPU labels" in message
+    assert "drasil.dev/gpu.present" not in _node_labels(kube, node_b)
 
 
 def test_plugin_token_without_a_node_writes_nothing(
@@ -494,7 +557,7 @@ PLUGIN_RIGHTS = _rights(
     (R, "resourceclaims", "", True, "get", "list watch"),
     (R, "resourceclaims", "status", True, "", "update"),
     (R, "resourceslices", "", False, "list create update delete", "patch deletecollection"),
-    ("", "nodes", "", False, "get", "list update"),
+    ("", "nodes", "", False, "get patch", "list update"),
     ("", "events", "", True, "create", "update"),
     ("", "secrets", "", True, "", "get"),
     ("", "pods", "", True, "", "list"),

@@ -22,6 +22,9 @@ MODES = ("dra", "device-plugin")
 MIG_STRATEGIES = ("none", "single", "mixed")
 MIG_MODES = ("static", "dynamic")
 GPU_SHARING = ("exclusive", "consumable")
+# DRA mode: the node's GPU labels under drasil.dev/ (drasil), also under GPU Feature
+# Discovery's nvidia.com/ names (gfd), or none (off); kubeletplugin/dra/nodelabels.py.
+NODE_LABELS = ("drasil", "gfd", "off")
 # The extended resources of the vendors' own device plugins (NVIDIA's whole GPUs, its
 # shared "gpu.shared", MIG devices of its mixed strategy; ROCm's): while the Node has
 # one allocatable, DRA mode withholds that vendor's GPUs (kubeletplugin/dra/doublebooking.py).
@@ -112,6 +115,10 @@ class PluginOptions:
     amd_partition_mode: str = "static"
     # DRA mode: another device plugin's resources that make this one withhold GPUs.
     device_plugin_resources: tuple[str, ...] = DEVICE_PLUGIN_RESOURCES
+    # DRA mode: which GPU labels the node gets, and NFD's features.d to write them to
+    # (None: the plugin patches its own Node).
+    node_labels: str = "drasil"
+    nfd_features_dir: Path | None = None
 
     @property
     def driver_root_host(self) -> str:
@@ -317,6 +324,21 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "holders (empty: never; docs/migrating.md)",
     )
     p.add_argument(
+        "--node-labels",
+        choices=NODE_LABELS,
+        default=env.get("NODE_LABELS", "drasil"),
+        help="env NODE_LABELS; DRA mode: label the node with its GPUs (product, count, "
+        "memory, family, compute capability, driver and CUDA versions, MIG and MPS) under "
+        "drasil.dev/ (drasil), also under GPU Feature Discovery's nvidia.com/ names (gfd), "
+        "or not at all (off); docs/migrating.md",
+    )
+    p.add_argument(
+        "--nfd-features-dir",
+        default=env.get("NFD_FEATURES_DIR", ""),
+        help="env NFD_FEATURES_DIR; write the labels to Node Feature Discovery's local "
+        "feature directory (features.d) instead of patching this node's Node",
+    )
+    p.add_argument(
         "--amd-resource-name",
         default=env.get("AMD_RESOURCE_NAME", "amd.com/gpu"),
         help="device-plugin mode: the extended resource of AMD GPUs (ROCm's plugin's)",
@@ -373,6 +395,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
     _check_choice("--mig-mode", ns.mig_mode, MIG_MODES)
     _check_choice("--amd-partition-mode", ns.amd_partition_mode, PARTITION_MODES)
     _check_choice("--gpu-sharing", ns.gpu_sharing, GPU_SHARING)
+    _check_choice("--node-labels", ns.node_labels, NODE_LABELS)
     _check_choice("--cdi-hooks", ns.cdi_hooks, CDI_HOOKS)
     for flag, value in (
         ("--nvidia-driver-root", ns.nvidia_driver_root),
@@ -381,6 +404,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         ("--proc-root", ns.proc_root),
         ("--amd-sysfs-root", ns.amd_sysfs_root),
         ("--boot-id-file", ns.boot_id_file),
+        ("--nfd-features-dir", ns.nfd_features_dir),
     ):
         if value and not value.startswith("/"):
             raise OptionsError(f"{flag}: {value!r} is not an absolute path")
@@ -427,6 +451,8 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         amd_resource_name=ns.amd_resource_name,
         amd_partition_mode=ns.amd_partition_mode,
         device_plugin_resources=_resource_patterns(ns.device_plugin_resources),
+        node_labels=ns.node_labels,
+        nfd_features_dir=Path(ns.nfd_features_dir) if ns.nfd_features_dir else None,
     )
 
 

@@ -71,9 +71,11 @@ def pod(
     limits: dict[str, Any] | None = None,
     name: str | None = None,
     command: str = COMMAND,
+    node_selector: dict[str, str] | None = None,
 ) -> str:
     """A Pod on the node (a Node, or the name of a node without kubelet, where it
-    is only scheduled) running the test image; its container uses the claim."""
+    is only scheduled) running the test image; its container uses the claim.
+    `node_selector` adds to the node's hostname."""
     name = name or f"pod-{secrets.token_hex(3)}"
     container: dict[str, Any] = {
         "name": "c",
@@ -82,7 +84,10 @@ def pod(
         "command": ["sh", "-c", command],
     }
     spec: dict[str, Any] = {
-        "nodeSelector": {"kubernetes.io/hostname": node if isinstance(node, str) else node.name},
+        "nodeSelector": {
+            "kubernetes.io/hostname": node if isinstance(node, str) else node.name,
+            **(node_selector or {}),
+        },
         "restartPolicy": "Never",
         "dnsPolicy": "Default",
         "terminationGracePeriodSeconds": 5,

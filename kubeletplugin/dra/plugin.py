@@ -27,6 +27,7 @@ from drasil.driver.devices import Device
 from drasil.driver.files import FileLock
 from drasil.driver.kubeapi import KubeApi
 from drasil.driver.nvidia.driverfiles import DriverRoot, find_binary
+from drasil.driver.nvidia.nodelabels import node_labels
 from drasil.driver.nvidia.nvml import NvmlLibrary
 from drasil.driver.slices.publisher import PoolPublisher
 from drasil.kubeletplugin.dra import doublebooking, reconcile, specrefresh
@@ -41,6 +42,7 @@ from drasil.kubeletplugin.dra.mps import (
     ProcessLauncher,
 )
 from drasil.kubeletplugin.dra.mpspods import DaemonPods, KubePods, PodLauncher
+from drasil.kubeletplugin.dra.nodelabels import NodeLabels
 from drasil.kubeletplugin.dra.nodeslices import NodeSlices
 from drasil.kubeletplugin.dra.prepare import Preparer
 from drasil.kubeletplugin.dra.registration import Registration
@@ -73,6 +75,7 @@ class Intervals:
     fault_poll: float = 0.25
     driver_files: float = specrefresh.INTERVAL
     device_plugins: float = doublebooking.INTERVAL
+    node_labels: float = 300.0
 
 
 def socket_names(opts: PluginOptions) -> tuple[str, str]:
@@ -367,6 +370,21 @@ class KubeletPlugin:
             self.node.thread(
                 "device-plugins",
                 lambda stop: self.guard.run(stop, interval=self.intervals.device_plugins),
+            )
+        if self.opts.node_labels != "off":
+            labeler = NodeLabels(
+                self.api,
+                node_name=self.opts.node_name,
+                wanted=node_labels(
+                    list(self.devices.values()),
+                    mig_mode=self.opts.mig_mode,
+                    gpu_sharing=self.opts.gpu_sharing,
+                    gfd=self.opts.node_labels == "gfd",
+                ),
+                nfd_dir=self.opts.nfd_features_dir,
+            )
+            self.node.thread(
+                "node-labels", lambda stop: labeler.run(stop, interval=self.intervals.node_labels)
             )
 
     def _driver_changed(self, version: str, specs: int) -> None:

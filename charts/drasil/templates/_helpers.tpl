@@ -106,3 +106,9 @@ nvml.driverRoot where that is set and nvidiaDriverRoot is left at its default "/
 {{- with $secrets }}{{ $_ := set $pod "imagePullSecrets" . }}{{ end -}}
 {{- toJson $pod -}}
 {{- end -}}
+
+{{/* Whether the kubelet plugin patches its own Node's labels (DRA mode, nodeLabels on,
+no NFD feature directory). */}}
+{{- define "drasil.pluginPatchesNode" -}}
+{{- and (eq .Values.mode "dra") (ne .Values.nodeLabels.names "off") (not .Values.nodeLabels.nfdFeaturesDir) -}}
+{{- end -}}
