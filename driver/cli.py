@@ -8,12 +8,13 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import yaml
 
+from drasil.api.config import ConfigError, load_documents
 from drasil.api.limits import MAX_FILE_BYTES, allow_nesting
 from drasil.driver.amd.partitions import PARTITION_MODES
 from drasil.driver.claims.configcheck import validate_config_document
@@ -29,6 +30,7 @@ from drasil.driver.kubeapi import (
     checked_name,
     load_user_api_client,
 )
+from drasil.driver.nvidia import migration
 from drasil.driver.nvidia.driverfiles import DriverRoot, load_nvml
 from drasil.driver.nvidia.nodecheck import check_device_nodes, check_driver, check_hook, report
 from drasil.driver.nvidia.nodedevices import GPU_SHARING, MIG_MODES
@@ -106,6 +108,19 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--plugins-dir", default="/var/lib/kubelet/plugins")
     f.add_argument("--driver-name", default=DEFAULT_DRIVER)
     _doctor_parser(sub)
+    m = sub.add_parser(
+        "migrate", help="what moves from NVIDIA's device plugin to drasil (read-only)"
+    )
+    m.add_argument("action", choices=("check",))
+    m.add_argument("--kubeconfig", help="default: $KUBECONFIG, then ~/.kube/config")
+    m.add_argument(
+        "-f", "--values", help="the chart values you will install (default: the chart's)"
+    )
+    m.add_argument(
+        "--pool-label",
+        default="node.kubernetes.io/instance-type",
+        help="the node label that names a node pool",
+    )
     return p
 
 
@@ -344,21 +359,58 @@ def _fault(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+MIGRATE_LISTS = {
+    "pods": "/api/v1/pods",
+    "Deployment": "/apis/apps/v1/deployments",
+    "StatefulSet": "/apis/apps/v1/statefulsets",
+    "Job": "/apis/batch/v1/jobs",
+    "nodes": "/api/v1/nodes",
+    "deviceclasses": "/apis/resource.k8s.io/v1/deviceclasses",
+    "configmaps": "/api/v1/configmaps",
+}
+
+
+def _migrate_check(args: argparse.Namespace, out: TextIO) -> int:
+    values: Any = {}
+    if args.values:
+        documents = load_documents(Path(args.values).read_bytes())
+        values = documents[0] if documents else {}
+        if not isinstance(values, dict):
+            print(f"drasil migrate check: {args.values}: not a mapping of chart values",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+    api = KubeApi(load_user_api_client(args.kubeconfig))
+    lists: dict[str, list[dict[str, Any]]] = {}
+    for what, path in MIGRATE_LISTS.items():
+        found = api.list_everywhere(path)
+        if found is None:
+            print(f"drasil migrate check: may not list {what}: not checked", file=sys.stderr)
+        lists[what] = found or []
+    plan = migration.plan_from(values, lists["deviceclasses"], lists["configmaps"])
+    controllers = {kind: lists[kind] for kind in migration.KINDS}
+    verdicts = migration.check_all(lists["pods"], controllers, plan)
+    found_pools = migration.pools(lists["nodes"], lists["pods"], plan, pool_label=args.pool_label)
+    out.write(migration.report(verdicts, found_pools))
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO], int]] = {
+    "discover": _discover,
+    "fault": _fault,
+    "explain": _explain,
+    "doctor": _doctor,
+    "migrate": _migrate_check,
+    "validate-config": _validate_config,
+}
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     args = _parser().parse_args(argv)
     out = out or sys.stdout
     allow_nesting()  # objects users write may nest thousands of levels deep
     try:
-        if args.command == "discover":
-            return _discover(args, out)
-        if args.command == "fault":
-            return _fault(args, out)
-        if args.command == "explain":
-            return _explain(args, out)
-        if args.command == "doctor":
-            return _doctor(args, out)
-        return _validate_config(args, out)
-    except (NvmlError, ProfileSpecError, VendorError, OSError, KubeconfigError) as err:
+        return COMMANDS[args.command](args, out)
+    except (NvmlError, ProfileSpecError, VendorError, OSError, KubeconfigError, ConfigError) as err:
         print(f"drasil {args.command}: {err}", file=sys.stderr)
         return 2
 

@@ -405,6 +405,24 @@ class KubeApi:
         query = [("fieldSelector", field_selector)] if field_selector else []
         return self._list_json(f"/api/v1/namespaces/{namespace}/pods", query=query)
 
+    def list_everywhere(self, path: str, *, page: int = 500) -> list[JsonDict] | None:
+        """Every object of a list path (``/apis/apps/v1/deployments``: all namespaces),
+        read in pages of `page`; None when this identity may not list them."""
+        items: list[JsonDict] = []
+        token = ""
+        while True:
+            query = [("limit", str(page))] + ([("continue", token)] if token else [])
+            try:
+                data = self._get_json(path, query=query) or {}
+            except ApiException as err:
+                if err.status == 403:
+                    return None
+                raise
+            items.extend(data.get("items") or [])
+            token = str((data.get("metadata") or {}).get("continue") or "")
+            if not token:
+                return items
+
     def _list_json(self, path: str, *, query: list[tuple[str, str]]) -> list[JsonDict] | None:
         # Optional reads (explanations): a user's RBAC may not allow them.
         try:

@@ -164,10 +164,12 @@ class Kube:
         cpu: str = "8",
         memory: str = "32Gi",
         pods: str = "110",
+        extended: dict[str, str] | None = None,
         timeout: float = 30.0,
     ) -> dict[str, Any]:
         """A Node the scheduler accepts pods for: Ready, with allocatable cpu/memory/pods
-        and no not-ready taint. No kubelet runs for it; pods bound to it stay Pending."""
+        (and `extended` resources, as a device plugin would advertise them) and no
+        not-ready taint. No kubelet runs for it; pods bound to it stay Pending."""
         all_labels = {
             "kubernetes.io/hostname": name,
             "kubernetes.io/os": "linux",
@@ -177,7 +179,7 @@ class Kube:
         self.core.create_node(
             client.V1Node(metadata=client.V1ObjectMeta(name=name, labels=all_labels))
         )
-        resources = {"cpu": cpu, "memory": memory, "pods": pods}
+        resources = {"cpu": cpu, "memory": memory, "pods": pods, **(extended or {})}
         now = _now()
         # Status is only writable through the status subresource.
         self.core.patch_node_status(
