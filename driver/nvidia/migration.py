@@ -25,6 +25,8 @@ from typing import Any
 
 from drasil.api.config import ConfigError, load_documents
 from drasil.driver.nvidia.nodelabels import GFD_NAMES, GFD_PREFIX
+from drasil.driver.objects import mapping, status_of, text
+from drasil.driver.objects import meta as meta_of
 
 UNCHANGED = "runs unchanged"
 CHANGE = "needs a change"
@@ -81,8 +83,8 @@ def sharing_config(configmaps: Sequence[JsonDict]) -> dict[str, int]:
     ``sharing.mps``, ``resources: [{name, replicas}]``)."""
     found: dict[str, int] = {}
     for cm in configmaps:
-        for text in (cm.get("data") or {}).values():
-            for config in _configs(text):
+        for value in (cm.get("data") or {}).values():
+            for config in _configs(value):
                 found.update(_replicas(config))
     return found
 
@@ -281,13 +283,11 @@ def pools(
     run there; the pools that move cleanly first, then by fewest Pods that do not."""
     members: dict[str, list[str]] = defaultdict(list)
     for node in nodes:
-        allocatable = (node.get("status") or {}).get("allocatable") or {}
+        allocatable = mapping(status_of(node).get("allocatable"))
         if not any(str(k).startswith(NVIDIA) and str(v) != "0" for k, v in allocatable.items()):
             continue
-        meta = node.get("metadata") or {}
-        members[(meta.get("labels") or {}).get(pool_label) or meta.get("name", "")].append(
-            meta.get("name", "")
-        )
+        node_meta = meta_of(node)
+        members[text(node_meta.labels.get(pool_label)) or node_meta.name].append(node_meta.name)
     where = {n: pool for pool, names in members.items() for n in names}
     counts: dict[str, Counter[str]] = {pool: Counter() for pool in members}
     for pod in pods:
