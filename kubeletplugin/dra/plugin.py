@@ -62,6 +62,9 @@ from drasil.kubeletplugin.sockets import UnixSocketServer, pod_tag
 log = logging.getLogger(__name__)
 
 DRIVER_CHANGED_REASON = "DriverFilesChanged"
+# Seconds a stopping plugin lets the calls kubelet already made finish (an MPS share's
+# prepare waits for its daemon): within the Pod's default 30 s termination grace.
+DRAIN_GRACE = 20.0
 SOCKET_CHECK_INTERVAL = 0.2  # a deleted socket is back well within a second
 
 
@@ -418,8 +421,29 @@ class KubeletPlugin:
         return True, f"ok ({detail})"
 
     def stop(self) -> None:
-        """Stop serving; the checkpoint and the CDI specs of prepared claims stay."""
-        self.node.stop(self._servers)
+        """Stop serving; the checkpoint and the CDI specs of prepared claims stay.
+
+        The DRA socket goes first: it refuses new calls (kubelet sends them to a newer
+        instance during a rolling update's surge) and lets those in flight finish (up to
+        DRAIN_GRACE); only then the registration socket, because kubelet closes its
+        connection to an instance when it unregisters it, which fails every call still
+        in flight (seen when the registration went first)."""
+        if len(self._servers) == 2:
+            dra, registration = self._servers
+            self.node.stop([_Drained(dra, DRAIN_GRACE), registration])
+        else:
+            self.node.stop(self._servers)
+
+
+@dataclass
+class _Drained:
+    """A gRPC server stopped after its calls in flight finish (up to `grace`)."""
+
+    server: UnixSocketServer
+    grace: float
+
+    def stop(self) -> None:
+        self.server.stop(grace=self.grace)
 
 
 def reconcile_migs(preparer: Preparer, *, mig_mode: str) -> str:

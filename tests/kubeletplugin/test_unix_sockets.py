@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import stat
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from kubelet_client import DEADLINE, short_dir
 
 from drasil.api.kubelet.pluginregistration import registration_pb2 as pb
 from drasil.api.kubelet.pluginregistration import registration_pb2_grpc as pb_grpc
+from drasil.kubeletplugin.dra.plugin import _Drained
 from drasil.kubeletplugin.dra.registration import Registration
 from drasil.kubeletplugin.sockets import (
     MAX_PATH,
@@ -164,3 +166,35 @@ def test_stop_leaves_a_file_that_another_instance_put_there(directory: Path) -> 
         assert answers(path) == "gpu.drasil.dev"
     finally:
         new.stop(grace=None)
+
+
+class _SlowInfo(pb_grpc.RegistrationServicer):
+    """Answers GetInfo once the test lets it (a prepare still in flight at stop)."""
+
+    def __init__(self) -> None:
+        self.called = threading.Event()
+        self.release = threading.Event()
+
+    def GetInfo(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.PluginInfo:
+        self.called.set()
+        self.release.wait(timeout=DEADLINE)
+        return pb.PluginInfo(name="slow")
+
+
+def test_a_drained_stop_lets_the_call_in_flight_finish(directory: Path) -> None:
+    slow = _SlowInfo()
+    server = UnixSocketServer(
+        directory / "dra.sock", lambda s: pb_grpc.add_RegistrationServicer_to_server(slow, s)
+    )
+    server.start()
+    answered: list[str] = []
+    call = threading.Thread(target=lambda: answered.append(answers(server.path)))
+    call.start()
+    assert slow.called.wait(timeout=DEADLINE)
+    stopping = threading.Thread(target=_Drained(server, grace=DEADLINE).stop)
+    stopping.start()  # refuses new calls, waits for this one
+    slow.release.set()
+    call.join(timeout=DEADLINE)
+    stopping.join(timeout=DEADLINE)
+    assert answered == ["slow"]
+    assert not server.path.exists()
