@@ -159,7 +159,9 @@ def reader(kube: Kube, kubeconfig: Path, namespace: str, tmp_path: Path) -> Iter
     request = client.AuthenticationV1TokenRequest(
         spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=600)
     )
-    issued = kube.core.create_namespaced_service_account_token(name, namespace, request)
+    issued = kube.core.create_namespaced_service_account_token(
+        name, namespace, request, _request_timeout=30
+    )
     assert issued.status is not None
     assert issued.status.token
     try:

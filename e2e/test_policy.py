@@ -392,7 +392,9 @@ def test_plugin_labels_only_its_own_node_with_its_own_keys(
 
     def label(node: str, labels: dict[str, str | None], *, dry_run: bool = False) -> Any:
         body = {"metadata": {"labels": labels}}
-        return plugin.core.patch_node(node, body, dry_run="All" if dry_run else None)
+        return plugin.core.patch_node(
+            node, body, dry_run="All" if dry_run else None, _request_timeout=30
+        )
 
     def refused() -> Any:
         try:
@@ -422,10 +424,10 @@ def test_plugin_labels_only_its_own_node_with_its_own_keys(
         assert f"may only change its own GPU labels of a Node, not {key}" in message
     # Nothing else of the Node: a taint, an annotation.
     taint = {"spec": {"taints": [{"key": "k", "value": "v", "effect": "NoSchedule"}]}}
-    message = denied(lambda: plugin.core.patch_node(node_a, taint))
+    message = denied(lambda: plugin.core.patch_node(node_a, taint, _request_timeout=30))
     assert "may change nothing of a Node but its GPU labels" in message
     note = {"metadata": {"annotations": {"example.com/a": "b"}}}
-    message = denied(lambda: plugin.core.patch_node(node_a, note))
+    message = denied(lambda: plugin.core.patch_node(node_a, note, _request_timeout=30))
     assert "may change nothing of a Node but its GPU labels" in message
     assert "drasil.dev/gpu.present" not in _node_labels(kube, node_b)
 
