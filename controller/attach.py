@@ -62,12 +62,7 @@ def allocated_at(claim: JsonObject) -> float | None:
 
 def allocated_node(claim: JsonObject) -> str:
     """The node a ``bindsToNode`` allocation is limited to ("" when none is named)."""
-    for term in ResourceClaim(claim).node_selector.get("nodeSelectorTerms") or []:
-        for field in term.get("matchFields") or []:
-            values = field.get("values") or []
-            if field.get("key") == "metadata.name" and len(values) == 1:
-                return str(values[0])
-    return ""
+    return ResourceClaim(claim).allocated_node
 
 
 def has_binding_conditions(result: JsonObject) -> bool:

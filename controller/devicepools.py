@@ -6,9 +6,8 @@ checked by the same ``validate_slice`` before anything is written. Every problem
 is a ``PoolSpecError`` whose message says which device and field is wrong; the
 controller puts it into the Ready condition and keeps the previous slices.
 
-``Device.type``, ``uuid`` and ``minor`` describe a local GPU and do not reach a
-slice; a pool device takes them from its ``type``/``uuid``/``minor`` attributes
-where those exist.
+The devices themselves are converted by ``drasil.driver.devicepools``, which a
+node's plugin uses too when it prepares one of them.
 """
 
 from __future__ import annotations
@@ -18,16 +17,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from drasil.api.devicepool import (
-    API_VERSION,
-    KIND,
-    READY,
-    DeviceAttribute,
-    DevicePool,
-    PoolDevice,
-)
-from drasil.api.quantity import QuantityError, parse_quantity
-from drasil.driver.devices import AttributeValue, Device, DeviceType, Version
+from drasil.api.devicepool import API_VERSION, KIND, READY, DevicePool, PoolDevice
+from drasil.driver.devicepools import PoolSpecError, to_device
 from drasil.driver.objects import JsonDict, condition
 from drasil.driver.slices.build import OwnerRef, Taint, build_slices
 from drasil.driver.slices.validate import SliceValidationError, TaintEffect
@@ -39,62 +30,6 @@ ATTACH_FAILED_TAINT = "drasil.dev/attach-failed"
 """Taint (NoSchedule) on a device whose simulated attach failed: KEP-5007 asks the
 provider to keep the scheduler from picking a failed device again, and a taint does
 that without taking the device out of the pool."""
-
-
-class PoolSpecError(ValueError):
-    """A DevicePool that cannot be published; the message says what to fix."""
-
-
-def _attribute(device: str, name: str, value: DeviceAttribute) -> AttributeValue:
-    given: list[AttributeValue] = []
-    if value.int_ is not None:
-        given.append(value.int_)
-    if value.bool_ is not None:
-        given.append(value.bool_)
-    if value.string is not None:
-        given.append(value.string)
-    if value.version is not None:
-        given.append(Version(value.version))
-    if len(given) != 1:
-        raise PoolSpecError(
-            f'device "{device}": attribute "{name}": needs exactly one of int, bool, string, '
-            "version"
-        )
-    return given[0]
-
-
-def _capacity(device: str, name: str, value: int | str) -> int:
-    where = f'device "{device}": capacity "{name}"'
-    try:
-        amount = parse_quantity(str(value))
-    except QuantityError as err:
-        raise PoolSpecError(f"{where}: {err}") from None
-    if amount < 0 or amount != amount.to_integral_value():
-        # Device capacities are whole units (bytes, counts), as the slice builder writes them.
-        raise PoolSpecError(f"{where}: {value!r} is not a whole non-negative number")
-    return int(amount)
-
-
-def _device_type(attributes: Mapping[str, AttributeValue]) -> DeviceType:
-    value = attributes.get("type")
-    return DeviceType(value) if value in tuple(DeviceType) else DeviceType.GPU
-
-
-def to_device(spec: PoolDevice) -> Device:
-    """One DevicePool device as a ``Device`` for the slice builder."""
-    attributes = {k: _attribute(spec.name, k, v) for k, v in spec.attributes.items()}
-    uuid, minor = attributes.get("uuid"), attributes.get("minor")
-    return Device(
-        name=spec.name,
-        type=_device_type(attributes),
-        uuid=uuid if isinstance(uuid, str) else "",
-        minor=minor if isinstance(minor, int) and not isinstance(minor, bool) else 0,
-        attributes=attributes,
-        capacity={k: _capacity(spec.name, k, v.value) for k, v in spec.capacity.items()},
-        binds_to_node=spec.binds_to_node is True,
-        binding_conditions=tuple(spec.binding_conditions),
-        binding_failure_conditions=tuple(spec.binding_failure_conditions),
-    )
 
 
 def to_taints(spec: PoolDevice, *, attach_failed: bool = False) -> list[Taint]:

@@ -31,7 +31,6 @@ from drasil.api.devicepool import DevicePool, DevicePoolError
 from drasil.api.devicepool import parse_devicepool as parse_pool
 from drasil.controller.devicepools import (
     POOL_LABEL,
-    PoolSpecError,
     PoolStatus,
     desired_slices,
     foreign_owner,
@@ -41,6 +40,7 @@ from drasil.controller.devicepools import (
     status_patch,
 )
 from drasil.controller.metrics import ControllerMetrics
+from drasil.driver.devicepools import PoolSpecError
 from drasil.driver.kubeapi import ApiError, KubeApi
 from drasil.driver.objects import JsonDict, status_of
 from drasil.driver.slices.plan import PublishPlan, plan_publish

@@ -210,6 +210,9 @@ class Device:
     binds_to_node: bool = False
     binding_conditions: tuple[str, ...] = ()
     binding_failure_conditions: tuple[str, ...] = ()
+    # Host resources (``cpu``, ``memory``: quantities) each Pod using the device takes
+    # from the node's allocatable (``drasil.driver.hostresources``).
+    host_resources: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def vendor(self) -> Vendor:
@@ -224,3 +227,4 @@ class Device:
         object.__setattr__(
             self, "capacity_policies", MappingProxyType(dict(self.capacity_policies))
         )
+        object.__setattr__(self, "host_resources", MappingProxyType(dict(self.host_resources)))

@@ -342,6 +342,13 @@ class KubeApi:
 
     # ---- DevicePools (drasil.dev/v1alpha1) --------------------------------------
 
+    def get_device_pool(self, name: str) -> JsonDict | None:
+        """A DevicePool as JSON from the watch cache, or None (no such pool, or the CRD
+        is not installed). Raises ``InvalidName`` for names no object can have."""
+        checked_name(name, what="DevicePool name")
+        path = f"/apis/{DEVICEPOOL_GROUP}/{DEVICEPOOL_VERSION}/{DEVICEPOOL_PLURAL}/{name}"
+        return self._get_json(path, query=[("resourceVersion", "0")])
+
     def patch_devicepool_status(self, name: str, patch: Mapping[str, Any]) -> bool:
         """Merge-patch a DevicePool's status; False when the pool is gone."""
         try:

@@ -206,6 +206,19 @@ class ResourceClaim(JsonView):
         return mapping(mapping(self.allocation).get("nodeSelector"))
 
     @property
+    def allocated_node(self) -> str:
+        """The one node a ``bindsToNode`` allocation is limited to (a ``metadata.name``
+        field selector); "" when the allocation names none."""
+        for term in objects(self.node_selector.get("nodeSelectorTerms")):
+            for match in objects(term.get("matchFields")):
+                values = match.get("values")
+                if match.get("key") != "metadata.name" or not isinstance(values, list):
+                    continue
+                if len(values) == 1:
+                    return text(values[0])
+        return ""
+
+    @property
     def allocation_timestamp(self) -> str:
         """``status.allocation.allocationTimestamp`` as written ("" when absent)."""
         return text(mapping(self.allocation).get("allocationTimestamp"))

@@ -300,6 +300,8 @@ def test_daemonset_command_line_is_accepted_by_the_plugin(values_file: Path | No
         assert opts.gpu_sharing == values["gpuSharing"]
         assert opts.mps_multiuser == values["mps"]["multiUser"]
         assert opts.device_plugin_resources == tuple(plugin["devicePluginResources"])
+        hosts = {k: str(v) for k, v in plugin["hostResourcesPerGpu"].items()}
+        assert dict(opts.host_resources_per_gpu) == hosts
         assert opts.node_labels == values["nodeLabels"]["names"]
         nfd = values["nodeLabels"]["nfdFeaturesDir"]
         assert opts.nfd_features_dir == (Path(nfd) if nfd else None)
@@ -553,6 +555,12 @@ def test_a_mig_profile_class_stands_for_the_device_plugins_resource_of_it() -> N
             ["deviceClasses.migExtendedResourcePrefix=mig-"],
             ["/deviceClasses/migExtendedResourcePrefix"],
             id="prefix-without-domain",
+        ),
+        pytest.param(
+            ["kubeletPlugin.hostResourcesPerGpu.nvidia\\.com/gpu=1"],
+            # helm names a wrong location for a propertyNames error; the rest is right.
+            ["invalid propertyName 'nvidia.com/gpu'", "hugepages-[0-9]+[KMGT]i?"],
+            id="extended-resource-with-a-gpu",
         ),
         pytest.param(
             ["controller.replicas=2", "controller.leaderElect=false"],

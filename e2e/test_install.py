@@ -32,6 +32,7 @@ from e2e.harness.cluster.host import free_ports
 from e2e.harness.cluster.node import Node
 from e2e.harness.kube import Kube, NotYet, gone, wait_for
 from e2e.harness.pods import container_env, pod, template, visible_uuids, wait_running
+from e2e.test_controller import pod_claim
 from tools.image import LocalImage, build_image, import_image
 
 DRIVER = "gpu.install.drasil.dev"
@@ -40,6 +41,9 @@ RESOURCE = "resource.k8s.io/v1"
 PROFILE = "l4:2"
 COMMAND = "env | sort; trap 'exit 0' TERM; sleep 3600 & wait"
 TIMEOUT = 180
+# Host resources each Pod with a whole GPU takes (--host-resources-per-gpu): small, so
+# that the workloads fit the local node.
+HOST_RESOURCES = {"cpu": "100m", "memory": "128Mi"}
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +75,13 @@ def device_class(kube: Kube) -> Iterator[str]:
 
 
 @pytest.fixture
+def fabric_class(kube: Kube) -> Iterator[str]:
+    """The devices of the test's DevicePool (type fabric-gpu), apart from the GPUs."""
+    selector = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "fabric-gpu"'
+    yield from _device_class(kube, f"fabric.{CLASS}", selector)
+
+
+@pytest.fixture
 def crd_restored(kube: Kube) -> Iterator[None]:
     """helm installs the CRD from crds/ and never removes it: put things back."""
     existed = crd_exists(kube)
@@ -88,6 +99,7 @@ def _values(node: Node, image: LocalImage, kubeconfig: Path) -> tuple[dict[str, 
     values.update(driverName=DRIVER, simulatedProfile=PROFILE, logFormat="text")
     values["controller"]["explainAfterSeconds"] = 2
     values["deviceClasses"] = {"create": False}
+    values["kubeletPlugin"]["hostResourcesPerGpu"] = HOST_RESOURCES
     return values, ports[1]
 
 
@@ -155,6 +167,13 @@ def _workload(kube: Kube, namespace: str, node: Node, device_class: str = CLASS)
 
 
 def _running_with_gpu(kube: Kube, namespace: str, name: str) -> str:
+    (uuid,) = visible_uuids(_running_env(kube, namespace, name))
+    return uuid
+
+
+def _running_env(kube: Kube, namespace: str, name: str) -> dict[str, str]:
+    """The environment of the Pod's container, once it runs (its command prints it)."""
+
     def running() -> Any:
         pod = _pod(kube, namespace, name)
         if pod.status.phase != "Running":
@@ -163,9 +182,28 @@ def _running_with_gpu(kube: Kube, namespace: str, name: str) -> str:
         return ("PATH=" in log and log) or NotYet(log)
 
     log: str = wait_for(running, timeout=TIMEOUT, what=f"Pod {name} to run with its GPU")
-    env = dict(line.split("=", 1) for line in log.splitlines() if "=" in line)
-    (uuid,) = visible_uuids(env)
-    return uuid
+    return dict(line.split("=", 1) for line in log.splitlines() if "=" in line)
+
+
+def _host_resources_debited(kube: Kube, namespace: str, pod: str, node: Node) -> None:
+    """The GPUs carry HOST_RESOURCES as an overhead per Pod, and kube-scheduler recorded
+    that it debited them for ``pod`` (DRANodeAllocatableResources)."""
+    items = (
+        kube.resource(RESOURCE, "ResourceSlice")
+        .get(field_selector=f"spec.driver={DRIVER},spec.nodeName={node.name}")
+        .items
+    )
+    published = [d.to_dict() for s in items for d in s.spec.devices or []]
+    expected = {k: {"overhead": {"perPod": v}} for k, v in HOST_RESOURCES.items()}
+    assert [d.get("nodeAllocatableResources") for d in published] == [expected] * 2
+
+    def recorded() -> Any:
+        status = kube.get("v1", "Pod", pod, namespace)["status"]
+        return status.get("nodeAllocatableResourceClaimStatuses") or NotYet(status)
+
+    [claim] = wait_for(recorded, timeout=60, what=f"Pod {pod}'s host resources recorded")
+    debited = {o["name"]: o.get("perPod") for o in claim.get("overhead") or []}
+    assert debited == HOST_RESOURCES, claim
 
 
 def _delete_pod(kube: Kube, namespace: str, name: str) -> None:
@@ -177,8 +215,41 @@ def _delete_pod(kube: Kube, namespace: str, name: str) -> None:
     )
 
 
-def _device_pool_published_and_removed(kube: Kube, namespace: str) -> None:
-    name = f"{namespace}-pool"
+ATTACHED = "drasil.dev/Attached"
+ATTACH_FAILED = "drasil.dev/AttachFailed"
+
+
+def _fabric_device(name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "attributes": {"type": {"string": "fabric-gpu"}},
+        "capacity": {"memory": {"value": "24Gi"}},
+        "bindsToNode": True,
+        "bindingConditions": [ATTACHED],
+        "bindingFailureConditions": [ATTACH_FAILED],
+    }
+
+
+def _pool_slices(kube: Kube, name: str) -> list[Any]:
+    selector = f"drasil.dev/devicepool={name}"
+    return list(kube.resource(RESOURCE, "ResourceSlice").get(label_selector=selector).items)
+
+
+def _published_pool(kube: Kube, name: str) -> Any:
+    pool = kube.get("drasil.dev/v1alpha1", "DevicePool", name)
+    conditions = (pool.get("status") or {}).get("conditions") or []
+    ok = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+    items = _pool_slices(kube, name)
+    return (ok and items) or NotYet({"conditions": conditions, "slices": len(items)})
+
+
+def _fabric_device_reaches_a_pod(kube: Kube, namespace: str, node: Node, device_class: str) -> None:
+    """A DevicePool of attachable devices (the simulated fabric fails fab-0): a Pod's
+    claim is allocated fab-0, its attach fails, the scheduler takes fab-1, the
+    controller attaches it, the Pod is bound to the real node and the chart's plugin
+    prepares the pool device: the container sees it as a GPU; deleting the Pod
+    unprepares it."""
+    name = f"{namespace}-fabric"
     kube.create(
         {
             "apiVersion": "drasil.dev/v1alpha1",
@@ -186,34 +257,39 @@ def _device_pool_published_and_removed(kube: Kube, namespace: str) -> None:
             "metadata": {"name": name},
             "spec": {
                 "allNodes": True,
-                "devices": [
-                    {
-                        "name": "remote-0",
-                        "attributes": {"type": {"string": "remote-gpu"}},
-                        "capacity": {"memory": {"value": "24Gi"}},
-                    }
-                ],
+                "devices": [_fabric_device("fab-0"), _fabric_device("fab-1")],
+                "simulatedFabric": {"attachSeconds": 2, "failDevices": ["fab-0"]},
             },
         }
     )
-    slices = kube.resource(RESOURCE, "ResourceSlice")
-    selector = f"drasil.dev/devicepool={name}"
     try:
-
-        def ready() -> Any:
-            pool = kube.get("drasil.dev/v1alpha1", "DevicePool", name)
-            conditions = (pool.get("status") or {}).get("conditions") or []
-            ok = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-            items = slices.get(label_selector=selector).items
-            return (ok and items) or NotYet({"conditions": conditions, "slices": len(items)})
-
-        (published,) = wait_for(ready, timeout=TIMEOUT, what=f"DevicePool {name} published")
+        (published,) = wait_for(
+            lambda: _published_pool(kube, name), timeout=TIMEOUT, what=f"DevicePool {name}"
+        )
         assert published.spec.driver == DRIVER
         assert published.spec.allNodes is True
+        workload = _workload(kube, namespace, node, device_class=device_class)
+        env = _running_env(kube, namespace, workload)
+        claim = pod_claim(kube, namespace, workload)
+        [result] = claim["status"]["allocation"]["devices"]["results"]
+        assert (result["pool"], result["device"]) == (name, "fab-1")
+        assert env["DRASIL_DEVICE_FAB_1"].startswith("GPU-")
+        assert env["DRASIL_DEVICE_FAB_1_POOL"] == name
+        assert visible_uuids(env) == [env["DRASIL_DEVICE_FAB_1"]]
+        # fab-0 was tried first and failed: the controller tainted it for the retry.
+        [failed] = [
+            d for s in _pool_slices(kube, name) for d in s.spec.devices if d.name == "fab-0"
+        ]
+        assert [t.key for t in failed.taints or []] == ["drasil.dev/attach-failed"]
+        uid = claim["metadata"]["uid"]
+        spec = node.cdi_dir / f"k8s.{DRIVER}-claim_{uid}.json"
+        assert spec.is_file()
+        _delete_pod(kube, namespace, workload)
+        assert not spec.exists(), "the pool device's claim was unprepared"
     finally:
         kube.delete("drasil.dev/v1alpha1", "DevicePool", name)
     wait_for(
-        lambda: not slices.get(label_selector=selector).items or NotYet("slices left"),
+        lambda: not _pool_slices(kube, name) or NotYet("slices left"),
         timeout=TIMEOUT,
         what=f"the slices of DevicePool {name} to go with it",
     )
@@ -226,6 +302,7 @@ def test_install_upgrade_uninstall(
     node: Node,
     local_image: LocalImage,
     device_class: str,
+    fabric_class: str,
     crd_restored: None,
     tmp_path: Path,
 ) -> None:
@@ -256,11 +333,13 @@ def test_install_upgrade_uninstall(
         what=f"the controller to take the Lease {lease_name}",
     )
     assert lease["spec"]["holderIdentity"].startswith(f"{release}-drasil-controller-")
-    _device_pool_published_and_removed(kube, namespace)
+    _fabric_device_reaches_a_pod(kube, namespace, node, fabric_class)
 
-    # A workload gets a GPU through the chart's driver.
+    # A workload gets a GPU through the chart's driver, and the host resources that go
+    # with it: published with each GPU, debited by the scheduler for the Pod.
     first = _workload(kube, namespace, node)
     first_gpu = _running_with_gpu(kube, namespace, first)
+    _host_resources_debited(kube, namespace, first, node)
     first_uid = _pod(kube, namespace, first).metadata.uid
 
     # Upgrade with a changed value: the DaemonSet rolls, the workload keeps running.

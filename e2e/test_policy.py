@@ -563,7 +563,7 @@ PLUGIN_RIGHTS = _rights(
     ("", "events", "", True, "create", "update"),
     ("", "secrets", "", True, "", "get"),
     ("", "pods", "", True, "", "list"),
-    ("drasil.dev", "devicepools", "", False, "", "create"),
+    ("drasil.dev", "devicepools", "", False, "get", "list watch create"),
     (R, "deviceclasses", "", False, "", "get"),
 )
 CONTROLLER_RIGHTS = _rights(

@@ -14,6 +14,7 @@ from typing import Any
 from drasil.driver.amd.partitions import PARTITION_MODES
 from drasil.driver.checkpoint import BOOT_ID_PATH
 from drasil.driver.endpoints import parse_addr
+from drasil.driver.hostresources import HostResourcesError, parse_host_resources
 from drasil.driver.logs import LOG_FORMATS, LogFormat
 
 DEFAULT_DRIVER = "gpu.drasil.dev"
@@ -119,6 +120,9 @@ class PluginOptions:
     # (None: the plugin patches its own Node).
     node_labels: str = "drasil"
     nfd_features_dir: Path | None = None
+    # DRA mode: host resources each Pod using a whole GPU takes from the node's
+    # allocatable (drasil.driver.hostresources); empty: none.
+    host_resources_per_gpu: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def driver_root_host(self) -> str:
@@ -324,6 +328,14 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "holders (empty: never; docs/migrating.md)",
     )
     p.add_argument(
+        "--host-resources-per-gpu",
+        default=env.get("HOST_RESOURCES_PER_GPU", ""),
+        help="env HOST_RESOURCES_PER_GPU; DRA mode: host resources each Pod using a whole "
+        "GPU takes from the node's allocatable, e.g. cpu=8,memory=32Gi (published as the "
+        "GPU's nodeAllocatableResources; needs the DRANodeAllocatableResources feature "
+        "gate; docs/kubelet-plugin.md#host-resources-with-a-gpu); empty: none",
+    )
+    p.add_argument(
         "--node-labels",
         choices=NODE_LABELS,
         default=env.get("NODE_LABELS", "drasil"),
@@ -453,7 +465,15 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         device_plugin_resources=_resource_patterns(ns.device_plugin_resources),
         node_labels=ns.node_labels,
         nfd_features_dir=Path(ns.nfd_features_dir) if ns.nfd_features_dir else None,
+        host_resources_per_gpu=_host_resources(ns.host_resources_per_gpu),
     )
+
+
+def _host_resources(text: str) -> dict[str, str]:
+    try:
+        return parse_host_resources(text)
+    except HostResourcesError as err:
+        raise OptionsError(str(err)) from None
 
 
 def _resource_patterns(text: str) -> tuple[str, ...]:

@@ -65,6 +65,10 @@ class PlanError(ValueError):
     """A claim this node cannot prepare; the message goes to kubelet and the user."""
 
 
+POOL_SETTING = "POOL"
+"""``DRASIL_DEVICE_<NAME>_POOL``: the DevicePool a prepared pool device came from."""
+
+
 @dataclass(frozen=True)
 class ClaimRef:
     """What kubelet says about a claim: enough to find it, and its UID to be sure."""
@@ -91,6 +95,9 @@ class NodePool:
     common_edits_vendor: Vendor = Vendor.NVIDIA
     # Where the claims' KEP-5304 metadata files go on the host; None: no metadata.
     metadata_root: Path | None = None
+    # The claim's DevicePool devices by (pool, name), resolved and checked for this
+    # node by ``drasil.driver.claims.pooldevices`` (they are not the node's own).
+    pool_devices: Mapping[tuple[str, str], Device] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -139,9 +146,12 @@ def plan_prepare(claim: Mapping[str, Any], *, ref: ClaimRef, node: NodePool) -> 
     configs that cannot be applied, in that order.
     """
     allocation = parse_allocation(claim, driver=node.driver)
-    results = _own_results(allocation.devices, node)
-    configs = resolve_configs(allocation, devices=node.devices)
-    devices = tuple(_device_plan(ref, result, configs[result.device], node) for result in results)
+    known = _claim_devices(allocation.devices, node)
+    configs = resolve_configs(allocation, devices=known)
+    devices = tuple(
+        _device_plan(ref, result, configs[result.device], node, known[result.device])
+        for result in allocation.devices
+    )
     _check_one_mode_per_gpu(devices)
     metadata: ClaimMetadata | None = None
     mounts: tuple[MetadataMount, ...] = ()
@@ -226,23 +236,42 @@ def _with_metadata_ids(
     return tuple(out)
 
 
-def _own_results(results: Sequence[AllocatedDevice], node: NodePool) -> list[AllocatedDevice]:
+def _claim_devices(results: Sequence[AllocatedDevice], node: NodePool) -> dict[str, Device]:
+    """The claim's devices by name: the node's own and its DevicePool devices.
+
+    Devices are named after themselves in the CDI spec, its variables and the configs,
+    so one claim cannot hold two devices of one name from two pools.
+    """
     if not results:
         raise PlanError(f"the claim's allocation has no device of driver {node.driver}")
+    found: dict[str, tuple[str, Device]] = {}
     for result in results:
-        if result.pool != node.pool or result.device not in node.devices:
+        if result.pool == node.pool:
+            device = node.devices.get(result.device)
+        else:
+            device = node.pool_devices.get((result.pool, result.device))
+        if device is None:
             raise PlanError(
                 f'request "{result.request}": device "{result.device}" of pool '
                 f'"{result.pool}" is not a device of driver {node.driver} on node '
                 f'"{node.pool}" (known: {", ".join(sorted(node.devices)) or "none"})'
             )
-    return list(results)
+        pool, _ = found.setdefault(result.device, (result.pool, device))
+        if pool != result.pool:
+            raise PlanError(
+                f'request "{result.request}": devices "{result.device}" of pools "{pool}" and '
+                f'"{result.pool}": one claim cannot hold two devices of one name (the CDI '
+                "spec and the DRASIL_DEVICE_* variables name devices by name)"
+            )
+    return {name: device for name, (_, device) in found.items()}
 
 
 def _device_plan(
-    ref: ClaimRef, result: AllocatedDevice, config: ResolvedConfig, node: NodePool
+    ref: ClaimRef, result: AllocatedDevice, config: ResolvedConfig, node: NodePool, device: Device
 ) -> DevicePlan:
-    device = node.devices[result.device]
+    # A DevicePool device is on no GPU of this node: nothing to share, partition or
+    # cut; its container gets its identity (``DRASIL_DEVICE_<NAME>``, ``…_POOL``).
+    local = result.pool == node.pool
     prepared = PreparedDevice(
         request_names=(result.base_request,),
         pool_name=result.pool,
@@ -257,14 +286,16 @@ def _device_plan(
         ),
         share_id=result.share_id,
         admin_access=result.admin_access,
-        sharing=_sharing(result, config, device),
-        partition=None if result.admin_access else _partition_record(device),
-        static_mig=_static_mig_record(device),
+        sharing=_sharing(result, config, device) if local else None,
+        partition=None if result.admin_access or not local else _partition_record(device),
+        static_mig=_static_mig_record(device) if local else None,
     )
     if result.admin_access:
         settings = admin_settings()
     else:
         settings = sharing_settings(config.config, mode=prepared.sharing)
+    if not local:
+        settings = {**settings, POOL_SETTING: result.pool}
     cdi = ClaimDevice(device=device, settings=settings, share_id=result.share_id)
     return DevicePlan(result=result, config=config, cdi=cdi, prepared=prepared)
 

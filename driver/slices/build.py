@@ -190,6 +190,12 @@ def _device(
     if taints:
         out["taints"] = [_taint(t) for t in taints]
     out.update(_binding(device))
+    if device.host_resources:
+        # drasil.driver.hostresources: an overhead each Pod using the device takes.
+        hosts = device.host_resources
+        out["nodeAllocatableResources"] = {
+            name: {"overhead": {"perPod": hosts[name]}} for name in sorted(hosts)
+        }
     return out
 
 

@@ -22,8 +22,9 @@ pool again and plan again; the generation only moves forward.
 
 Content is compared the way the API server stores it: empty lists and maps equal
 missing ones, quantities compare by value (``1000`` equals ``1k``) in capacities,
-counters and request policies alike, ``allowMultipleAllocations: false`` equals its
-absence, and a taint's ``timeAdded``, which the server fills in, is ignored.
+counters, request policies and host-resource overheads alike,
+``allowMultipleAllocations: false`` equals its absence, and a taint's ``timeAdded``,
+which the server fills in, is ignored.
 """
 
 from __future__ import annotations
@@ -173,7 +174,19 @@ def _device(device: Mapping[str, Any]) -> dict[str, Any]:
     out["taints"] = [
         {k: v for k, v in t.items() if k != "timeAdded"} for t in device.get("taints") or []
     ]
+    out["nodeAllocatableResources"] = {
+        name: _overhead(entry)
+        for name, entry in (device.get("nodeAllocatableResources") or {}).items()
+    }
     return out
+
+
+def _overhead(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """A nodeAllocatableResources entry with its overhead's quantities by value."""
+    overhead = entry.get("overhead")
+    if not isinstance(overhead, Mapping):
+        return dict(entry)
+    return {**entry, "overhead": {key: _value(value) for key, value in overhead.items()}}
 
 
 def _quantities(entries: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -75,6 +75,8 @@ FEATURE_GATES = {
     "DRAConsumableCapacity": True,  # beta, on by default
     "DRADeviceBindingConditions": True,  # beta, on by default
     "ResourceHealthStatus": True,  # beta, on by default (kubelet health stream)
+    # alpha (1.36): a device's nodeAllocatableResources (--host-resources-per-gpu)
+    "DRANodeAllocatableResources": True,
 }
 
 # resource.k8s.io/v1 (with DeviceTaintRule, GA in 1.37) is served by default; the beta

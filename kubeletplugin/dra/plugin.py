@@ -25,6 +25,7 @@ from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore
 from drasil.driver.checkpointdisk import LoadOutcome, LoadResult
 from drasil.driver.devices import Device
 from drasil.driver.files import FileLock
+from drasil.driver.hostresources import with_host_resources
 from drasil.driver.kubeapi import KubeApi
 from drasil.driver.nvidia.driverfiles import DriverRoot, find_binary
 from drasil.driver.nvidia.nodelabels import node_labels
@@ -116,7 +117,8 @@ class KubeletPlugin:
     # ---- start -------------------------------------------------------------------
 
     def start(self) -> None:
-        self.devices = {d.name: d for d in self.node.discover()}
+        found = with_host_resources(self.node.discover(), self.opts.host_resources_per_gpu)
+        self.devices = {d.name: d for d in found}
         self.edits = node_edits(self.opts, self.lib)
         self._check_readiness()
         self.opts.state_dir.mkdir(parents=True, exist_ok=True)
@@ -132,6 +134,7 @@ class KubeletPlugin:
             state_dir=self.opts.state_dir,
             node_edits=self.edits,
             migs=MigInstances(self.lib, state_dir=self.opts.state_dir),
+            pools=self.api,
         )
         self.preparer.effects = GpuEffects(
             self.lib,

@@ -61,6 +61,7 @@ from drasil.driver.claims.plan import (
     check_not_held,
     plan_prepare,
 )
+from drasil.driver.claims.pooldevices import foreign_pools, pool_devices
 from drasil.driver.devices import Device, MigPlacement
 from drasil.driver.files import FileLock, LockTimeoutError, crash_point
 from drasil.driver.nvidia.driveredits import NodeEdits
@@ -87,6 +88,12 @@ class ClaimReader(Protocol):
     def get_claim(
         self, namespace: str, name: str, *, cached: bool = False
     ) -> Mapping[str, Any] | None: ...
+
+
+class PoolReader(Protocol):
+    """Reads a DevicePool (``drasil.dev/v1alpha1``) as its JSON object, or None."""
+
+    def get_device_pool(self, name: str) -> Mapping[str, Any] | None: ...
 
 
 class PrepareError(Exception):
@@ -173,6 +180,9 @@ class Preparer:
     # Why a device may not be prepared now (None: it may), e.g. another device plugin
     # on the node hands it out (doublebooking.py); None: every device may.
     withheld: Callable[[str], str | None] | None = None
+    # Where the DevicePools of claims holding pool devices are read; None: such claims
+    # are refused as not this node's.
+    pools: PoolReader | None = None
 
     def __post_init__(self) -> None:
         self._api_slots = threading.BoundedSemaphore(self.api_readers)
@@ -236,11 +246,34 @@ class Preparer:
             assert record is not None
             return record.devices
         claim = self._read_claim(ref)
-        plan = plan_prepare(claim, ref=ref, node=self.node)
+        node = self._claim_node(claim)
+        plan = plan_prepare(claim, ref=ref, node=node)
         self._check_not_withheld(plan)
         if self.effects is not None:
             self.effects.check(plan, claim)
-        return self._carry_out(plan, claim, resumed=record is not None)
+        return self._carry_out(plan, claim, node, resumed=record is not None)
+
+    def _claim_node(self, claim: Mapping[str, Any]) -> NodePool:
+        """The node as the claim's plan sees it: with the DevicePool devices it holds."""
+        names = foreign_pools(claim, driver=self.driver, node_pool=self.pool)
+        if not names or self.pools is None:
+            return self.node
+        pools = {name: self._read_pool(name) for name in names}
+        found = pool_devices(claim, pools, driver=self.driver, node=self.pool)
+        return replace(self.node, pool_devices=found)
+
+    def _read_pool(self, name: str) -> Mapping[str, Any] | None:
+        assert self.pools is not None
+        # The same slots as claim reads: a hung API server holds no more gRPC threads.
+        if not self._api_slots.acquire(timeout=API_SLOT_WAIT):
+            raise PrepareError(
+                f"{self.api_readers} prepares are already waiting for the API server; "
+                "kubelet retries this claim"
+            )
+        try:
+            return self.pools.get_device_pool(name)
+        finally:
+            self._api_slots.release()
 
     def _check_not_withheld(self, plan: PreparePlan) -> None:
         """A claim allocated a withheld device before kube-scheduler saw it go from the
@@ -248,12 +281,14 @@ class Preparer:
         if self.withheld is None:
             return
         for device in plan.prepared:
+            if device.pool_name != self.pool:
+                continue  # a DevicePool device: no device plugin of this node has it
             why = self.withheld(device.device_name)
             if why is not None:
                 raise PrepareError(f"device {device.device_name!r} is withheld: {why}")
 
     def _carry_out(
-        self, plan: PreparePlan, claim: Mapping[str, Any], *, resumed: bool
+        self, plan: PreparePlan, claim: Mapping[str, Any], node: NodePool, *, resumed: bool
     ) -> tuple[PreparedDevice, ...]:
         ref = plan.claim
         placements = _placements(plan)
@@ -266,7 +301,7 @@ class Preparer:
                 devices=_with_migs(plan.prepared, {n: creating_record(p) for n, p in placements}),
             )
         crash_point("prepare-after-started")
-        plan, prepared = self._cut_migs(plan, claim, self._switch_partitions(plan))
+        plan, prepared = self._cut_migs(plan, claim, node, self._switch_partitions(plan))
         if self.effects is not None:
             plan = self.effects.apply(plan)
         if resumed:
@@ -287,15 +322,19 @@ class Preparer:
         """The recorded claims with a device on a GPU the plan uses: the only ones
         ``check_not_held`` can find in the way (same device, or a part of the same
         partitionable GPU), looked up without visiting every claim of the node."""
-        return self.store.holding({self._name_key(d.result.device) for d in plan.devices})
+        return self.store.holding(
+            {self._name_key(d.result.device, pool=d.result.pool) for d in plan.devices}
+        )
 
     def _gpu_key(self, device: PreparedDevice) -> str:
         """The physical GPU a recorded device is on (what the store indexes by)."""
         if (mig := device.mig or device.static_mig) is not None:
             return mig.parent_uuid  # the node may not publish the device any more
-        return self._name_key(device.device_name)
+        return self._name_key(device.device_name, pool=device.pool_name)
 
-    def _name_key(self, name: str) -> str:
+    def _name_key(self, name: str, *, pool: str) -> str:
+        if pool != self.pool:  # a DevicePool device: on no GPU of this node
+            return f"pool:{pool}/{name}"
         device = self.devices.get(name)
         if device is None:  # not a device of this node: only its own name can clash
             return f"name:{name}"
@@ -318,7 +357,11 @@ class Preparer:
         return self.partitions.switch(wanted)
 
     def _cut_migs(
-        self, plan: PreparePlan, claim: Mapping[str, Any], switched: Mapping[str, Device]
+        self,
+        plan: PreparePlan,
+        claim: Mapping[str, Any],
+        node: NodePool,
+        switched: Mapping[str, Device],
     ) -> tuple[PreparePlan, tuple[PreparedDevice, ...]]:
         """Create the claim's MIG instances; the plan again, with their UUIDs and nodes
         and those of the ``switched`` AMD partitions.
@@ -342,7 +385,7 @@ class Preparer:
         realized = {**self.devices, **switched}
         for name, instance in created.items():
             realized[name] = instance.device(self.devices[name])
-        plan = plan_prepare(claim, ref=plan.claim, node=replace(self.node, devices=realized))
+        plan = plan_prepare(claim, ref=plan.claim, node=replace(node, devices=realized))
         if not created:
             return plan, plan.prepared
         prepared = _with_migs(plan.prepared, {n: i.record() for n, i in created.items()})

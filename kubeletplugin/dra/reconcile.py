@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
+from typing import Any
 
 from drasil.api.checkpoint import PreparedDevice
 from drasil.driver.apierrors import InvalidName
@@ -30,7 +32,8 @@ from drasil.driver.cdi.metadata import (
     is_metadata_cdi_name,
     list_claim_metadata,
 )
-from drasil.driver.cdi.spec import CdiSpecError
+from drasil.driver.cdi.spec import CdiSpecError, device_env_name
+from drasil.driver.claims.plan import POOL_SETTING
 from drasil.driver.claims.sharing import MPS
 from drasil.kubeletplugin.dra.migs import creating_record
 from drasil.kubeletplugin.dra.prepare import ClaimReader, Preparer
@@ -113,11 +116,13 @@ def run_periodically(
         stop.wait(interval)
 
 
-def _rebuilt_device(preparer: Preparer, uid: str, cdi_name: str) -> PreparedDevice:
+def _rebuilt_device(
+    preparer: Preparer, uid: str, cdi_name: str, pool: str | None
+) -> PreparedDevice:
     name = device_of_cdi_name(uid, cdi_name)
     share = cdi_name.partition(SHARE_MARK)[2] or None
     device = PreparedDevice(
-        pool_name=preparer.pool,
+        pool_name=pool or preparer.pool,
         device_name=name,
         cdi_device_ids=(
             cdi_device_id(driver=preparer.driver, claim_uid=uid, device_name=name, share_id=share),
@@ -149,7 +154,7 @@ def rebuild_from_specs(preparer: Preparer) -> int:
         if found is None:
             continue
         identity, names = found
-        devices = [_rebuilt_device(preparer, uid, name) for name in names]
+        devices = [_rebuilt_device(preparer, uid, name, pool) for name, pool in names]
         with preparer.claim_lock(uid), preparer.state_lock():
             if preparer.store.get(uid) is None:
                 preparer.store.mark_started(
@@ -162,9 +167,12 @@ def rebuild_from_specs(preparer: Preparer) -> int:
     return rebuilt
 
 
-def _spec_device_names(preparer: Preparer, uid: str) -> tuple[ClaimIdentity, list[str]] | None:
-    """Whose the claim's spec is and the devices it names, or ``None`` when it names
-    no claim of this UID or cannot be read.
+def _spec_device_names(
+    preparer: Preparer, uid: str
+) -> tuple[ClaimIdentity, list[tuple[str, str | None]]] | None:
+    """Whose the claim's spec is and the devices it names, each with the DevicePool it
+    came from (None: the node's), or ``None`` when it names no claim of this UID or
+    cannot be read.
 
     One damaged spec (not JSON, not a regular file) must not keep the plugin from
     starting: it is skipped with a warning, and the stale-claim pass deletes it as a
@@ -182,6 +190,21 @@ def _spec_device_names(preparer: Preparer, uid: str) -> tuple[ClaimIdentity, lis
     if not isinstance(entries, list) or not all(isinstance(d, dict) for d in entries):
         log.warning("skipped a CDI spec without a device list", extra={"claimUID": uid})
         return None
-    names = [str(d.get("name", "")) for d in entries]
     # A request's metadata mount is not a device: nothing to reserve.
-    return identity, [name for name in names if not is_metadata_cdi_name(name)]
+    return identity, [
+        (str(d.get("name", "")), _pool_of(uid, d))
+        for d in entries
+        if not is_metadata_cdi_name(str(d.get("name", "")))
+    ]
+
+
+def _pool_of(uid: str, entry: Mapping[str, Any]) -> str | None:
+    """The DevicePool a spec's device came from (its ``DRASIL_DEVICE_<NAME>_POOL``)."""
+    name = device_of_cdi_name(uid, str(entry.get("name", "")))
+    wanted = f"{device_env_name(name)}_{POOL_SETTING}="
+    edits = entry.get("containerEdits")
+    env = edits.get("env") if isinstance(edits, Mapping) else None
+    for item in env if isinstance(env, list) else []:
+        if isinstance(item, str) and item.startswith(wanted):
+            return item.removeprefix(wanted) or None
+    return None

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from drasil.api.devicepool import DevicePoolError, parse_devicepool
-from drasil.controller.devicepools import ATTACH_FAILED_TAINT, PoolSpecError, desired_slices
+from drasil.controller.devicepools import ATTACH_FAILED_TAINT, desired_slices
+from drasil.driver.devicepools import PoolSpecError
 
 DRIVER = "gpu.drasil.dev"
 OK, FAILED = "drasil.dev/Attached", "drasil.dev/AttachFailed"

@@ -9,7 +9,6 @@ import pytest
 from drasil.api.devicepool import PoolDevice, parse_devicepool
 from drasil.controller.devicepools import (
     POOL_LABEL,
-    PoolSpecError,
     PoolStatus,
     desired_slices,
     foreign_owner,
@@ -18,6 +17,7 @@ from drasil.controller.devicepools import (
     status_patch,
     to_device,
 )
+from drasil.driver.devicepools import PoolSpecError
 from drasil.driver.devices import DeviceType, Version
 
 DRIVER = "gpu.drasil.dev"

@@ -97,7 +97,7 @@ def _type(prop: dict[str, Any]) -> str:
     if isinstance(kind, list):
         return " or ".join(kind)
     if kind == "object" and isinstance(prop.get("additionalProperties"), dict):
-        return "map of " + str(prop["additionalProperties"].get("type", "object"))
+        return "map of " + _type(prop["additionalProperties"])
     if kind == "array" and isinstance(prop.get("items"), dict):
         return "list of " + str(prop["items"].get("type", "any"))
     return str(kind)
