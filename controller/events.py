@@ -36,6 +36,7 @@ INVALID_DEVICE_CONFIG = "InvalidDeviceConfig"
 UNSATISFIABLE = "Unsatisfiable"
 EXPLANATION_INCOMPLETE = "ExplanationIncomplete"
 SCHEDULER_NOT_RETRIED = "SchedulerNotRetried"
+GANG_INCOMPLETE = "GangIncomplete"
 COMPONENT = "drasil-controller"
 # Changed texts of explanation Events per minute, controller-wide (RepostBudget).
 REPOSTS_PER_MINUTE = 60

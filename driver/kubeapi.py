@@ -45,6 +45,8 @@ KubeconfigError = ConfigException
 
 RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_VERSION = "v1"
+# PodGroups (Workload API, feature gate GenericWorkload; beta in 1.37).
+POD_GROUP_API = "scheduling.k8s.io/v1beta1"
 LEASE_API: Final = ("coordination.k8s.io", "v1", "leases")
 
 
@@ -399,6 +401,14 @@ class KubeApi:
         """Every Node (from the API server's watch cache), or None when this identity
         may not list them."""
         return self._list_json("/api/v1/nodes", query=[("resourceVersion", "0")])
+
+    def get_pod_group(self, namespace: str, name: str) -> JsonDict | None:
+        """A PodGroup as JSON from the watch cache, or None (none of that name, or the
+        API is not served). Raises ``InvalidName`` for names no object can have."""
+        checked_name(namespace, what="namespace", label=True)
+        checked_name(name, what="PodGroup name")
+        path = f"/apis/{POD_GROUP_API}/namespaces/{namespace}/podgroups/{name}"
+        return self._get_json(path, query=[("resourceVersion", "0")])
 
     def get_pod(self, namespace: str, name: str) -> JsonDict | None:
         checked_name(namespace, what="namespace", label=True)

@@ -242,7 +242,7 @@ class ResourceClaim(JsonView):
         return objects(self.status.get("devices"))
 
 
-# --- Pods --------------------------------------------------------------------------
+# --- Pods and PodGroups -------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +267,12 @@ class Pod(JsonView):
         return objects(self.status.get("containerStatuses"))
 
     @property
+    def pod_group(self) -> str:
+        """``spec.schedulingGroup.podGroupName``: the PodGroup the Pod is scheduled in
+        ("" when none)."""
+        return text(mapping(self.spec.get("schedulingGroup")).get("podGroupName"))
+
+    @property
     def resource_claims(self) -> tuple[JsonObject, ...]:
         """``spec.resourceClaims``: the claims the Pod names or has made from templates."""
         return objects(self.spec.get("resourceClaims"))
@@ -278,6 +284,18 @@ class Pod(JsonView):
 
 
 # --- ResourceSlices and DeviceClasses ----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PodGroup(JsonView):
+    """A read-only view of a ``scheduling.k8s.io`` PodGroup: its gang policy."""
+
+    @property
+    def min_count(self) -> int | None:
+        """``spec.schedulingPolicy.gang.minCount``; None for a basic (non-gang) group."""
+        gang = mapping(mapping(self.spec.get("schedulingPolicy")).get("gang"))
+        count = gang.get("minCount")
+        return count if isinstance(count, int) and not isinstance(count, bool) else None
 
 
 @dataclass(frozen=True, slots=True)

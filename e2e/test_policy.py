@@ -578,6 +578,7 @@ CONTROLLER_RIGHTS = _rights(
     ("", "events", "", True, "create", "patch"),
     ("", "secrets", "", True, "", "get"),
     ("", "nodes", "", False, "list", "watch patch"),
+    ("scheduling.k8s.io", "podgroups", "", True, "get", "list watch update"),
 )
 
 

@@ -8,6 +8,9 @@ cached slices, claims, classes and DeviceTaintRules, and an ``Unsatisfiable`` Ev
 goes to the claim and its waiting Pods when the text is new. A claim that the
 explanations find satisfiable for ``--stall-after`` seconds gets one
 ``SchedulerNotRetried`` Event instead (``controller/stalls.py``): the wait is not capacity.
+Waiting Pods of a PodGroup are named with their group; a satisfiable claim whose Pods
+belong to a gang with fewer members than its minCount gets a ``GangIncomplete`` Event
+(``drasil.driver.explain.groups``): the wait is the gang's.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from datetime import UTC, datetime
 
 from drasil.controller.events import (
     EXPLANATION_INCOMPLETE,
+    GANG_INCOMPLETE,
     SCHEDULER_NOT_RETRIED,
     UNSATISFIABLE,
     EventRecorder,
@@ -30,9 +34,16 @@ from drasil.controller.stalls import STALL_AFTER, Episode, SchedulerStalls
 from drasil.controller.state import ClusterView, Key
 from drasil.driver.cel.selectors import CelDeviceCache
 from drasil.driver.explain.claims import ExplainContext, explain_claim, prepare_fleet
+from drasil.driver.explain.groups import (
+    GroupWait,
+    gang_message,
+    group_waits,
+    pod_groups,
+    with_groups,
+)
 from drasil.driver.explain.inventory import usage_of
 from drasil.driver.kubeapi import KubeApi
-from drasil.driver.objects import JsonDict, JsonObject, ResourceClaim, mapping, meta
+from drasil.driver.objects import JsonDict, JsonObject, Pod, ResourceClaim, mapping, meta
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +52,12 @@ NODES_MAX_AGE = 10.0  # Node labels and taints change rarely; explanations are s
 # A round of explanations shares one view of the fleet's devices and their holders for
 # at most this long; an explanation is a snapshot anyway, re-checked every MIN_RECHECK.
 FLEET_MAX_AGE = 5.0
+
+
+def _member_of(obj: JsonObject, key: Key) -> bool:
+    pod = Pod(obj)
+    alive = not pod.meta.deletion_timestamp
+    return alive and (pod.meta.namespace, pod.pod_group) == key
 
 
 def node_fit(node: JsonObject) -> JsonDict:
@@ -199,19 +216,48 @@ class ExplanationReconciler:
             self.events.memory.keep_only(ref.uid, EXPLANATION_INCOMPLETE, [message])
             self.events.warn(ref, reason=EXPLANATION_INCOMPLETE, message=message)
             return message
+        waits = self._group_waits(pods)
         if not explanation.unsatisfiable:
             log.debug("pending claim looks satisfiable", extra={"claim": explanation.claim})
+            gang = gang_message(waits)
+            if gang is not None:
+                # Not a scheduler that forgot the Pods: no stall episode runs meanwhile.
+                self.stalls.unsatisfiable(ref.uid)
+                return self._post(ref, key, GANG_INCOMPLETE, gang)
             at = time.monotonic() if now is None else now
             episode = self.stalls.satisfiable(ref.uid, now=at, wall=time.time())
-            return None if episode is None else self._stalled(ref, key, episode)
-        message = explanation.message()
-        if self._deferred(ref, UNSATISFIABLE, message):
+            return None if episode is None else self._stalled(ref, key, episode, waits)
+        return self._post(ref, key, UNSATISFIABLE, with_groups(explanation.message(), waits))
+
+    def _post(self, ref: ObjectRef, key: Key, reason: str, message: str) -> str | None:
+        """``message`` to the claim and its waiting Pods, unless it waits for the
+        repost budget; the message posted, or None."""
+        if self._deferred(ref, reason, message):
             return None
-        self.events.memory.keep_only(ref.uid, UNSATISFIABLE, [message])
-        self._tell(ref, key, UNSATISFIABLE, message)
+        self.events.memory.keep_only(ref.uid, reason, [message])
+        self._tell(ref, key, reason, message)
         return message
 
-    def _stalled(self, ref: ObjectRef, key: Key, episode: Episode) -> str:
+    def _group_waits(self, pods: Sequence[JsonObject]) -> list[GroupWait]:
+        """The PodGroups of the waiting Pods, read now; a group that cannot be read
+        (the API not served, no RBAC) is left out: naming it is a courtesy."""
+        groups: dict[Key, JsonObject | None] = {}
+        members: dict[Key, int] = {}
+        for key in pod_groups(pods):
+            try:
+                groups[key] = self.api.get_pod_group(*key)
+                listed = self.api.list_pods(key[0])
+            except Exception as err:
+                log.debug("PodGroup not read", extra={"podGroup": "/".join(key), "error": str(err)})
+                groups.pop(key, None)
+                continue
+            named = listed if listed is not None else pods
+            members[key] = sum(1 for p in named if _member_of(p, key))
+        return group_waits(groups, members)
+
+    def _stalled(
+        self, ref: ObjectRef, key: Key, episode: Episode, waits: Sequence[GroupWait] = ()
+    ) -> str:
         """Tell the claim and its waiting Pods that their wait is not capacity."""
         since = datetime.fromtimestamp(episode.since_wall, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         message = (
@@ -220,6 +266,7 @@ class ExplanationReconciler:
             f"(it retries unschedulable Pods on a related change, or within 5 minutes). "
             f"The wait is not capacity."
         )
+        message = with_groups(message, waits)
         self.metrics.scheduler_stalls.inc()
         self._tell(ref, key, SCHEDULER_NOT_RETRIED, message)
         return message

@@ -77,6 +77,10 @@ FEATURE_GATES = {
     "ResourceHealthStatus": True,  # beta, on by default (kubelet health stream)
     # alpha (1.36): a device's nodeAllocatableResources (--host-resources-per-gpu)
     "DRANodeAllocatableResources": True,
+    # beta, off by default: the Workload API's PodGroups and kube-scheduler's gang
+    # scheduling, and ResourceClaims of a whole PodGroup (e2e/test_podgroup.py)
+    "GenericWorkload": True,
+    "DRAWorkloadResourceClaims": True,
 }
 
 # resource.k8s.io/v1 (with DeviceTaintRule, GA in 1.37) is served by default; the beta
@@ -84,6 +88,10 @@ FEATURE_GATES = {
 RUNTIME_CONFIG = {
     "resource.k8s.io/v1beta1": True,
     "resource.k8s.io/v1beta2": True,
+    # Workloads and PodGroups (GenericWorkload): kube-scheduler and the controller
+    # manager watch v1beta1; v1alpha3 is watched by one controller too.
+    "scheduling.k8s.io/v1beta1": True,
+    "scheduling.k8s.io/v1alpha3": True,
 }
 
 # -- the node: containerd, runc, CNI plugins, local images ---------------------------
