@@ -87,7 +87,11 @@ def crd_restored(kube: Kube) -> Iterator[None]:
     existed = crd_exists(kube)
     yield
     if not existed:
-        kube.delete("apiextensions.k8s.io/v1", "CustomResourceDefinition", "devicepools.drasil.dev")
+        crd = ("apiextensions.k8s.io/v1", "CustomResourceDefinition", "devicepools.drasil.dev")
+        kube.delete(*crd)
+        # Gone before the next install: a CRD still terminating (its DevicePools being
+        # removed) is found by helm, which then waits for it until it is NotFound.
+        wait_for(lambda: gone(kube, *crd), timeout=TIMEOUT, what="the DevicePool CRD to go")
 
 
 def _values(node: Node, image: LocalImage, kubeconfig: Path) -> tuple[dict[str, Any], int]:
