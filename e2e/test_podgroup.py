@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-from e2e.harness import versions
 from e2e.harness.chart import chart_controller
 from e2e.harness.cluster.node import Node
 from e2e.harness.controllerproc import ControllerProcess
@@ -32,6 +31,7 @@ from e2e.harness.pods import (
     checkpoint,
     container_env,
     drain_namespace,
+    pod,
     template,
     visible_uuids,
     wait_running,
@@ -39,7 +39,6 @@ from e2e.harness.pods import (
 from e2e.test_controller import wait_event
 
 GROUP_API = "scheduling.k8s.io/v1beta1"
-COMMAND = "env | sort; trap 'exit 0' TERM; sleep 3600 & wait"
 
 
 @pytest.fixture(scope="module")
@@ -89,26 +88,7 @@ def _group(
 def _member(kube: Kube, namespace: str, node: Node, group: str, claim_template: str) -> str:
     """A Pod of the group on the node, naming the group's claim exactly as the group does."""
     name = f"{group}-{secrets.token_hex(3)}"
-    spec = {
-        "nodeSelector": {"kubernetes.io/hostname": node.name},
-        "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": 5,
-        "schedulingGroup": {"podGroupName": group},
-        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": claim_template}],
-        "containers": [
-            {
-                "name": "c",
-                "image": versions.TEST_IMAGE,
-                "imagePullPolicy": "Never",
-                "command": ["sh", "-c", COMMAND],
-                "resources": {"claims": [{"name": "gpu"}]},
-            }
-        ],
-    }
-    kube.create(
-        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}, namespace
-    )
-    return name
+    return pod(kube, namespace, node, template_name=claim_template, name=name, pod_group=group)
 
 
 def _group_claim(kube: Kube, namespace: str, group: str) -> Any:

@@ -72,10 +72,12 @@ def pod(
     name: str | None = None,
     command: str = COMMAND,
     node_selector: dict[str, str] | None = None,
+    pod_group: str | None = None,
 ) -> str:
     """A Pod on the node (a Node, or the name of a node without kubelet, where it
     is only scheduled) running the test image; its container uses the claim.
-    `node_selector` adds to the node's hostname."""
+    `node_selector` adds to the node's hostname; `pod_group` schedules it in that
+    PodGroup (spec.schedulingGroup)."""
     name = name or f"pod-{secrets.token_hex(3)}"
     container: dict[str, Any] = {
         "name": "c",
@@ -103,6 +105,8 @@ def pod(
         container["resources"] = {"claims": [{"name": "gpu"}]}
     if limits:
         container["resources"] = {"limits": limits}
+    if pod_group:
+        spec["schedulingGroup"] = {"podGroupName": pod_group}
     kube.create(
         {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}, namespace
     )

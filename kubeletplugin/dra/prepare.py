@@ -272,6 +272,13 @@ class Preparer:
             )
         try:
             return self.pools.get_device_pool(name)
+        except Exception as err:
+            if (answer := http_answer(err)) is not None and answer[0] == 403:
+                raise PrepareError(
+                    f"DevicePool {name}: the plugin may not read it (403 {answer[1]}); its "
+                    "ClusterRole needs get on devicepools.drasil.dev (upgrade the chart)"
+                ) from None
+            raise
         finally:
             self._api_slots.release()
 

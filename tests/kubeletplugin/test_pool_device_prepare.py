@@ -231,3 +231,25 @@ def test_a_lost_checkpoint_is_rebuilt_with_the_devices_pool(tmp_path: Path) -> N
     record = again.store.get(UID)
     assert record is not None
     assert [(d.pool_name, d.device_name) for d in record.devices] == [(POOL, "gpu-0")]
+
+
+class _Forbidden(Exception):
+    """What the API client raises for a 403 (status and reason, as http_answer reads)."""
+
+    status = 403
+    reason = "Forbidden"
+
+
+class ForbiddenPools:
+    def get_device_pool(self, name: str) -> dict[str, Any] | None:
+        raise _Forbidden
+
+
+def test_a_plugin_that_may_not_read_the_pool_says_which_rbac_it_lacks(tmp_path: Path) -> None:
+    claim = pool_claim(UID, "fab-0")
+    preparer = make_preparer(tmp_path, MemoryClaims(claim))
+    preparer.pools = ForbiddenPools()
+    assert preparer.prepare(ref_of(claim)).error == (
+        "DevicePool fabric: the plugin may not read it (403 Forbidden); its ClusterRole "
+        "needs get on devicepools.drasil.dev (upgrade the chart)"
+    )
