@@ -332,11 +332,12 @@ class GpuSharing(_Sharing):
 
 
 class MigDeviceSharing(_Sharing):
-    """Sharing of a MIG device: ``Exclusive`` or ``TimeSlicing``.
+    """Sharing of a MIG device: ``Exclusive`` or ``TimeSlicing``; ``MPS`` for a share.
 
-    The kind has NVIDIA's shape, ``MPS`` included, but drasil runs no MPS daemon for
-    a MIG device yet, so ``MPS`` is refused (at prepare, by the controller and by
-    ``drasil validate-config``). There is no ``timeSlicing`` block: the time-slice
+    ``MPS`` applies to a share of a MIG placement only (``--mig-mode dynamic`` with
+    ``--gpu-sharing consumable``: an MPS daemon per MIG instance), which must be MPS;
+    on a MIG device allocated whole it is refused (at prepare, and by the controller
+    where no device is shared). There is no ``timeSlicing`` block: the time-slice
     interval is a setting of the parent GPU, which other claims may be using, so one
     claim must not change it, and ``TimeSlicing`` changes nothing on the GPU (the
     processes of the containers sharing the MIG device take turns, as they would).

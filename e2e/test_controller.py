@@ -500,8 +500,8 @@ def test_mps_that_no_daemon_would_apply_is_an_event_when_the_claim_is_created(
     pools: Callable[..., dict[str, Any]],
 ) -> None:
     """The driver's only GPUs are whole (a DevicePool; no GPU is published for sharing):
-    an MPS GpuConfig, and a MigDeviceConfig's MPS anywhere, are refused on the
-    unallocated claim, before any node would prepare it."""
+    an MPS GpuConfig and an MPS MigDeviceConfig are refused on the unallocated claim,
+    before any node would prepare it."""
     pools("whole-gpus", [gpu("whole-0")], allNodes=True)
     wait_ready(kube, "whole-gpus", "True")
     mps = f'{{"apiVersion":"{CONFIG_API}","kind":"GpuConfig","sharing":{{"strategy":"MPS"}}}}'
@@ -536,7 +536,11 @@ def test_mps_that_no_daemon_would_apply_is_an_event_when_the_claim_is_created(
         MPS_NOT_APPLIED.format(device="whole GPU") + "; no GPU in this cluster is consumable"
     )
     assert on_gpu.source.component == "drasil-controller"
-    assert refused("mps-mig").message == MPS_NOT_APPLIED.format(device="MIG device")
+    assert refused("mps-mig").message == (
+        MPS_NOT_APPLIED.format(device="MIG device")
+        + " and to shares of a MIG placement (with --mig-mode dynamic, a claim that asks for "
+        "capacity.requests.memory of a MIG device); no GPU in this cluster is consumable"
+    )
     unallocated = kube.get(RESOURCE, "ResourceClaim", "mps-gpu", namespace)
     assert "allocation" not in (unallocated.get("status") or {})
 

@@ -31,7 +31,7 @@ from e2e.harness.chart import CHART, LocalNode, crd_exists, helm, local_node_val
 from e2e.harness.cluster.host import free_ports
 from e2e.harness.cluster.node import Node
 from e2e.harness.kube import Kube, NotYet, gone, wait_for
-from e2e.harness.pods import container_env, pod, template, visible_uuids, wait_running
+from e2e.harness.pods import container_env, events, pod, template, visible_uuids, wait_running
 from e2e.test_controller import pod_claim
 from tools.image import LocalImage, build_image, import_image
 
@@ -467,10 +467,13 @@ def shared_class(kube: Kube) -> Iterator[str]:
     yield from _device_class(kube, SHARED_CLASS, selector)
 
 
-def _mps_client(kube: Kube, namespace: str, node: Node, command: str) -> str:
-    """A Pod of the probe image (it has ``mps-client``) with a 4Gi share of gpu-0."""
+def _mps_client(
+    kube: Kube, namespace: str, node: Node, command: str, request: dict[str, Any] | None = None
+) -> str:
+    """A Pod of the probe image (it has ``mps-client``) with ``request``: by default a
+    4Gi share of gpu-0."""
     name = f"mps-{secrets.token_hex(3)}"
-    request = {
+    request = request or {
         "deviceClassName": SHARED_CLASS,
         "selectors": [{"cel": {"expression": f'device.attributes["{DRIVER}"].minor == 0'}}],
         "capacity": {"requests": {"memory": "4Gi"}},
@@ -542,6 +545,19 @@ def _replaced(kube: Kube, namespace: str, release: str, old: str) -> Any:
     return wait_for(ready, timeout=TIMEOUT, what="a new plugin Pod ready")
 
 
+def _install(
+    kubeconfig: Path, release: str, namespace: str, values: dict[str, Any], tmp_path: Path
+) -> tuple[Path, list[str]]:
+    """``helm install --wait`` of ``values`` without the admission policy (the sharing
+    tests' Pods are the node's); the values file and the flags, for an upgrade."""
+    values["validatingAdmissionPolicy"] = {"enabled": False}
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    common = [f"--namespace={namespace}", f"--timeout={TIMEOUT}s", "--wait"]
+    _helm(kubeconfig, "install", release, str(CHART), "-f", str(values_file), *common)
+    return values_file, common
+
+
 def _compute_mode(state_dir: Path, gpu: str) -> int:
     path = state_dir / "simulated-gpus.json"
     state = json.loads(path.read_text()) if path.exists() else {}
@@ -564,12 +580,8 @@ def test_an_mps_daemon_pod_outlives_plugin_restarts_and_updates_with_its_client(
     release = f"mps{secrets.token_hex(2)}"
     values, _ = _values(node, local_image, kubeconfig)
     values.update(gpuSharing="consumable", controller={"enabled": False})
-    values["validatingAdmissionPolicy"] = {"enabled": False}
-    values_file = tmp_path / "values.yaml"
-    values_file.write_text(yaml.safe_dump(values))
-    common = [f"--namespace={namespace}", f"--timeout={TIMEOUT}s", "--wait"]
+    values_file, common = _install(kubeconfig, release, namespace, values, tmp_path)
     state_dir = node.plugins_dir / DRIVER
-    _helm(kubeconfig, "install", release, str(CHART), "-f", str(values_file), *common)
     try:
         (plugin,) = _plugin_pods(kube, namespace, release)
         held = _mps_client(kube, namespace, node, "mps-client --hold")
@@ -603,5 +615,107 @@ def test_an_mps_daemon_pod_outlives_plugin_restarts_and_updates_with_its_client(
             what="the MPS daemon Pod deleted after the last share",
         )
         assert _compute_mode(state_dir, gpu) == 0
+    finally:
+        _helm(kubeconfig, "uninstall", release, f"--namespace={namespace}", "--wait")
+
+
+SMALL_0 = "gpu-0-mig-1g10gb-at-0"  # 9984 MiB on the simulated H100
+
+
+@pytest.fixture
+def mig_class(kube: Kube) -> Iterator[str]:
+    selector = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "mig"'
+    yield from _device_class(kube, f"mig.{CLASS}", selector)
+
+
+def _mig_share(mig_class: str, memory: str) -> dict[str, Any]:
+    """A request for a share of the 1g.10gb placement at slice 0."""
+    attribute = f'device.attributes["{DRIVER}"]'
+    selector = f'{attribute}.profile == "1g.10gb" && {attribute}.placementStart == 0'
+    return {
+        "deviceClassName": mig_class,
+        "selectors": [{"cel": {"expression": selector}}],
+        "capacity": {"requests": {"memory": memory}},
+    }
+
+
+def _mig_instances(state_dir: Path) -> list[tuple[int, int]]:
+    """(start, size) of the simulated GPU's instances, from its state file."""
+    state = json.loads((state_dir / "simulated-gpus.json").read_text())
+    return sorted(
+        (int(gi["start"]), int(gi["size"]))
+        for gpu in state["gpus"].values()
+        for gi in gpu.get("gpuInstances") or []
+    )
+
+
+def test_shares_of_a_mig_device_cut_it_once_and_destroy_it_after_the_last(
+    kube: Kube,
+    kubeconfig: Path,
+    namespace: str,
+    node: Node,
+    local_image: LocalImage,
+    mig_class: str,
+    tmp_path: Path,
+) -> None:
+    """migMode dynamic with gpuSharing consumable, as a user installs it: two Pods share
+    one MIG placement by memory (one instance, one MPS daemon Pod on it, each client
+    with its own limits); a third that does not fit is explained by the controller;
+    the first Pod's end leaves the instance to the second, the last one's removes the
+    daemon and the instance."""
+    release = f"migs{secrets.token_hex(2)}"
+    values, _ = _values(node, local_image, kubeconfig)
+    values.update(simulatedProfile="h100-80gb:1", migMode="dynamic", gpuSharing="consumable")
+    _install(kubeconfig, release, namespace, values, tmp_path)
+    state_dir = node.plugins_dir / DRIVER
+    try:
+        hold = "env | sort; mps-client --hold"
+        a = _mps_client(kube, namespace, node, hold, _mig_share(mig_class, "4Gi"))
+        b = _mps_client(kube, namespace, node, hold, _mig_share(mig_class, "2Gi"))
+        for name in (a, b):
+            _connected(kube, namespace, name)
+        env_a, env_b = container_env(kube, namespace, a), container_env(kube, namespace, b)
+        variable = "DRASIL_DEVICE_" + SMALL_0.upper().replace("-", "_")
+        mig = env_a[variable]
+        assert mig.startswith("MIG-")
+        assert env_b[variable] == mig  # one instance, cut for the first share
+        assert env_a["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
+        assert env_b["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=2048M"
+        assert env_a[f"{variable}_SHARING_STRATEGY"] == "MPS"
+        assert _mig_instances(state_dir) == [(0, 1)]
+        (daemon,) = _daemon_pods(kube, namespace)
+        assert daemon.metadata.annotations["drasil.dev/gpu"] == mig
+
+        # 4Gi + 2Gi of 9984 MiB leave 3840Mi: a third 4Gi share waits, and says why.
+        c = _mps_client(kube, namespace, node, hold, _mig_share(mig_class, "4Gi"))
+        left = f"{SMALL_0} has 3840Mi of memory left; request needs 4Gi"
+        wait_for(
+            lambda: (
+                any(left in e for e in events(kube, namespace, c))
+                or NotYet(events(kube, namespace, c))
+            ),
+            timeout=TIMEOUT,
+            what="the controller's explanation of the share that does not fit",
+        )
+        assert _pod(kube, namespace, c).status.phase == "Pending"
+        _delete_pod(kube, namespace, c)
+
+        _delete_pod(kube, namespace, a)
+        assert _mig_instances(state_dir) == [(0, 1)]
+        (still,) = _daemon_pods(kube, namespace)
+        assert still.metadata.uid == daemon.metadata.uid
+        assert "lost" not in kube.core.read_namespaced_pod_log(b, namespace)
+        _delete_pod(kube, namespace, b)
+        wait_for(
+            lambda: not _daemon_pods(kube, namespace) or NotYet("the MPS daemon Pod is left"),
+            timeout=TIMEOUT,
+            what="the MIG instance's MPS daemon Pod deleted after the last share",
+        )
+        # The daemon goes first (its server holds the instance), then the instance.
+        wait_for(
+            lambda: _mig_instances(state_dir) == [] or NotYet(_mig_instances(state_dir)),
+            timeout=TIMEOUT,
+            what="the MIG instance destroyed after the last share",
+        )
     finally:
         _helm(kubeconfig, "uninstall", release, f"--namespace={namespace}", "--wait")

@@ -12,10 +12,10 @@ strict API the plugin uses, earlier:
   file, before they reach the cluster.
 
 Beyond decoding, both refuse a strategy drasil would not apply, with the words
-prepare uses (``sharing.not_applied``): ``MPS`` in a MigDeviceConfig always, and in a
-GpuConfig where no GPU can be a share of a consumable GPU (the controller knows
-whether the cluster publishes any; a file alone does not say, so
-``validate-config`` lets it pass and prepare decides).
+prepare uses (``sharing.not_applied``): ``MPS`` in a GpuConfig or MigDeviceConfig
+where no device can be a share (of a consumable GPU, or of a MIG placement in dynamic
+MIG mode; the controller knows whether the cluster publishes any; a file alone does
+not say, so ``validate-config`` lets it pass and prepare decides).
 
 Every problem names its path, the value and what is allowed.
 """
@@ -76,7 +76,7 @@ def _not_applied(config: OpaqueConfig, *, shared_gpus: bool) -> list[ConfigIssue
     issue = not_applied(config, share=shared_gpus)
     if issue is None:
         return []
-    if not shared_gpus and config.kind == "GpuConfig":
+    if not shared_gpus:
         message = f"{issue.message}; {NO_SHARED_GPU}"
         issue = ConfigIssue(issue.path, issue.value, message, issue.allowed)
     return [issue]

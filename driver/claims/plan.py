@@ -350,15 +350,19 @@ def _static_mig_record(device: Device) -> StaticMigRecord | None:
 
 
 def _sharing(result: AllocatedDevice, config: ResolvedConfig, device: Device) -> str | None:
-    """How the claim uses a whole GPU (``sharing_mode``); MIG devices and admin access
-    change nothing on the GPU."""
-    if result.admin_access or device.type != DeviceType.GPU:
-        return None
+    """How the claim uses a whole GPU or a shared MIG placement (``sharing_mode``);
+    other MIG devices and admin access change nothing on the GPU."""
     share = result.share_id is not None and device.allow_multiple_allocations
+    mig = device.type == DeviceType.MIG
+    if result.admin_access or (mig and not share) or device.type not in _SHARED_TYPES:
+        return None
     try:
-        return sharing_mode(config.config, share=share, defaulted=config.entry is None)
+        return sharing_mode(config.config, share=share, defaulted=config.entry is None, mig=mig)
     except SharingConflict as err:
         raise PlanError(f'request "{result.request}": device "{result.device}": {err}') from None
+
+
+_SHARED_TYPES = frozenset({DeviceType.GPU, DeviceType.MIG})
 
 
 def check_not_held(
@@ -370,7 +374,8 @@ def check_not_held(
     """Refuse a device another recorded claim holds (the checkpoint is the truth).
 
     Admin access and consumable-capacity shares (both sides with a shareID) may sit on
-    a device another claim holds. With ``devices`` (the node's), parts of one
+    a device another claim holds; a share of one MIG placement still may not overlap
+    another placement's instance. With ``devices`` (the node's), parts of one
     partitionable GPU are checked too: a MIG placement overlapping another claim's,
     or the whole GPU while a part of it is held (``--mig-mode dynamic``); an AMD
     partition overlapping another's, or of another mode than the GPU is held in
@@ -385,10 +390,12 @@ def check_not_held(
                 result = mine.result
                 if _shares(result, held) and held.device_name == result.device:
                     _check_same_sharing(mine, held, record, plan.claim)
-                if result.admin_access or held.admin_access or _shares(result, held):
+                if result.admin_access or held.admin_access:
                     continue
                 if held.pool_name != result.pool:
                     continue
+                if _shares(result, held) and held.device_name == result.device:
+                    continue  # shares of one device; other devices may overlap it
                 if held.device_name == result.device:
                     what = f'device "{result.device}" is already prepared'
                 elif (conflict := _conflict(result.device, held, devices or {})) is not None:

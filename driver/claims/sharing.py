@@ -40,17 +40,16 @@ APPLIED_OUTSIDE_SHARES: Final = (
 def not_applied(config: OpaqueConfig, *, share: bool) -> ConfigIssue | None:
     """Why drasil would not apply the config's strategy to a device; None when it would.
 
-    ``share``: whether the device is a share of a consumable GPU (a result with a
-    shareID, ``--gpu-sharing consumable``). MPS is applied to such shares only: their
-    GPU gets an MPS control daemon and each share its limits. A whole GPU otherwise,
-    or a MIG device, gets no daemon, so its containers would share it without MPS
-    while the config says MPS: such a config is refused, with the allowed values.
-    Used at prepare (``deviceconfigs.resolve_configs``) and by the controller
+    ``share``: whether the device is a share (a result with a shareID, ``--gpu-sharing
+    consumable``): of a whole GPU, or of a MIG placement (``--mig-mode dynamic``). MPS
+    is applied to such shares only: their GPU or MIG instance gets an MPS control
+    daemon and each share its limits. A whole GPU otherwise, or a MIG device that is
+    not a share, gets no daemon, so its containers would share it without MPS while
+    the config says MPS: such a config is refused, with the allowed values. Used at
+    prepare (``deviceconfigs.resolve_configs``) and by the controller
     (``configcheck``), which say the same thing.
     """
-    if config.sharing.strategy != SharingStrategy.MPS:
-        return None
-    if isinstance(config, GpuConfig) and share:
+    if config.sharing.strategy != SharingStrategy.MPS or share:
         return None
     device = "a whole GPU" if isinstance(config, GpuConfig) else "a MIG device"
     allowed = ", ".join(f'"{value}"' for value in APPLIED_OUTSIDE_SHARES)
@@ -59,6 +58,11 @@ def not_applied(config: OpaqueConfig, *, share: bool) -> ConfigIssue | None:
         f"so its containers would share it without MPS; allowed values are {allowed}; "
         "MPS applies to shares of a consumable GPU (--gpu-sharing consumable, docs/sharing.md)"
     )
+    if not isinstance(config, GpuConfig):
+        message += (
+            " and to shares of a MIG placement (with --mig-mode dynamic, a claim that asks "
+            "for capacity.requests.memory of a MIG device)"
+        )
     return ConfigIssue(
         path="sharing.strategy", value=MPS, message=message, allowed=APPLIED_OUTSIDE_SHARES
     )
@@ -111,16 +115,29 @@ class ShareLimits:
     thread_percentage: int
 
 
-def sharing_mode(config: OpaqueConfig, *, share: bool, defaulted: bool) -> str | None:
+def sharing_mode(
+    config: OpaqueConfig, *, share: bool, defaulted: bool, mig: bool = False
+) -> str | None:
     """How the GPU is used, as the checkpoint records it; None when nothing on the GPU
     changes (an exclusive device). Claims on one GPU must agree on it.
 
     A share (a result with a shareID) is MPS unless its config says TimeSlicing; a
     share cannot be Exclusive, but the default config (``defaulted``) of a share means
-    MPS. A whole GPU changes only for TimeSlicing (its interval is applied).
+    MPS. A whole GPU changes only for TimeSlicing (its interval is applied). A share of
+    a MIG placement (``mig``) is MPS only: a time slice is the parent GPU's setting,
+    which other claims' instances live under, so TimeSlicing would leave the shares of
+    the instance unbounded.
     """
     sharing = config.sharing
     strategy = sharing.strategy
+    if mig and share:
+        if strategy == SharingStrategy.MPS or defaulted:
+            return MPS
+        raise SharingConflict(
+            f"sharing.strategy: {strategy} cannot apply to a share of a MIG device; "
+            "the allowed value is MPS (its instance runs an MPS daemon holding each "
+            "share to its memory and compute)"
+        )
     if strategy == SharingStrategy.TIME_SLICING:
         time_slicing = getattr(sharing, "time_slicing", None)
         interval = (
@@ -146,6 +163,9 @@ def time_slice_of(mode: str | None) -> int | None:
 
 def share_limits(device: Device, consumed: Mapping[str, int], config: OpaqueConfig) -> ShareLimits:
     """The MPS limits of one share, from what the scheduler counted it as taking.
+
+    ``device`` is the shared GPU, or the MIG instance of a shared placement: a MIG
+    share's memory and threads are parts of its instance, which is all its daemon sees.
 
     Memory: the consumed ``memory`` (else the config's pinned limit, else the GPU's).
     Threads: the consumed ``computePercent`` when the claim asked for one; otherwise

@@ -27,12 +27,20 @@ with ``allowMultipleAllocations`` so several claims can share it by capacity
 the GPU's memory rounded down to whole GiB (the API server wants the maximum on a
 step), and a new capacity ``computePercent`` (100) one of 0..100 in steps of 1 with
 default 0, meaning "no compute share asked" (prepare then derives the MPS thread
-percentage from the memory share). MIG devices are never shareable, and neither are
-the whole GPUs of ``mig_mode="dynamic"``: they keep consuming their counter set, and
-a shared GPU cannot be cut into MIG devices under its tenants. So in dynamic MIG mode
-with consumable sharing only GPUs that are not MIG-capable become shareable; in static
-mode, every GPU whose MIG mode is off. A GPU with less than 2 GiB of memory, where
-one step past the minimum would not fit, stays exclusive.
+percentage from the memory share). The whole GPUs of ``mig_mode="dynamic"`` are never
+shareable: they keep consuming their counter set, and a shared GPU cannot be cut into
+MIG devices under its tenants. Their MIG placements are, instead (``_shared_placement``):
+each gets ``allowMultipleAllocations`` with the same ``memory`` and ``computePercent``
+policies over the placement's own memory, its engine capacities pinned to 0 per share
+(they stay readable by selectors, and cannot be asked for: MPS divides SMs, not
+engines), and still consumes its counters, which kube-scheduler (1.37) takes once for
+the device however many shares it holds. Prepare cuts the instance for the first
+share and runs one MPS daemon on it; the last share's unprepare destroys it. Static
+MIG devices are never shareable. So in dynamic MIG mode with consumable sharing the
+GPUs that are not MIG-capable are shared whole and the others by MIG placement; in
+static mode, every GPU whose MIG mode is off is shared whole. A GPU or placement with
+less than 2 GiB of memory, where one step past the minimum would not fit, stays
+exclusive.
 
 Attributes are those of docs/design.md#names (NVIDIA's names, so selectors are portable); MIG
 devices share their parent's ``index``, ``minor``, PCI attributes and product facts and
@@ -220,8 +228,8 @@ def discover(
 ) -> DiscoveryResult:
     """Every publishable device of the node behind ``lib``; see the module docstring.
 
-    With ``gpu_sharing="consumable"`` whole GPUs outside any MIG layout are shareable;
-    in dynamic MIG mode that leaves only the GPUs that are not MIG-capable.
+    With ``gpu_sharing="consumable"`` whole GPUs outside any MIG layout are shareable,
+    and in dynamic MIG mode the MIG placements of MIG-capable GPUs.
 
     Raises ``NvmlUnavailable`` when NVML cannot be initialised or answers no system
     query; per-device failures end up in ``skipped`` instead.
@@ -311,6 +319,8 @@ def _discover_gpu(
         mode = _mig_mode(lib, handle)
         if dynamic and mode is not None and _cuts_on_demand(gpu, mode):
             found = _partitionable(lib, handle, gpu, whole=not _resets_for_mig(gpu))
+            if shareable:
+                found = replace(found, devices=tuple(_shared_placement(d) for d in found.devices))
             skipped.extend(SkippedDevice(index=index, uuid=uuid, reason=r) for r in found.left_out)
             return found
         mig_slots = lib.device_max_mig_device_count(handle) if mode and mode.current else None
@@ -477,6 +487,28 @@ def _shared_gpu(gpu: _Gpu) -> Device:
         capacity={**device.capacity, COMPUTE_PERCENT: 100},
         allow_multiple_allocations=True,
         capacity_policies={"memory": memory, COMPUTE_PERCENT: COMPUTE_POLICY},
+    )
+
+
+ENGINES_PER_SHARE = CapacityPolicy(default=0, minimum=0, maximum=0)
+"""The request policy of a shared placement's engine capacities: a share takes none and
+may ask for none, so engine counts never keep a second share off the placement."""
+
+
+def _shared_placement(device: Device) -> Device:
+    """A dynamic MIG placement several claims may share by memory (consumable sharing);
+    the full GPU and a placement too small to share are returned as they are."""
+    if device.mig_placement is None:
+        return device
+    memory = memory_policy(device.capacity.get("memory", 0))
+    if memory is None:
+        return device
+    policies = {name: ENGINES_PER_SHARE for name in device.capacity if name != "memory"}
+    return replace(
+        device,
+        capacity={**device.capacity, COMPUTE_PERCENT: 100},
+        allow_multiple_allocations=True,
+        capacity_policies={**policies, "memory": memory, COMPUTE_PERCENT: COMPUTE_POLICY},
     )
 
 

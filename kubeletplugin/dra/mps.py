@@ -1,10 +1,12 @@
 """MPS control daemons of shared GPUs (``--gpu-sharing consumable``): start, limit, stop, sweep.
 
 Claims that share one GPU are kept to their share by CUDA MPS: one control daemon per
-shared GPU, started with the first share (``MpsDaemons.ensure``) and stopped after the
-last (``stop``). Both calls are idempotent, so a repeated call after a crash finishes
-what the crashed one began. Each share's containers get the daemon's pipe directory
-(read-only), its ``/dev/shm`` and their limits (``share_edits``).
+shared GPU (or shared MIG instance: "GPU UUID" below is then its ``MIG-`` UUID, which
+``CUDA_VISIBLE_DEVICES`` takes alike), started with the first share
+(``MpsDaemons.ensure``) and stopped after the last (``stop``). Both calls are
+idempotent, so a repeated call after a crash finishes what the crashed one began. Each
+share's containers get the daemon's pipe directory (read-only), its ``/dev/shm`` and
+their limits (``share_edits``).
 
 Where things are, per GPU, under ``<state dir>/mps/<key>/`` (``key``: 12 hex digits of
 the SHA-256 of the GPU's UUID, short because a Unix socket's path, here the daemon's

@@ -12,6 +12,10 @@ prepare:   checkpoint PrepareStarted (with the planned devices)
 unprepare: CDI spec deleted -> metadata files deleted [-> MIG instances destroyed]
            -> checkpoint entry removed
 
+A MIG instance that shares of one placement hold together (``--gpu-sharing
+consumable``) is cut by the first share's prepare (the others adopt it) and destroyed
+by the last share's unprepare, after its MPS daemon is stopped.
+
 The metadata files (KEP-5304, ``drasil.driver.cdi.metadata``) are written before the
 spec that mounts them and deleted after it, so a spec never names a missing file.
 
@@ -484,15 +488,46 @@ class Preparer:
         migs = [d.mig for d in record.devices if d.mig is not None] if record else []
         if migs and self.migs is None:
             raise MigError("this plugin has no NVML to destroy the claim's MIG instances with")
-        for mig in migs:
-            assert self.migs is not None
-            self.migs.destroy(mig)
+        for held in record.devices if record else ():
+            if held.mig is not None and held.share_id is not None:
+                self._release_shared_mig(uid, held.mig)
+            elif held.mig is not None:
+                assert self.migs is not None
+                self.migs.destroy(held.mig)
         crash_point("unprepare-after-mig")
         with self.state_lock():
             self.store.remove(uid)
         crash_point("unprepare-after-removed")
         if self._may_need_settling(record):
             self._settle()
+
+    def _release_shared_mig(self, uid: str, mig: MigRecord) -> None:
+        """The MIG instance of a share: destroyed by the last share's unprepare, its MPS
+        daemon stopped first (the daemon's server holds the instance).
+
+        The check and the destroy run under the checkpoint lock: a prepare records its
+        claim before it asks for the instance, so no share can adopt the instance
+        between the two (it either is seen here, or finds the instance gone and cuts
+        a new one). The MIG lock is taken inside it, in the order the start-up
+        reconcile takes them.
+        """
+        assert self.migs is not None
+        with self.state_lock():
+            others = [
+                other
+                for other_uid, other in self.store.holding({mig.parent_uuid}).items()
+                if other_uid != uid and any(_same_instance(d.mig, mig) for d in other.devices)
+            ]
+            if others:
+                log.debug(
+                    "MIG instance kept for its other shares",
+                    extra={"claimUID": uid, "mig": mig.uuid, "shares": len(others)},
+                )
+                return
+            if self.effects is not None and mig.uuid:
+                self.effects.stop_daemon(mig.uuid)
+            crash_point("unprepare-after-mps-stop")
+            self.migs.destroy(mig)
 
     def _may_need_settling(self, record: ClaimRecord | None) -> bool:
         """Whether GPU state may be left to undo: the claim shared a GPU or held an
@@ -547,6 +582,17 @@ def _whole_partitionable(plan: PreparePlan) -> list[Device]:
         and d.cdi.device.compute_partition is None  # AMD's: a mode switch, not MIG
         and not d.result.admin_access
     ]
+
+
+def _same_instance(a: MigRecord | None, b: MigRecord) -> bool:
+    """Whether a recorded MIG device is the instance of ``b``: the same profile at the
+    same placement of the same GPU (instance ids are reused, the placement is not)."""
+    return (
+        a is not None
+        and a.parent_uuid == b.parent_uuid
+        and a.profile_id == b.profile_id
+        and a.placement_start == b.placement_start
+    )
 
 
 def _with_migs(

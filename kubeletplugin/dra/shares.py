@@ -1,4 +1,4 @@
-"""What prepared claims change on whole GPUs: MPS daemons of shared GPUs, time slices.
+"""What prepared claims change on GPUs: MPS daemons of shared GPUs and MIG instances, time slices.
 
 A share of a consumable GPU (``--gpu-sharing consumable``) is enforced by MPS: the GPU
 gets one MPS control daemon (``drasil.kubeletplugin.dra.mps``), started with its first
@@ -9,6 +9,14 @@ EXCLUSIVE_PROCESS, so that only the MPS server can use it: a client that fails t
 reach MPS then fails ("all CUDA-capable devices are busy") instead of running without
 MPS and without limits. A claim whose config asks for time-slicing has its interval
 applied to the GPU.
+
+A share of a MIG placement (``--mig-mode dynamic`` with consumable sharing) is served
+the same way by a daemon of its MIG instance (``CUDA_VISIBLE_DEVICES=MIG-<uuid>``: MPS
+runs on top of MIG, one daemon per instance), keyed by the instance's UUID where a whole
+GPU's is keyed by the GPU's. No compute mode is set for it: NVML sets compute modes
+on whole GPUs only, and the instance's other tenants are its shares alone. Its daemon
+holds the instance, so the last share's unprepare stops it (``stop_daemon``) before
+the instance is destroyed.
 
 All of it is node state that outlives a claim, so the checkpoint records it per GPU
 (``gpus`` in ``api/checkpoint.py``), and ``settle`` undoes whatever no prepared claim
@@ -31,12 +39,12 @@ from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
-from drasil.api.checkpoint import GpuRecord, MpsDaemonRecord
+from drasil.api.checkpoint import ClaimState, GpuRecord, MpsDaemonRecord, PreparedDevice
 from drasil.driver.cdi.spec import ContainerEdits
 from drasil.driver.checkpoint import CheckpointStore
 from drasil.driver.claims.plan import DevicePlan, PreparePlan
 from drasil.driver.claims.sharing import MPS, time_slice_of
-from drasil.driver.devices import Device
+from drasil.driver.devices import Device, DeviceType
 from drasil.driver.files import crash_point
 from drasil.driver.nvidia.nvml import (
     COMPUTE_MODE_EXCLUSIVE_PROCESS,
@@ -58,6 +66,8 @@ from drasil.kubeletplugin.dra.mps import (
 )
 
 log = logging.getLogger(__name__)
+
+MIG_UUID_PREFIX = "MIG-"  # NVML's MIG device UUIDs; a whole GPU's start with GPU-
 _T = TypeVar("_T")
 
 
@@ -147,7 +157,8 @@ class GpuEffects:
             if limits is not None:
                 share = share_limits_of(limits.memory_bytes, limits.thread_percentage)
                 self._check_client_limit(gpu)
-                self._set_compute_mode(gpu)
+                if device.cdi.device.type != DeviceType.MIG:
+                    self._set_compute_mode(gpu)
                 daemon = self._daemon(gpu, share)
                 devices[index] = _with_edits(device, share_edits(daemon, share))
         if devices == list(plan.devices):
@@ -177,9 +188,9 @@ class GpuEffects:
         return daemon
 
     def _check_client_limit(self, gpu: str) -> None:
-        """MPS serves at most ``CLIENT_LIMIT`` clients per GPU; the published memory
-        policy keeps shares below it, this catches whatever got past (a policy
-        changed under prepared claims)."""
+        """MPS serves at most ``CLIENT_LIMIT`` clients per GPU (fewer on a small MIG
+        instance); the published memory policy keeps shares below it, this catches
+        whatever got past (a policy changed under prepared claims)."""
         shares = self._shares_on(gpu)
         if shares > CLIENT_LIMIT:
             raise ShareError(
@@ -224,12 +235,24 @@ class GpuEffects:
 
     # ---- unprepare and start ----------------------------------------------------------
 
+    def stop_daemon(self, uuid: str) -> None:
+        """Stop the MPS daemon serving ``uuid`` and forget it: a MIG instance whose last
+        share is being unprepared, which cannot be destroyed while its server holds it.
+        The caller holds the state lock. Idempotent; a crash after it is finished by the
+        repeated unprepare."""
+        if self.daemons.stop(uuid):
+            log.info("stopped the MPS daemon of a MIG instance", extra={"mig": uuid})
+        current = self.store.gpus().get(uuid)
+        if current is not None and current.mps is not None:
+            self.store.set_gpu(uuid, current.model_copy(update={"mps": None}))
+
     def resume(self) -> None:
         """At start: daemons of GPUs with prepared MPS shares run again (a node restart
         or an OOM kill may have taken them), then ``settle``."""
         for gpu, limits in sorted(self._share_limits().items()):
             try:
-                self._set_compute_mode(gpu)
+                if not gpu.startswith(MIG_UUID_PREFIX):
+                    self._set_compute_mode(gpu)
                 self._daemon(gpu, limits)
             except ShareError as err:
                 log.error("MPS daemon not restarted", extra={"gpu": gpu, "error": str(err)})
@@ -273,25 +296,42 @@ class GpuEffects:
             log.info(what)
         return done
 
-    def _needed(self) -> tuple[set[str], set[str]]:
-        """GPUs that prepared claims need an MPS daemon on, and a time slice on."""
-        mps: set[str] = set()
+    def _served(self, held: PreparedDevice) -> tuple[str, int] | None:
+        """The UUID a recorded share's daemon serves (its MIG instance's, else its
+        GPU's) and that device's memory; None for a device not on this node."""
+        device = self.devices.get(held.device_name)
+        memory = device.capacity.get("memory", 0) if device is not None else 0
+        if held.mig is not None:
+            return (held.mig.uuid, memory) if held.mig.uuid else None
+        return (device.uuid, memory) if device is not None and device.uuid else None
+
+    def _needed(self, *, unfinished_migs: bool = True) -> tuple[dict[str, int], set[str]]:
+        """What prepared claims need: an MPS daemon on each of these GPUs and MIG
+        instances (with its memory), and a time slice on these GPUs.
+
+        Without ``unfinished_migs`` the MIG instances of claims not completely prepared
+        are left out: at start, such an instance may be gone (a reboot), and the
+        claim's prepare, run again, cuts a new one and starts its daemon.
+        """
+        mps: dict[str, int] = {}
         slices: set[str] = set()
         with self.state_lock():
             records = dict(self.store.claims())
         for record in records.values():
+            done = record.state == ClaimState.PREPARE_COMPLETED
             for held in record.devices:
-                device = self.devices.get(held.device_name)
-                if device is None or held.sharing is None:
+                if held.sharing is None or (served := self._served(held)) is None:
+                    continue
+                if held.mig is not None and not (done or unfinished_migs):
                     continue
                 if held.sharing == MPS:
-                    mps.add(device.uuid)
+                    mps[served[0]] = served[1]
                 elif time_slice_of(held.sharing) is not None:
-                    slices.add(device.uuid)
+                    slices.add(served[0])
         return mps, slices
 
     def _shares_on(self, gpu: str) -> int:
-        """How many MPS shares prepared claims hold on the GPU."""
+        """How many MPS shares prepared claims hold on the GPU (or MIG instance)."""
         with self.state_lock():
             records = dict(self.store.claims())
         return sum(
@@ -299,25 +339,22 @@ class GpuEffects:
             for record in records.values()
             for held in record.devices
             if held.sharing == MPS
-            and (device := self.devices.get(held.device_name)) is not None
-            and device.uuid == gpu
+            and (served := self._served(held)) is not None
+            and served[0] == gpu
         )
 
     def _share_limits(self) -> dict[str, DaemonLimits]:
         """Per GPU with prepared MPS shares, the limits its daemon held (at start, for
         daemons that must run again); the whole GPU where none were recorded."""
-        mps, _ = self._needed()
+        mps, _ = self._needed(unfinished_migs=False)
         with self.state_lock():
             gpus = dict(self.store.gpus())
         limits: dict[str, DaemonLimits] = {}
-        for gpu in mps:
+        for gpu, memory in mps.items():
             record = gpus.get(gpu, GpuRecord()).mps
             if record and record.memory_mib and record.thread_percentage:
                 limits[gpu] = DaemonLimits(record.memory_mib, record.thread_percentage)
             else:
-                memory = next(
-                    (d.capacity.get("memory", 0) for d in self.devices.values() if d.uuid == gpu), 0
-                )
                 limits[gpu] = DaemonLimits(max(1, memory // 2**20), 100)
         return limits
 

@@ -106,20 +106,23 @@ def test_mps_for_a_gpu_is_left_to_prepare_where_a_gpu_may_be_a_share(
     assert posted == []
 
 
-def test_mps_for_a_mig_device_is_an_event_whatever_the_cluster_has(
+def test_mps_for_a_mig_device_is_an_event_where_no_device_is_shared(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     posted: list[dict[str, Any]] = []
     c = controller(monkeypatch, posted)
-    c.view.put_slice(gpu_slice("node-b", shared=True))
+    c.view.put_slice(gpu_slice("node-b", shared=False))
 
     (problem,) = c.configs.check(claim("MigDeviceConfig"))
     assert problem.startswith(
         'spec.devices.config[0].opaque.parameters.sharing.strategy: unsupported value "MPS" '
         "for a MIG device: drasil runs no MPS daemon for one yet"
     )
-    assert not problem.endswith("no GPU in this cluster is consumable")
+    assert problem.endswith("no GPU in this cluster is consumable")
     assert c.configs.check(claim("MigDeviceConfig", "TimeSlicing")) == []
+    # Where devices are shared (MIG placements too, in dynamic MIG), prepare decides.
+    c.view.put_slice(gpu_slice("node-b", shared=True))
+    assert c.configs.check(claim("MigDeviceConfig")) == []
 
 
 def test_the_view_knows_whether_a_gpu_may_be_shared() -> None:

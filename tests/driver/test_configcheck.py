@@ -138,6 +138,10 @@ NOT_APPLIED = (
     "(--gpu-sharing consumable, docs/sharing.md)"
 )
 WHERE = "spec.devices.config[0].opaque.parameters."
+MIG_SHARES = (
+    " and to shares of a MIG placement (with --mig-mode dynamic, a claim that asks for "
+    "capacity.requests.memory of a MIG device)"
+)
 
 
 def mig_config(**sharing: Any) -> dict[str, Any]:
@@ -155,15 +159,17 @@ def test_mps_for_a_gpu_is_refused_where_no_gpu_of_the_cluster_is_consumable() ->
     assert config_problems(mps, driver=DRIVER) == []
 
 
-def test_mps_for_a_mig_device_is_always_refused() -> None:
-    expected = WHERE.replace("spec.devices", "spec.spec.devices") + NOT_APPLIED.format(
-        device="MIG device"
+def test_mps_for_a_mig_device_is_refused_where_no_device_is_shared() -> None:
+    expected = (
+        WHERE.replace("spec.devices", "spec.spec.devices")
+        + NOT_APPLIED.format(device="MIG device")
+        + MIG_SHARES
+        + "; no GPU in this cluster is consumable"
     )
-    for shared in (True, False):
-        problems = config_problems(
-            template(entry(mig_config(strategy="MPS"))), driver=DRIVER, shared_gpus=shared
-        )
-        assert problems == [expected]
+    mps = template(entry(mig_config(strategy="MPS")))
+    assert config_problems(mps, driver=DRIVER, shared_gpus=False) == [expected]
+    # Shares of MIG placements (dynamic MIG, consumable sharing) run MPS: prepare decides.
+    assert config_problems(mps, driver=DRIVER, shared_gpus=True) == []
 
 
 def test_other_strategies_and_broken_mps_configs_say_only_what_is_wrong() -> None:

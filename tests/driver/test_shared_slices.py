@@ -70,12 +70,47 @@ def test_mig_devices_are_never_shareable() -> None:
     assert any(d.type is DeviceType.MIG for d in result.devices)
 
 
-def test_dynamic_mig_shares_only_gpus_without_mig() -> None:
+def test_dynamic_mig_shares_placements_and_gpus_without_mig() -> None:
     result = _discover("h100-80gb:1,l4:1", gpu_sharing="consumable", mig_mode="dynamic")
-    assert _shareable(result) == ["gpu-1"]
+    shared = _shareable(result)
     h100 = result.devices[0]
     assert h100.name == "gpu-0"
-    assert h100.consumes_counters  # still partitionable
+    assert "gpu-0" not in shared
+    assert h100.consumes_counters  # still partitionable, never shared whole
+    assert "gpu-1" in shared
+    placements = [d for d in result.devices if d.mig_placement is not None]
+    assert placements
+    assert all(d.name in shared for d in placements)
+    small = next(d for d in placements if d.name == "gpu-0-mig-1g10gb-at-0")
+    # Its own memory (9984 MiB) in whole GiB, a computePercent, engines pinned to 0.
+    assert small.capacity["memory"] == 9984 * 2**20
+    assert small.capacity_policies["memory"] == CapacityPolicy(9 * GiB, GiB, GiB, 9 * GiB)
+    assert small.capacity_policies[COMPUTE_PERCENT] == CapacityPolicy(0, 0, 1, 100)
+    assert small.capacity[COMPUTE_PERCENT] == 100
+    assert small.capacity_policies["multiprocessors"] == CapacityPolicy(0, 0, None, 0)
+    assert small.consumes_counters  # counters still keep overlapping placements apart
+    slices = build_slices(
+        driver=DRIVER,
+        pool="n",
+        devices=[small],
+        node_name="n",
+        counter_sets=result.counter_sets[:1],
+        generation=1,
+        owner=None,
+    )
+    published = [d for o in slices for d in o["spec"].get("devices") or []]
+    device = next(d for d in published if d["name"] == small.name)
+    assert device["allowMultipleAllocations"] is True
+    assert device["capacity"]["multiprocessors"] == {
+        "value": "16",
+        "requestPolicy": {"default": "0", "validRange": {"min": "0", "max": "0"}},
+    }
+    validate_device(device)
+
+
+def test_static_mig_and_exclusive_dynamic_mig_share_nothing() -> None:
+    result = _discover("h100-80gb:1", mig_mode="dynamic")
+    assert _shareable(result) == []
 
 
 def test_unknown_sharing_mode_is_refused() -> None:

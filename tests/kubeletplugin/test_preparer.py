@@ -449,6 +449,12 @@ def test_mps_on_a_whole_gpu_is_refused_not_passed_on(tmp_path: Path) -> None:
     assert preparer.store.get(UID_A) is None
 
 
+MIG_SHARES = (
+    " and to shares of a MIG placement (with --mig-mode dynamic, a claim that asks for "
+    "capacity.requests.memory of a MIG device)"
+)
+
+
 def test_mps_on_a_mig_device_is_refused(tmp_path: Path) -> None:
     devices = node_devices("a100-40gb-mig:1")
     name = "gpu-0-mig-1g5gb-9-0"
@@ -459,7 +465,7 @@ def test_mps_on_a_mig_device_is_refused(tmp_path: Path) -> None:
     outcome = preparer.prepare(ref_of(claim))
     assert outcome.error == (
         f'invalid device config: config[0] (FromClaim, requests [mig]) for device "{name}": '
-        f"{MPS_NOT_APPLIED.format(device='MIG device')}"
+        f"{MPS_NOT_APPLIED.format(device='MIG device')}{MIG_SHARES}"
     )
     assert not spec_file(tmp_path, UID_A).exists()
     assert preparer.store.get(UID_A) is None
