@@ -24,6 +24,7 @@ import functools
 import json
 import secrets
 import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +39,13 @@ from e2e.harness.chart import CHART, LocalNode, helm, local_node_values
 from e2e.harness.cluster.host import free_ports
 from e2e.harness.cluster.node import Node
 from e2e.harness.kube import Kube, NotYet, gone, wait_for
-from e2e.harness.pods import events, visible_uuids
+from e2e.harness.pods import (
+    container_env,
+    device_variable,
+    events,
+    visible_uuids,
+    wait_running,
+)
 from tools.image import LocalImage, build_image, import_image
 
 DRIVER = "gpu.examples.drasil.dev"
@@ -125,20 +132,11 @@ def _install(kube: Kube, kubeconfig: Path, node: Node, image: LocalImage, mode: 
     values["deviceClasses"] = {"create": False}
     values["validatingAdmissionPolicy"] = {"enabled": False}
     release = f"ex{secrets.token_hex(2)}"
-    values_file = Path(f"/tmp/{release}-values.yaml")
-    values_file.write_text(yaml.safe_dump(values))
-    _helm(
-        kubeconfig,
-        "install",
-        release,
-        str(CHART),
-        "-f",
-        str(values_file),
-        "--namespace=default",
-        f"--timeout={TIMEOUT}s",
-        "--wait",
-    )
-    values_file.unlink()
+    with tempfile.TemporaryDirectory() as folder:
+        values_file = Path(folder) / "values.yaml"
+        values_file.write_text(yaml.safe_dump(values))
+        common = ["--namespace=default", f"--timeout={TIMEOUT}s", "--wait"]
+        _helm(kubeconfig, "install", release, str(CHART), "-f", str(values_file), *common)
     wait_for(
         lambda: len(_published(kube)) >= GPUS or NotYet(len(_published(kube))),
         timeout=TIMEOUT,
@@ -257,35 +255,9 @@ class Run:
             spec["initContainers"] = [container(n, u, "env | sort") for n, u in init.items()]
         self.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec})
 
-    def running(self, name: str) -> dict[str, Any]:
-        def ready() -> Any:
-            pod = self.kube.get("v1", "Pod", name, self.namespace)
-            statuses = pod.get("status", {}).get("containerStatuses") or []
-            if statuses and all(s.get("ready") for s in statuses):
-                return pod
-            return NotYet(
-                {
-                    "phase": pod.get("status", {}).get("phase"),
-                    "events": events(self.kube, self.namespace, name),
-                }
-            )
-
-        found: dict[str, Any] = wait_for(
-            ready, timeout=TIMEOUT, what=f"Pod {self.namespace}/{name} running"
-        )
-        return found
-
     def env(self, pod: str, container: str) -> dict[str, str]:
         """The env a container printed (its log), once it has."""
-
-        def printed() -> Any:
-            log = self.kube.core.read_namespaced_pod_log(pod, self.namespace, container=container)
-            return log if "PATH=" in (log or "") else NotYet(log)
-
-        log: str = wait_for(
-            printed, timeout=TIMEOUT, what=f"the env of {self.namespace}/{pod}/{container}"
-        )
-        return dict(line.split("=", 1) for line in log.splitlines() if "=" in line)
+        return container_env(self.kube, self.namespace, pod, container=container, timeout=TIMEOUT)
 
     def uuids(self, pod: str, container: str) -> list[str]:
         return visible_uuids(self.env(pod, container))
@@ -471,7 +443,9 @@ def device_metadata_start(run: Run) -> None:
 def device_metadata_check(run: Run) -> None:
     """basic-rct-device-metadata: the device's metadata is mounted in the container."""
     seen = run.uuids("pod0", "ctr0")
-    log = run.kube.core.read_namespaced_pod_log("pod0", run.namespace, container="ctr0")
+    log = run.kube.core.read_namespaced_pod_log(
+        "pod0", run.namespace, container="ctr0", _request_timeout=30
+    )
     documents = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
     assert documents, log
     text = json.dumps(documents)
@@ -588,16 +562,12 @@ def subrequest_scoping_check(run: Run) -> None:
         seen.extend(visible_uuids(env))
         by_request = {r["request"]: r["device"] for r in run.results(pod, "gpus")}
         assert set(by_request) == {request, "extra"}, by_request
-        gpu, extra = (_variable(by_request[k]) for k in (request, "extra"))
+        gpu, extra = (device_variable(by_request[k]) for k in (request, "extra"))
         assert env[f"{gpu}_SHARING_STRATEGY"] == "TimeSlicing"
         assert env[f"{gpu}_TIMESLICE_INTERVAL"] == interval
         assert env[f"{extra}_SHARING_STRATEGY"] == default
         assert f"{extra}_TIMESLICE_INTERVAL" not in env
     assert len(set(seen)) == 6, seen
-
-
-def _variable(device: str) -> str:
-    return "DRASIL_DEVICE_" + device.upper().replace("-", "_")
 
 
 def extended_resource_start(run: Run) -> None:
@@ -658,7 +628,7 @@ def taint_noschedule_start(run: Run) -> None:
 def taint_noschedule_check(run: Run) -> None:
     """device-taint-pod-noschedule: a NoSchedule taint leaves the running Pod alone and
     keeps a new Pod from its device."""
-    run.running("pod-keeps-running")
+    wait_running(run.kube, run.namespace, "pod-keeps-running")
     _taint_rule(run, [GENERAL, GENERAL + 1], "NoSchedule")
     run.pod("pod-no-schedule", {"gpu": {"resourceClaimTemplateName": "new"}}, {"ctr0": USE_GPU})
     wait_for(
@@ -690,8 +660,8 @@ def taint_noexecute_start(run: Run) -> None:
 def taint_noexecute_check(run: Run) -> None:
     """device-taint-pod-noexecute and -toleration: a NoExecute taint evicts the Pod
     using the device, and spares the one whose claim tolerates it."""
-    run.running("pod-to-be-evicted")
-    run.running("pod-with-toleration")
+    wait_running(run.kube, run.namespace, "pod-to-be-evicted")
+    wait_running(run.kube, run.namespace, "pod-with-toleration")
     _taint_rule(run, [GENERAL + 2, GENERAL + 3], "NoExecute")
     wait_for(
         lambda: (
@@ -836,10 +806,11 @@ def _namespace(kube: Kube, scenario: Scenario) -> str:
     name = f"ex-{scenario.name[:40].rstrip('-')}-{secrets.token_hex(2)}"
     labels = {"resource.kubernetes.io/admin-access": "true"} if scenario.admin else None
     kube.core.create_namespace(
-        client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels=labels))
+        client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels=labels)),
+        _request_timeout=30,
     )
     wait_for(
-        lambda: kube.core.read_namespaced_service_account("default", name),
+        lambda: kube.core.read_namespaced_service_account("default", name, _request_timeout=30),
         timeout=30,
         what=f"ServiceAccount default in {name}",
     )
@@ -847,7 +818,11 @@ def _namespace(kube: Kube, scenario: Scenario) -> str:
 
 
 def _no_pods(kube: Kube, namespace: str) -> bool | NotYet:
-    left = [p.metadata.name for p in kube.core.list_namespaced_pod(namespace).items if p.metadata]
+    left = [
+        p.metadata.name
+        for p in kube.core.list_namespaced_pod(namespace, _request_timeout=30).items
+        if p.metadata
+    ]
     return not left or NotYet(left)
 
 
@@ -855,7 +830,7 @@ def _clean(kube: Kube, runs: list[Run]) -> None:
     for run in runs:
         for undo in run.cleanup:
             undo()
-        kube.core.delete_collection_namespaced_pod(run.namespace)
+        kube.core.delete_collection_namespaced_pod(run.namespace, _request_timeout=30)
     for run in runs:
         wait_for(
             functools.partial(_no_pods, kube, run.namespace),

@@ -704,7 +704,7 @@ def test_shares_of_a_mig_device_cut_it_once_and_destroy_it_after_the_last(
         assert _mig_instances(state_dir) == [(0, 1)]
         (still,) = _daemon_pods(kube, namespace)
         assert still.metadata.uid == daemon.metadata.uid
-        assert "lost" not in kube.core.read_namespaced_pod_log(b, namespace)
+        assert "lost" not in kube.core.read_namespaced_pod_log(b, namespace, _request_timeout=30)
         _delete_pod(kube, namespace, b)
         wait_for(
             lambda: not _daemon_pods(kube, namespace) or NotYet("the MPS daemon Pod is left"),

@@ -243,16 +243,20 @@ class ExplanationReconciler:
         (the API not served, no RBAC) is left out: naming it is a courtesy."""
         groups: dict[Key, JsonObject | None] = {}
         members: dict[Key, int] = {}
+        listed: dict[str, Sequence[JsonObject] | None] = {}  # one list per namespace
         for key in pod_groups(pods):
             try:
                 groups[key] = self.api.get_pod_group(*key)
-                listed = self.api.list_pods(key[0])
+                if key[0] not in listed:
+                    listed[key[0]] = self.api.list_pods(key[0])
             except Exception as err:
                 log.debug("PodGroup not read", extra={"podGroup": "/".join(key), "error": str(err)})
                 groups.pop(key, None)
                 continue
-            named = listed if listed is not None else pods
-            members[key] = sum(1 for p in named if _member_of(p, key))
+            named = listed[key[0]]
+            members[key] = sum(
+                1 for p in (named if named is not None else pods) if _member_of(p, key)
+            )
         return group_waits(groups, members)
 
     def _stalled(

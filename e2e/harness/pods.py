@@ -127,14 +127,18 @@ def wait_running(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
     return result
 
 
-def container_env(kube: Kube, namespace: str, name: str, *, container: str = "c") -> dict[str, str]:
+def container_env(
+    kube: Kube, namespace: str, name: str, *, container: str = "c", timeout: float = 60
+) -> dict[str, str]:
     """The env the container printed at start (its log)."""
 
     def printed() -> Any:
-        log = kube.core.read_namespaced_pod_log(name, namespace, container=container)
+        log = kube.core.read_namespaced_pod_log(
+            name, namespace, container=container, _request_timeout=30
+        )
         return log if "PATH=" in log else NotYet(log)
 
-    log: str = wait_for(printed, timeout=60, what=f"the env in the log of {namespace}/{name}")
+    log: str = wait_for(printed, timeout=timeout, what=f"the env in the log of {namespace}/{name}")
     return dict(line.split("=", 1) for line in log.splitlines() if "=" in line)
 
 
