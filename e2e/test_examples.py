@@ -609,6 +609,28 @@ def _taint_rule(run: Run, devices: list[int], effect: str) -> None:
         run.cleanup.append(
             functools.partial(run.kube.delete, RESOURCE, "DeviceTaintRule", f"{name}-{minor}")
         )
+    for minor in devices:
+        wait_for(
+            functools.partial(_rule_seen, run.kube, f"{name}-{minor}"),
+            timeout=TIMEOUT,
+            what=f"DeviceTaintRule {name}-{minor} seen by the device taint controller",
+        )
+
+
+def _rule_seen(kube: Kube, name: str) -> bool | NotYet:
+    """True once kube-controller-manager's device taint controller has written the
+    rule's EvictionInProgress condition for its generation: the rule has reached a
+    watcher that applies rules to slices the way kube-scheduler's does. Creating a Pod
+    before that raced the scheduler's watch in CI (the Pod got the tainted device)."""
+    rule = kube.get(RESOURCE, "DeviceTaintRule", name)
+    generation = rule["metadata"].get("generation")
+    for condition in (rule.get("status") or {}).get("conditions") or []:
+        if (
+            condition.get("type") == "EvictionInProgress"
+            and condition.get("observedGeneration") == generation
+        ):
+            return True
+    return NotYet(rule.get("status"))
 
 
 def _on(minor: int, *tolerations: dict[str, Any]) -> list[dict[str, Any]]:
@@ -630,18 +652,47 @@ def taint_noschedule_check(run: Run) -> None:
     keeps a new Pod from its device."""
     wait_running(run.kube, run.namespace, "pod-keeps-running")
     _taint_rule(run, [GENERAL, GENERAL + 1], "NoSchedule")
-    run.pod("pod-no-schedule", {"gpu": {"resourceClaimTemplateName": "new"}}, {"ctr0": USE_GPU})
-    wait_for(
-        lambda: (
-            any("FailedScheduling" in e for e in events(run.kube, run.namespace, "pod-no-schedule"))
-            or NotYet(events(run.kube, run.namespace, "pod-no-schedule"))
-        ),
-        timeout=TIMEOUT,
-        what="the tainted device refused to the new Pod",
-    )
+    # kube-scheduler applies a rule when its own watch delivers it, which can trail the
+    # controller's that _taint_rule waits for: a Pod bound to the tainted device is that
+    # lag, so it is deleted and a new one tried, three times at most.
+    for _ in range(3):
+        if _refused(run, "pod-no-schedule"):
+            break
+    else:
+        raise AssertionError("three Pods in a row got the NoSchedule-tainted device")
     pod = run.kube.get("v1", "Pod", "pod-keeps-running", run.namespace)
     assert pod["status"]["phase"] == "Running"
     assert not run.kube.get("v1", "Pod", "pod-no-schedule", run.namespace)["spec"].get("nodeName")
+
+
+def _refused(run: Run, name: str) -> bool:
+    """Whether a new Pod for the tainted device is refused by the scheduler; one that is
+    bound instead is deleted with its claim, for the next try."""
+    run.pod(name, {"gpu": {"resourceClaimTemplateName": "new"}}, {"ctr0": USE_GPU})
+
+    def outcome() -> str | NotYet:
+        seen = events(run.kube, run.namespace, name)
+        if any("FailedScheduling" in e for e in seen):
+            return "refused"
+        if run.kube.get("v1", "Pod", name, run.namespace)["spec"].get("nodeName"):
+            return "bound"
+        return NotYet(seen)
+
+    if wait_for(outcome, timeout=TIMEOUT, what="the tainted device refused to the new Pod") == (
+        "refused"
+    ):
+        return True
+    run.kube.delete("v1", "Pod", name, run.namespace)
+    claims = run.kube.resource(RESOURCE, "ResourceClaim")
+    wait_for(
+        lambda: (
+            gone(run.kube, "v1", "Pod", name, run.namespace)
+            and len(claims.get(namespace=run.namespace, _request_timeout=30).items) == 1
+        ),
+        timeout=TIMEOUT,
+        what=f"{name} and its claim gone",
+    )
+    return False
 
 
 def taint_noexecute_start(run: Run) -> None:
