@@ -13,10 +13,12 @@ The walk of one ResourceClaim:
    (``configs``: ``InvalidDeviceConfig`` Events) and its DevicePool devices get their
    ``status.devices`` (``devicestatus``: an attach still pending marks the claim due
    at its time; a failed one marks the pool due for its taint);
-2. ``on_pod``: a Pod using the claim is indexed (waiting or not), and hears of the
-   claim's config problems;
+2. ``on_pod``: a Pod using the claim is indexed while it waits to be scheduled, and
+   hears of the claim's config problems; the Pod watch holds unscheduled Pods only
+   (``operator``), so a Pod that gets a node arrives as DELETED and leaves the index;
 3. the tick: due pools are published, then due claims' status written, then pending
-   claims that are due explained (``explanations``: ``Unsatisfiable`` Events);
+   claims that are due explained (``explanations``: ``Unsatisfiable`` Events; due
+   once a waiting Pod was refused by kube-scheduler, or was queued a long time);
 4. deletion: every reconciler forgets the claim.
 """
 

@@ -36,6 +36,7 @@ from drasil.driver.kubeapi import ApiClient
 FINALIZER = "drasil.dev/controller"
 RESOURCE_API = "resource.k8s.io/v1"
 LIST_CHUNK = 100  # objects per page of kopf's lists (settings: why)
+UNSCHEDULED_PODS = "spec.nodeName="  # the Pods the controller watches (settings: why)
 
 
 def settings() -> kopf.OperatorSettings:
@@ -67,6 +68,13 @@ def settings() -> kopf.OperatorSettings:
     # between them). In chunks, kopf hands one chunk's objects to their workers while
     # it asks for the next, and holds one chunk at a time.
     s.watching.chunk_size = LIST_CHUNK
+    # Pods matter to the controller while they wait to be scheduled: it explains their
+    # claims and warns them of bad configs. The API server filters the rest out, so
+    # the controller parses no event of a bound Pod (kubelet's status updates, a Pod's
+    # whole life on its node) and keeps nothing of it: its Pod events and memory follow
+    # the Pods that wait, not the cluster's size. A Pod that gets a node leaves the
+    # watch with a DELETED event, as if it were gone.
+    s.watching.field_selectors["v1", "pods"] = UNSCHEDULED_PODS
     return s
 
 

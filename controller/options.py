@@ -60,14 +60,16 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "--explain-after",
         type=float,
         default=env.get("EXPLAIN_AFTER", "10"),
-        help="seconds a claim may wait for allocation before it is explained (default 10)",
+        help="seconds a claim may wait for allocation before it is explained, once "
+        "kube-scheduler has tried its Pod (default 10; a Pod only queued: --stall-after)",
     )
     p.add_argument(
         "--stall-after",
         type=float,
         default=env.get("STALL_AFTER", "60"),
         help="seconds a pending claim may look satisfiable before a SchedulerNotRetried "
-        "Event says its wait is not capacity (default 60)",
+        "Event says its wait is not capacity; also when a claim whose Pods are only queued "
+        "is first explained (default 60)",
     )
     p.add_argument("--metrics-addr", default=env.get("METRICS_ADDR", ":9402"))
     p.add_argument("--health-addr", default=env.get("HEALTH_ADDR", ":9403"))

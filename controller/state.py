@@ -253,6 +253,10 @@ class PodRef:
     templates: tuple[str, ...]
     waiting: bool
     direct: tuple[str, ...] = ()
+    # kube-scheduler has had its say: PodScheduled is False (Unschedulable, gated, an
+    # error). A Pod of a PodGroup counts too: a gang waits for its members before the
+    # scheduler's queue, without a condition. Otherwise the Pod is only queued.
+    answered: bool = False
 
     @classmethod
     def of(cls, obj: JsonObject) -> PodRef | None:
@@ -266,6 +270,7 @@ class PodRef:
         templates = {text(e.get("resourceClaimTemplateName")) for e in entries} - {""}
         m = pod.meta
         waiting = not pod.node_name and not m.deletion_timestamp
+        refused = any(c.type == "PodScheduled" and c.status == "False" for c in pod.conditions)
         return cls(
             namespace=sys.intern(m.namespace),
             name=m.name,
@@ -274,6 +279,7 @@ class PodRef:
             templates=_names(templates),
             waiting=waiting and (pod.phase or "Pending") == "Pending",
             direct=_names(direct),
+            answered=refused or bool(pod.pod_group),
         )
 
     def ref(self) -> ObjectRef:

@@ -1,7 +1,8 @@
 """Why a pending claim cannot be allocated, as ``Unsatisfiable`` Events.
 
 Every tick ``PendingClaims`` says which claims to explain: unallocated, with a Pod
-waiting, for ``--explain-after`` (then again every ``MIN_RECHECK``). Only unallocated
+waiting, for ``--explain-after`` once kube-scheduler has answered one of the Pods (for
+``--stall-after`` while they are only queued), then again every ``MIN_RECHECK``. Only unallocated
 claims are walked (the ClusterView indexes them), not every claim. Each due claim is
 re-read from the API server (the cache may be a moment old), explained against the
 cached slices, claims, classes and DeviceTaintRules, and an ``Unsatisfiable`` Event
@@ -91,7 +92,9 @@ class ExplanationReconciler:
         self.driver = driver
         self.metrics = metrics
         self.pending = PendingClaims(
-            explain_after=explain_after, recheck=max(explain_after, MIN_RECHECK)
+            explain_after=explain_after,
+            recheck=max(explain_after, MIN_RECHECK),
+            queued_after=stall_after,
         )
         self.stalls = SchedulerStalls(stall_after)
         self._last_tick = 0.0  # the tick's clock, also for claims forgotten between ticks
@@ -106,12 +109,15 @@ class ExplanationReconciler:
         """The pending claims to explain now (runs on the event loop: cheap)."""
         self._last_tick = now
         waiting: dict[str, Key] = {}
+        answered: dict[str, bool] = {}
         for uid, key in self.view.unallocated_claims():
-            if any(p.waiting for p in self.view.pods_using("ResourceClaim", key)):
+            pods = [p for p in self.view.pods_using("ResourceClaim", key) if p.waiting]
+            if pods:
                 waiting[uid] = key
+                answered[uid] = any(p.answered for p in pods)
         if not waiting:
             self._drop_caches()
-        due = self.pending.update(waiting, now=now)
+        due = self.pending.update(answered, now=now)
         for uid in due:
             self.pending.explained(uid, now=now)
         for waited in self.stalls.ended_except(set(waiting), now=now):

@@ -39,10 +39,16 @@ def _claim(name: str, holds: tuple[str, ...] = ()) -> dict[str, Any]:
     return obj
 
 
-def _pod(name: str, claim: str) -> dict[str, Any]:
+UNSCHEDULABLE = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+
+
+def _pod(name: str, claim: str, *, answered: bool = True) -> dict[str, Any]:
+    """A Pod waiting for ``claim``: kube-scheduler has tried it (``answered``) or it
+    is only queued."""
     return {
         "metadata": {"name": name, "namespace": "ml", "uid": f"uid-pod-{name}"},
         "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": claim}]},
+        "status": {"phase": "Pending", "conditions": [UNSCHEDULABLE] if answered else []},
     }
 
 
@@ -113,3 +119,44 @@ def test_the_device_views_and_nodes_go_once_no_claim_waits(
     assert len(explanations.cel_cache) == 0
     monkeypatch.setattr(controller.api, "list_nodes", lambda: None)
     assert explanations.nodes(now=explain_after + 1) is None  # listed again, not kept
+
+
+def test_a_claim_whose_pod_is_only_queued_is_explained_at_stall_after(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Pod kube-scheduler has not looked at yet (no PodScheduled condition) is behind
+    others in its queue: its claim is not explained at --explain-after, only at
+    --stall-after (a scheduler that never comes); once the scheduler has tried the Pod,
+    at once, the claim having waited --explain-after."""
+    controller = _controller()
+    controller.view.put_slice(_gpu_slice())
+    controller.view.put_class(CLASS)
+    controller.view.put_claim(_claim("train", holds=("gpu-0", "gpu-1")))
+    controller.view.put_claim(_claim("queued"))
+    controller.view.put_pod(_pod("pod-queued", "queued", answered=False))
+    controller.view.put_claim(_claim("tried"))
+    controller.view.put_pod(_pod("pod-tried", "tried", answered=False))
+    monkeypatch.setattr(controller.api, "get_claim", lambda namespace, name, **_: _claim(name))
+    monkeypatch.setattr(controller.api, "get_pod", lambda namespace, name: None)
+    monkeypatch.setattr(controller.api, "list_nodes", lambda: None)
+    posted: list[dict[str, Any]] = []
+    monkeypatch.setattr(controller.api, "post_event", lambda **event: posted.append(event) or True)
+    explanations = controller.explanations
+    explain_after = explanations.pending.explain_after
+    stall_after = explanations.stalls.stall_after
+    assert stall_after > explain_after + 1
+
+    def explained() -> list[str]:
+        return sorted(e["involved"]["name"] for e in posted if e["involved"]["kind"] != "Pod")
+
+    asyncio.run(controller.tick(0.0))
+    asyncio.run(controller.tick(explain_after))
+    assert explained() == []
+    assert len(explanations.cel_cache) == 0  # no round ran: the device views not built
+
+    controller.view.put_pod(_pod("pod-tried", "tried"))  # kube-scheduler: Unschedulable
+    asyncio.run(controller.tick(explain_after + 1))
+    assert explained() == ["tried"]
+
+    asyncio.run(controller.tick(stall_after))
+    assert explained() == ["queued", "tried"]

@@ -44,6 +44,18 @@ def test_settings_keep_state_in_memory_and_post_nothing() -> None:
     assert s.watching.chunk_size == 100  # lists are read a page at a time
 
 
+def test_only_pods_that_wait_to_be_scheduled_are_watched() -> None:
+    """The API server filters bound Pods out of the controller's Pod watch and list;
+    no other kind is filtered."""
+    s = settings()
+    pods = kopf.Resource("", "v1", "pods", kind="Pod", namespaced=True)
+    claims = kopf.Resource("resource.k8s.io", "v1", "resourceclaims", kind="ResourceClaim")
+
+    assert s.watching.field_selectors.collect(pods) == ["spec.nodeName="]
+    assert s.watching.field_selectors.collect(claims) == []
+    assert s.watching.label_selectors.collect(pods) == []
+
+
 def test_only_event_handlers_are_registered() -> None:
     opts = parse_options(["--kubeconfig=/dev/null"], env={})
     controller = Controller(api=KubeApi(api_client()), options=opts, metrics=ControllerMetrics())

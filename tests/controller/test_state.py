@@ -322,3 +322,23 @@ def test_the_uid_index_keeps_one_uid_bare_and_more_in_a_set() -> None:
     index.discard(key, "u1")
     assert index.get(key) == ()
     assert len(index) == 0
+
+
+def test_pod_ref_is_answered_once_the_scheduler_refused_it_or_it_is_in_a_group() -> None:
+    """Only queued: no PodScheduled condition. Answered: PodScheduled False (tried and
+    unschedulable, or gated), or a Pod of a PodGroup (gangs wait without a condition)."""
+    queued = pod("q", claims=["c"])
+    refused = pod("r", claims=["c"])
+    refused["status"]["conditions"] = [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+    ]
+    member = pod("m", claims=["c"])
+    member["spec"]["schedulingGroup"] = {"podGroupName": "train"}
+    other = pod("o", claims=["c"])
+    other["status"]["conditions"] = [{"type": "Initialized", "status": "False"}]
+
+    answered = {n: PodRef.of(p) for n, p in [("q", queued), ("r", refused), ("m", member)]}
+    assert {n: r.answered for n, r in answered.items() if r} == {"q": False, "r": True, "m": True}
+    other_ref = PodRef.of(other)
+    assert other_ref is not None
+    assert not other_ref.answered
