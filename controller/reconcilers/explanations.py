@@ -2,12 +2,12 @@
 
 Every tick ``PendingClaims`` says which claims to explain: unallocated, with a Pod
 waiting, for ``--explain-after`` once kube-scheduler has answered one of the Pods (for
-``--stall-after`` while they are only queued), then again every ``MIN_RECHECK``. Only unallocated
-claims are walked (the ClusterView indexes them), not every claim. Each due claim is
-re-read from the API server (the cache may be a moment old), explained against the
-cached slices, claims, classes and DeviceTaintRules, and an ``Unsatisfiable`` Event
-goes to the claim and its waiting Pods when the text is new. A claim that the
-explanations find satisfiable for ``--stall-after`` seconds gets one
+``--stall-after`` while they are only queued), then again every ``MIN_RECHECK``. Only
+unallocated claims are walked (the ClusterView indexes them), not every claim. Each
+due claim is re-read from the API server (the cache may be a moment old), explained
+against the cached slices, claims, classes and DeviceTaintRules, and an
+``Unsatisfiable`` Event goes to the claim and its waiting Pods when the text is new.
+A claim that the explanations find satisfiable for ``--stall-after`` seconds gets one
 ``SchedulerNotRetried`` Event instead (``controller/stalls.py``): the wait is not capacity.
 Waiting Pods of a PodGroup are named with their group; a satisfiable claim whose Pods
 belong to a gang with fewer members than its minCount gets a ``GangIncomplete`` Event
