@@ -678,9 +678,8 @@ def _refused(run: Run, name: str) -> bool:
             return "bound"
         return NotYet(seen)
 
-    if wait_for(outcome, timeout=TIMEOUT, what="the tainted device refused to the new Pod") == (
-        "refused"
-    ):
+    seen = wait_for(outcome, timeout=TIMEOUT, what="the tainted device refused to the new Pod")
+    if seen == "refused":
         return True
     run.kube.delete("v1", "Pod", name, run.namespace)
     claims = run.kube.resource(RESOURCE, "ResourceClaim")
