@@ -29,13 +29,12 @@ from e2e.harness import binaries, build
 from e2e.harness.chart import chart_identity
 from e2e.harness.cluster import Cluster
 from e2e.harness.cluster.node import Node
-from e2e.harness.kube import Kube, NotYet, gone, wait_for
+from e2e.harness.kube import Kube, NotYet, device_classes, gone, wait_for
 from e2e.harness.pluginproc import DRIVER
 from e2e.harness.pods import (
     EXTENDED_CLASS,
     EXTENDED_RESOURCE,
     NODE_GPU_SELECTOR,
-    RESOURCE,
     drain_namespace,
 )
 
@@ -280,19 +279,8 @@ def gpu_class(kube: Kube, node: Node) -> Iterator[str]:
             "extendedResourceName": EXTENDED_RESOURCE,
         },
     }
-    for name, spec in classes.items():
-        kube.delete(RESOURCE, "DeviceClass", name)
-        kube.create(
-            {
-                "apiVersion": RESOURCE,
-                "kind": "DeviceClass",
-                "metadata": {"name": name},
-                "spec": spec,
-            }
-        )
-    yield DRIVER
-    for name in classes:
-        kube.delete(RESOURCE, "DeviceClass", name)
+    with device_classes(kube, classes):
+        yield DRIVER
 
 
 @pytest.fixture

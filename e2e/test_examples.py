@@ -38,7 +38,7 @@ from e2e.harness import versions
 from e2e.harness.chart import CHART, LocalNode, helm, local_node_values
 from e2e.harness.cluster.host import free_ports
 from e2e.harness.cluster.node import Node
-from e2e.harness.kube import Kube, NotYet, gone, wait_for
+from e2e.harness.kube import Kube, NotYet, device_classes, gone, wait_for
 from e2e.harness.pods import (
     container_env,
     device_variable,
@@ -102,19 +102,8 @@ def classes(kube: Kube) -> Iterator[None]:
         # Every whole GPU: the taint and sharing scenarios name theirs by minor.
         WHOLE_CLASS: {"selectors": [_cel(gpu)]},
     }
-    for name, spec in specs.items():
-        kube.delete(RESOURCE, "DeviceClass", name)
-        kube.create(
-            {
-                "apiVersion": RESOURCE,
-                "kind": "DeviceClass",
-                "metadata": {"name": name},
-                "spec": spec,
-            }
-        )
-    yield
-    for name in specs:
-        kube.delete(RESOURCE, "DeviceClass", name)
+    with device_classes(kube, specs):
+        yield
 
 
 def _install(kube: Kube, kubeconfig: Path, node: Node, image: LocalImage, mode: str) -> str:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import datetime
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -15,6 +16,7 @@ from kubernetes import client, config, dynamic
 from kubernetes.client.exceptions import ApiException
 
 T = TypeVar("T")
+DEVICE_CLASS_API = "resource.k8s.io/v1"
 
 # Taints that admission (TaintNodesByCondition) or the node-lifecycle controller put on
 # a Node whose kubelet has not reported Ready.
@@ -222,3 +224,24 @@ class Kube:
             schedulable, timeout=timeout, what=f"Node {name} to be Ready without taints"
         )
         return result
+
+
+@contextmanager
+def device_classes(kube: Kube, specs: Mapping[str, Any]) -> Iterator[None]:
+    """DeviceClasses ``name: spec``, each made anew (one left by an earlier run is
+    replaced), deleted on the way out."""
+    for name, spec in specs.items():
+        kube.delete(DEVICE_CLASS_API, "DeviceClass", name)
+        kube.create(
+            {
+                "apiVersion": DEVICE_CLASS_API,
+                "kind": "DeviceClass",
+                "metadata": {"name": name},
+                "spec": spec,
+            }
+        )
+    try:
+        yield
+    finally:
+        for name in specs:
+            kube.delete(DEVICE_CLASS_API, "DeviceClass", name)
