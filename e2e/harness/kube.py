@@ -16,6 +16,9 @@ from kubernetes import client, config, dynamic
 from kubernetes.client.exceptions import ApiException
 
 T = TypeVar("T")
+# Seconds for one API request of the helpers below: a stalled API server fails the
+# test with an error instead of hanging it until CI's own limit.
+REQUEST_TIMEOUT = 30
 DEVICE_CLASS_API = "resource.k8s.io/v1"
 
 # Taints that admission (TaintNodesByCondition) or the node-lifecycle controller put on
@@ -140,20 +143,33 @@ class Kube:
     def create(self, obj: dict[str, Any], namespace: str | None = None) -> dict[str, Any]:
         """Create a plain-dict object; returns the stored object as a dict."""
         res = self.resource(obj["apiVersion"], obj["kind"])
-        created = res.create(body=obj, namespace=namespace if res.namespaced else None)
+        created = res.create(
+            body=obj,
+            namespace=namespace if res.namespaced else None,
+            _request_timeout=REQUEST_TIMEOUT,
+        )
         return dict(created.to_dict())
 
     def get(
         self, api_version: str, kind: str, name: str, namespace: str | None = None
     ) -> dict[str, Any]:
         res = self.resource(api_version, kind)
-        return dict(res.get(name=name, namespace=namespace if res.namespaced else None).to_dict())
+        got = res.get(
+            name=name,
+            namespace=namespace if res.namespaced else None,
+            _request_timeout=REQUEST_TIMEOUT,
+        )
+        return dict(got.to_dict())
 
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> None:
         """Delete, ignoring an object that is already gone."""
         res = self.resource(api_version, kind)
         try:
-            res.delete(name=name, namespace=namespace if res.namespaced else None)
+            res.delete(
+                name=name,
+                namespace=namespace if res.namespaced else None,
+                _request_timeout=REQUEST_TIMEOUT,
+            )
         except ApiException as e:
             if e.status != 404:
                 raise
