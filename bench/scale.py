@@ -682,6 +682,7 @@ def run_fleet(
         with controller(kube, cluster, heap=traced) as proc, watching_pods(api, times):
             users = drasil_users("drasil-scale-system")
             usage = {"started": process_usage(_pid(proc))}
+            started_at = time.monotonic()
             busy_since = time.time()
             scheduling = run_waves(api, params, times)
             busy_until = time.time()
@@ -690,6 +691,7 @@ def run_fleet(
             if inspect is not None:
                 inspect(cluster, times)
             usage["after_scheduling"] = process_usage(_pid(proc))
+            scheduled_s = time.monotonic() - started_at
             heap_report(proc, traced, heap_dir / f"heap-N{params.nodes}-scheduled.txt")
             events_before = drasil_events(api)
             probe_started = time.monotonic()
@@ -726,6 +728,9 @@ def run_fleet(
                 ),
                 "explains": metrics.get("drasil_controller_explain_duration_seconds_count"),
                 "explain_ms_per_claim": _per_claim_ms(metrics),
+                "cpu_per_scheduled_pod": cpu_per_scheduled_pod(
+                    usage, scheduled_s, len(times.created) - params.burst
+                ),
             },
             "explain": explain,
             "health_flip": flip,
@@ -734,6 +739,17 @@ def run_fleet(
     finally:
         with contextlib.suppress(Exception):
             cluster.down()
+
+
+def cpu_per_scheduled_pod(
+    usage: Mapping[str, Mapping[str, float]], seconds: float, pods: int
+) -> dict[str, float]:
+    """The controller's CPU milliseconds per Pod of the waves, from its start to the
+    end of scheduling, and how long that took (``seconds``): the controller's CPU per
+    watch event rises as the events come slower, and the waves take about 20 times
+    longer at N = 500 than at N = 50, the scheduler's pace (docs/scale.md)."""
+    spent = usage["after_scheduling"]["cpu_seconds"] - usage["started"]["cpu_seconds"]
+    return {"seconds": round(seconds, 1), "ms": round(1000 * spent / max(pods, 1), 2)}
 
 
 def _per_claim_ms(metrics: Mapping[str, float]) -> float | None:
@@ -767,6 +783,7 @@ COLUMNS = (
     ("ctrl CPU s while scheduling", ("controller", "usage", "after_scheduling", "cpu_seconds")),
     ("ctrl CPU s (end)", ("controller", "usage", "after_idle", "cpu_seconds")),
     ("ctrl CPU s in the idle window", ("idle", "controller_cpu_seconds")),
+    ("ctrl CPU ms per scheduled Pod", ("controller", "cpu_per_scheduled_pod", "ms")),
     ("burst of pending Pods", ("controller", "burst_pods")),
     ("p50 to Unsatisfiable s", ("controller", "create_to_unsatisfiable_event_s", "p50")),
     ("p99 to Unsatisfiable s", ("controller", "create_to_unsatisfiable_event_s", "p99")),

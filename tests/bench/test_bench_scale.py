@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from bench.scale import audit_writes, per_minute, summary
+from bench.scale import audit_writes, cpu_per_scheduled_pod, per_minute, summary
 from bench.stats import percentile
 from drasil.driver.kubeapi import KubeApi
 from e2e.harness.cluster.control_plane import Cluster
@@ -22,6 +22,13 @@ def test_percentiles_are_nearest_rank() -> None:
     assert percentile([3.0], 99) == 3.0
     assert percentile([], 50) == 0.0
     assert summary([2.0, 1.0]) == {"count": 2, "p50": 1.0, "p99": 2.0, "max": 2.0}
+
+
+def test_cpu_per_scheduled_pod_is_the_controllers_cpu_over_the_waves_pods() -> None:
+    usage = {"started": {"cpu_seconds": 1.0}, "after_scheduling": {"cpu_seconds": 5.0}}
+
+    assert cpu_per_scheduled_pod(usage, 100.04, 400) == {"seconds": 100.0, "ms": 10.0}
+    assert cpu_per_scheduled_pod(usage, 1.0, 0)["ms"] == 4000.0  # no Pods: no division
 
 
 def test_node_names_sort_as_numbers() -> None:
