@@ -58,9 +58,12 @@ def settings() -> kopf.OperatorSettings:
     # kopf runs one worker task per object with events, and a worker waits this long
     # for the object's next event before it ends, holding the last event it handled:
     # a whole parsed Pod or claim (10 to 20 KiB). Its default of 5 s keeps thousands of
-    # them alive through a burst of Pods; 1 s is still longer than the gap between
-    # most events of one object, and a new worker costs microseconds.
-    s.queueing.idle_timeout = 1.0
+    # them alive through a burst of Pods, and even 1 s kept the parsed slices of the
+    # first list and the events of a wave long enough to leave pymalloc arenas partly
+    # used for good: at 500 nodes 0.1 s took the RSS after scheduling from 125 to 108
+    # MiB, for a new worker per event of an object whose events come further apart
+    # (docs/scale.md, "A worker per event").
+    s.queueing.idle_timeout = 0.1
     # kopf lists every kind before it watches it, at start and again whenever a watch
     # has fallen too far behind. Listed whole, 500 ResourceSlices or 4,000 Pods are one
     # response of megabytes parsed at once, tens of MiB of Python objects for a moment;

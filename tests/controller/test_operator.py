@@ -40,7 +40,7 @@ def test_settings_keep_state_in_memory_and_post_nothing() -> None:
     assert s.persistence.finalizer == FINALIZER == "drasil.dev/controller"
     assert s.posting.enabled is False
     assert s.peering.standalone is True
-    assert s.queueing.idle_timeout == 1.0  # workers do not hold their last event for long
+    assert s.queueing.idle_timeout == 0.1  # workers do not hold their last event for long
     assert s.watching.chunk_size == 100  # lists are read a page at a time
 
 
