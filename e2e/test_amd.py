@@ -31,11 +31,10 @@ from drasil.driver.devices import Vendor
 from drasil.kubeletplugin.deviceplugin.resources import AMD_RESOURCE_NAME, socket_name
 from e2e.harness.chart import render
 from e2e.harness.cluster.node import Node
-from e2e.harness.kube import Kube, NotYet, wait_for
+from e2e.harness.kube import RESOURCE, Kube, NotYet, wait_for
 from e2e.harness.pluginproc import DRIVER, PluginProcess
 from e2e.harness.pods import (
     POD_TIMEOUT,
-    RESOURCE,
     cdi_spec,
     container_env,
     delete_pod,

@@ -23,12 +23,11 @@ import pytest
 from drasil.api.devicepool import API_VERSION as POOL_API
 from e2e.harness.chart import chart_controller
 from e2e.harness.controllerproc import ControllerProcess
-from e2e.harness.kube import Kube, NotYet, pending_pod, wait_for
+from e2e.harness.kube import RESOURCE, Kube, NotYet, pending_pod, wait_for
 from e2e.test_controller import RACK_A, crd, gpu, pod_claim, pool_slices
 
 __all__ = ["crd"]  # the CRD fixture, shared with e2e/test_controller.py
 
-RESOURCE = "resource.k8s.io/v1"
 TOKEN = secrets.token_hex(3)
 DRIVER = f"bind-{TOKEN}.drasil.dev"
 ATTACHED = "drasil.dev/Attached"

@@ -45,10 +45,10 @@ from e2e.harness.churn import (
 from e2e.harness.cluster.control_plane import Cluster
 from e2e.harness.cluster.node import Node
 from e2e.harness.driverroot import FakeRoot, build_fake_root, upgrade_fake_root
-from e2e.harness.kube import Kube, NotYet, wait_for
+from e2e.harness.kube import RESOURCE, Kube, NotYet, wait_for
 from e2e.harness.nvidiatoolkit import cdi_hook_path
 from e2e.harness.pluginproc import DRIVER, checkpoint_claims, checkpoint_gpus
-from e2e.harness.pods import RESOURCE, node_events, visible_uuids
+from e2e.harness.pods import node_events, visible_uuids
 
 GPUS = 8
 CHURN_DEVICES = 4 * 26 + 4  # each H100 whole and its 25 MIG placements; the L4s whole

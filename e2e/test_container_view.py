@@ -16,12 +16,11 @@ from typing import Any
 from drasil.driver.cdi.metadata import CONTAINER_DIR, FILE_SUFFIX, TEMPLATES_SUBDIR
 from e2e.harness import versions
 from e2e.harness.cluster.node import Node
-from e2e.harness.kube import Kube, NotYet, wait_for
+from e2e.harness.kube import RESOURCE, Kube, NotYet, wait_for
 from e2e.harness.pluginproc import DRIVER
 from e2e.harness.pods import (
     COMMAND,
     POD_TIMEOUT,
-    RESOURCE,
     cdi_spec,
     container_env,
     device_uuid,

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from e2e.harness.cluster.node import Node
-from e2e.harness.kube import Kube, NotYet, wait_for
+from e2e.harness.kube import RESOURCE, Kube, NotYet, wait_for
 from e2e.harness.pluginproc import DRIVER, GPU_RESOURCE, PluginProcess
 from e2e.harness.pods import (
     POD_TIMEOUT,
@@ -37,7 +37,6 @@ from e2e.harness.pods import (
 )
 from e2e.harness.pods import visible_uuids as dra_visible_uuids
 
-RESOURCE = "resource.k8s.io/v1"
 GPUS = 8  # the node's simulated profile, h100-80gb:8
 DRA_CLASS = f"device-plugin-e2e.{DRIVER}"
 GPU_SELECTOR = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "gpu"'

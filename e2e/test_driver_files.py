@@ -32,7 +32,7 @@ from drasil.kubeletplugin.gpucheck import cdicheck
 from e2e.harness import versions
 from e2e.harness.cluster.node import Node
 from e2e.harness.driverroot import FakeRoot, build_fake_root, upgrade_fake_root
-from e2e.harness.kube import Kube, NotYet, wait_for
+from e2e.harness.kube import RESOURCE, Kube, NotYet, wait_for
 from e2e.harness.nvidiatoolkit import VOID_MOUNT_HOST_PATH, cdi_hook_path, reference_spec
 from e2e.harness.pluginproc import DRIVER
 from e2e.harness.pods import (
@@ -44,7 +44,6 @@ from e2e.harness.pods import (
     template,
 )
 
-RESOURCE = "resource.k8s.io/v1"
 GPUS = 8  # the node's default profile
 LAYOUTS = ("debian", "operator", "rhel", "no-ldcache", "leftovers", "custom-dir")
 NEWER = "590.44.01"

@@ -23,7 +23,7 @@ import grpc
 import pytest
 
 from bench import mig as mig_bench
-from e2e.harness.kube import Kube, NotYet, wait_for
+from e2e.harness.kube import RESOURCE, Kube, NotYet, wait_for
 from e2e.harness.pluginproc import (
     DRIVER,
     GPU_CLASS,
@@ -35,7 +35,6 @@ from e2e.harness.pluginproc import (
 from e2e.harness.pods import node_events, pod, template
 from e2e.test_kubeletplugin import assert_clean, cdi_file, checkpoint_claims
 
-RESOURCE = "resource.k8s.io/v1"
 PROFILE = "h100-80gb:1"
 MIG_CLASS = f"mig-e2e.{DRIVER}"
 

@@ -38,7 +38,7 @@ from e2e.harness import versions
 from e2e.harness.chart import CHART, LocalNode, helm, local_node_values
 from e2e.harness.cluster.host import free_ports
 from e2e.harness.cluster.node import Node
-from e2e.harness.kube import Kube, NotYet, device_classes, gone, wait_for
+from e2e.harness.kube import RESOURCE, Kube, NotYet, device_classes, gone, wait_for
 from e2e.harness.pods import (
     container_env,
     device_variable,
@@ -49,7 +49,6 @@ from e2e.harness.pods import (
 from tools.image import LocalImage, build_image, import_image
 
 DRIVER = "gpu.examples.drasil.dev"
-RESOURCE = "resource.k8s.io/v1"
 GPUS = 32
 PROFILE = f"h100-80gb:{GPUS}"
 H100 = "NVIDIA H100 80GB HBM3"

@@ -30,14 +30,13 @@ from e2e.harness import versions
 from e2e.harness.chart import CHART, LocalNode, crd_exists, helm, local_node_values
 from e2e.harness.cluster.host import free_ports
 from e2e.harness.cluster.node import Node
-from e2e.harness.kube import Kube, NotYet, gone, wait_for
+from e2e.harness.kube import RESOURCE, Kube, NotYet, gone, wait_for
 from e2e.harness.pods import container_env, events, pod, template, visible_uuids, wait_running
 from e2e.test_controller import pod_claim
 from tools.image import LocalImage, build_image, import_image
 
 DRIVER = "gpu.install.drasil.dev"
 CLASS = "install.drasil.dev"
-RESOURCE = "resource.k8s.io/v1"
 PROFILE = "l4:2"
 COMMAND = "env | sort; trap 'exit 0' TERM; sleep 3600 & wait"
 TIMEOUT = 180

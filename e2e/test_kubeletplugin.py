@@ -27,7 +27,7 @@ import pytest
 from drasil.api.limits import allow_nesting
 from drasil.kubeletplugin.gpucheck import cdicheck
 from e2e.harness.cluster import Cluster
-from e2e.harness.kube import Kube, NotYet, wait_for
+from e2e.harness.kube import RESOURCE, Kube, NotYet, wait_for
 from e2e.harness.pluginproc import (
     DRIVER,
     GPU_CLASS,
@@ -39,8 +39,6 @@ from e2e.harness.pluginproc import (
 from e2e.harness.pluginproc import checkpoint_claims as stored_claims
 from e2e.harness.pods import device_variable, template
 from e2e.harness.procs import read_pid_file
-
-RESOURCE = "resource.k8s.io/v1"
 
 
 @pytest.fixture(scope="module")

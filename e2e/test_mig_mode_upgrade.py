@@ -30,14 +30,13 @@ from drasil.driver.nvidia.nvml import Placement
 from drasil.driver.nvidia.simulated import simulated_library
 from e2e.harness.chart import CHART
 from e2e.harness.cluster.node import Node
-from e2e.harness.kube import Kube, NotYet, wait_for
+from e2e.harness.kube import RESOURCE, Kube, NotYet, wait_for
 from e2e.harness.pluginproc import DRIVER, KubeletClient, PluginProcess
 from e2e.harness.pods import node_events
 from e2e.test_dynamic_mig import (
     MIG_CLASS,
     PROFILE,
     PROFILE_3G,
-    RESOURCE,
     claim_pod,
     delete_pod,
     gpu_and_mig_classes,

@@ -36,10 +36,9 @@ import pytest
 
 from e2e.harness.chart import render
 from e2e.harness.cluster.node import Node
-from e2e.harness.kube import Kube, NotYet, wait_for
+from e2e.harness.kube import RESOURCE, Kube, NotYet, wait_for
 from e2e.harness.pluginproc import DRIVER, GPU_RESOURCE
 from e2e.harness.pods import (
-    RESOURCE,
     checkpoint,
     container_env,
     device_uuid,

@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from e2e.harness.cluster.node import Node
-from e2e.harness.kube import Kube, NotYet, gone, wait_for
+from e2e.harness.kube import RESOURCE, Kube, NotYet, gone, wait_for
 from e2e.harness.pluginproc import DRIVER
 from e2e.harness.pods import (
     EXTENDED_RESOURCE,
@@ -31,9 +31,6 @@ from e2e.harness.pods import (
     visible_uuids,
     wait_running,
 )
-
-RESOURCE = "resource.k8s.io/v1"
-
 
 # -- helpers -------------------------------------------------------------------------
 

@@ -14,10 +14,9 @@ from collections.abc import Iterator
 import pytest
 
 from e2e.harness.cluster.node import Node
-from e2e.harness.kube import Kube, NotYet, wait_for
+from e2e.harness.kube import RESOURCE, Kube, NotYet, wait_for
 from e2e.harness.pluginproc import DRIVER
 from e2e.harness.pods import (
-    RESOURCE,
     checkpoint,
     container_env,
     delete_pod,

@@ -24,10 +24,9 @@ from kubernetes.client.exceptions import ApiException
 from drasil.kubeletplugin.dra import mpsstandin
 from e2e.harness import versions
 from e2e.harness.cluster.node import Node
-from e2e.harness.kube import Kube, NotYet, wait_for
+from e2e.harness.kube import RESOURCE, Kube, NotYet, wait_for
 from e2e.harness.pluginproc import DRIVER, checkpoint_gpus
 from e2e.harness.pods import (
-    RESOURCE,
     checkpoint,
     container_env,
     delete_pod,

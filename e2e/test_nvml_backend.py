@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from drasil.driver.nvidia.simgpus import simulated_gpus
-from e2e.harness.kube import Kube, NotYet, wait_for
+from e2e.harness.kube import RESOURCE, Kube, NotYet, wait_for
 from e2e.harness.mocknvml import CAPS_MAJOR, mig_cap_minor
 from e2e.harness.pluginproc import DRIVER, ClaimId, KubeletClient, PluginProcess
 from e2e.test_dynamic_mig import (
@@ -35,7 +35,6 @@ from e2e.test_dynamic_mig import (
 )
 from e2e.test_kubeletplugin import cdi_file, checkpoint_claims, node_slices
 
-RESOURCE = "resource.k8s.io/v1"
 MIXED = "h100-80gb:2,a100-40gb-mig:1,l4:1"
 # From sysfs, not NVML (nvml.sysfs_pcie_root): the mock's bus ids are not on this
 # machine's PCI bus, so the nvml backend publishes no PCIe root; the only difference.

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from e2e.harness.cluster.node import Node
-from e2e.harness.kube import Kube, NotYet, wait_for
+from e2e.harness.kube import RESOURCE, Kube, NotYet, wait_for
 from e2e.harness.pluginproc import DRIVER
-from e2e.harness.pods import RESOURCE, pod, template, wait_running
+from e2e.harness.pods import pod, template, wait_running
 
 # The plugin resends every 30 s and on every change; kubelet then updates the Pod's
 # status on its next sync, so a change shows within a minute or two.

@@ -23,10 +23,9 @@ import pytest
 from e2e.harness.chart import chart_controller
 from e2e.harness.cluster.node import Node
 from e2e.harness.controllerproc import ControllerProcess
-from e2e.harness.kube import Kube, NotYet, wait_for
+from e2e.harness.kube import RESOURCE, Kube, NotYet, wait_for
 from e2e.harness.pluginproc import DRIVER
 from e2e.harness.pods import (
-    RESOURCE,
     cdi_spec,
     checkpoint,
     container_env,

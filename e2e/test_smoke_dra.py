@@ -9,11 +9,10 @@ from typing import Any
 
 import pytest
 
-from e2e.harness.kube import Kube, NotYet, gone, pending_pod, wait_for
+from e2e.harness.kube import RESOURCE, Kube, NotYet, gone, pending_pod, wait_for
 
 DRIVER = "smoke.example.com"
 NODE = "e2e-node-1"
-RESOURCE = "resource.k8s.io/v1"
 DEVICES = ("gpu-0", "gpu-1")
 
 

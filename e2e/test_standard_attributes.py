@@ -19,10 +19,9 @@ from typing import Any
 
 import pytest
 
-from e2e.harness.kube import Kube, NotYet, wait_for
+from e2e.harness.kube import RESOURCE, Kube, NotYet, wait_for
 from e2e.harness.pluginproc import DRIVER, GPU_CLASS, ClaimId, KubeletClient, PluginProcess
 
-RESOURCE = "resource.k8s.io/v1"
 NUMA = "resource.kubernetes.io/numaNode"
 METADATA_DIR = "/var/run/kubernetes.io/dra-device-attributes"
 

@@ -45,9 +45,9 @@ from typing import Any
 
 from e2e.harness import versions
 from e2e.harness.cluster.node import Node
-from e2e.harness.kube import Kube, NotYet, gone, wait_for
+from e2e.harness.kube import RESOURCE, Kube, NotYet, gone, wait_for
 from e2e.harness.pluginproc import DRIVER, checkpoint_claims, checkpoint_gpus
-from e2e.harness.pods import RESOURCE, visible_uuids
+from e2e.harness.pods import visible_uuids
 
 # Prints the env at every start of the container, then waits; exits at once on SIGTERM.
 COMMAND = "env | sort; trap 'exit 0' TERM; sleep 3600 & wait"

@@ -19,7 +19,8 @@ T = TypeVar("T")
 # Seconds for one API request of the helpers below: a stalled API server fails the
 # test with an error instead of hanging it until CI's own limit.
 REQUEST_TIMEOUT = 30
-DEVICE_CLASS_API = "resource.k8s.io/v1"
+# The API group/version of every DRA object the harness makes or reads.
+RESOURCE = "resource.k8s.io/v1"
 
 # Taints that admission (TaintNodesByCondition) or the node-lifecycle controller put on
 # a Node whose kubelet has not reported Ready.
@@ -247,10 +248,10 @@ def device_classes(kube: Kube, specs: Mapping[str, Any]) -> Iterator[None]:
     """DeviceClasses ``name: spec``, each made anew (one left by an earlier run is
     replaced), deleted on the way out."""
     for name, spec in specs.items():
-        kube.delete(DEVICE_CLASS_API, "DeviceClass", name)
+        kube.delete(RESOURCE, "DeviceClass", name)
         kube.create(
             {
-                "apiVersion": DEVICE_CLASS_API,
+                "apiVersion": RESOURCE,
                 "kind": "DeviceClass",
                 "metadata": {"name": name},
                 "spec": spec,
@@ -260,4 +261,4 @@ def device_classes(kube: Kube, specs: Mapping[str, Any]) -> Iterator[None]:
         yield
     finally:
         for name in specs:
-            kube.delete(DEVICE_CLASS_API, "DeviceClass", name)
+            kube.delete(RESOURCE, "DeviceClass", name)

@@ -13,10 +13,9 @@ from kubernetes.client.exceptions import ApiException
 
 from e2e.harness import versions
 from e2e.harness.cluster.node import Node
-from e2e.harness.kube import Kube, NotYet, gone, wait_for
+from e2e.harness.kube import RESOURCE, Kube, NotYet, gone, wait_for
 from e2e.harness.pluginproc import DRIVER, checkpoint_claims
 
-RESOURCE = "resource.k8s.io/v1"
 # Prints the env, then waits; exits at once on SIGTERM (a shell as PID 1 ignores it,
 # which would make every deletion take the whole grace period).
 COMMAND = "env | sort; trap 'exit 0' TERM; sleep 3600 & wait"
