@@ -14,7 +14,7 @@ by two claims, and nothing left on the node once the churn's claims are gone); e
 disruption's own expected end state is written in its function's docstring first and
 asserted where it ends.
 
-`DRASIL_CHURN_SECONDS` (default 10) is how long the load runs after each disruption;
+`DRASIL_CHURN_SECONDS` (default 5) is how long the load runs after each disruption;
 `make bench-churn` runs the same at length (bench/churn.py).
 """
 
@@ -54,7 +54,7 @@ GPUS = 8
 CHURN_DEVICES = 4 * 26 + 4  # each H100 whole and its 25 MIG placements; the L4s whole
 MIG_CLASS = f"mig-churn-e2e.{DRIVER}"
 SHARED_CLASS = f"shared-churn-e2e.{DRIVER}"
-SECONDS = float(os.environ.get("DRASIL_CHURN_SECONDS", "10"))
+SECONDS = float(os.environ.get("DRASIL_CHURN_SECONDS", "5"))
 NEWER = "590.44.01"  # the driver version the upgrade installs
 ATTRS = f'device.attributes["{DRIVER}"]'
 

@@ -1,15 +1,16 @@
 """The image build's inputs, read without building: the Dockerfile's default bases and
 where the sandbox mounts inside an image root (tools.image). The built image itself is
-checked in e2e/test_image.py."""
+checked in e2e/test_image.py; which archives the cache keeps is checked on empty files."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 import pytest
 
-from tools.image import ImageBuildError
+from tools.image import ImageBuildError, local
 from tools.image.golang import MIN_GO
 from tools.image.local import dockerfile_arg
 from tools.image.run import resolve_in
@@ -40,3 +41,27 @@ def test_mount_targets_resolve_symlinks_inside_the_image(tmp_path: Path) -> None
     assert resolve_in(tmp_path, "/../../tmp") == "/tmp"
     with pytest.raises(ImageBuildError, match="too many symlinks"):
         resolve_in(tmp_path, "/loop/x")
+
+
+def test_an_archive_taken_from_the_cache_outlives_newer_builds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """_prune keeps the archives used last, not those built last: the upgrade test's
+    earlier release, built once and then taken from the cache, stays."""
+    monkeypatch.setattr(local, "images_dir", lambda: tmp_path)
+    monkeypatch.setattr(local.steps, "image_exists", lambda name: False)
+    archives = {}
+    for age, key in enumerate(("earlier", "a", "b", "c")):  # "earlier" built first
+        archive = tmp_path / f"drasil-{key}.oci.tar"
+        archive.write_text(key)
+        archive.with_suffix(".json").write_text("{}")
+        os.utime(archive, (1000 + age, 1000 + age))
+        archives[key] = archive
+    local._mark_used(archives["earlier"], archives["earlier"].with_suffix(".json"))
+    local._prune()
+    assert sorted(p.name for p in tmp_path.glob("*.oci.tar")) == [
+        "drasil-b.oci.tar",
+        "drasil-c.oci.tar",
+        "drasil-earlier.oci.tar",
+    ]
+    assert not archives["a"].with_suffix(".json").exists()

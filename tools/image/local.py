@@ -173,6 +173,7 @@ def build_image(
         archive = images_dir() / f"drasil-{key}.oci.tar"
         meta = archive.with_suffix(".json")
         if archive.exists() and meta.exists():
+            _mark_used(archive, meta)
             image = _load(archive, meta)
             if not steps.image_exists(name):  # storage wiped since: restore it
                 buildah("buildah pull", "pull", "--quiet", f"oci-archive:{archive}")
@@ -287,8 +288,17 @@ def _load(archive: Path, meta_path: Path) -> LocalImage:
     )
 
 
+def _mark_used(archive: Path, meta: Path) -> None:
+    """Its archive counts as new again for ``_prune``: an image every test run takes
+    from the cache (the upgrade test's earlier release) then outlives the builds of
+    newer commits, instead of being built again after the next KEEP_ARCHIVES of them."""
+    for path in (archive, meta):
+        os.utime(path)
+
+
 def _prune() -> None:
-    """Drop all but the newest archives, with their images in buildah's storage."""
+    """Drop all but the most recently used archives (built, or taken from the cache),
+    with their images in buildah's storage."""
     found = sorted(
         images_dir().glob("drasil-*.oci.tar"), key=lambda f: f.stat().st_mtime, reverse=True
     )
