@@ -779,6 +779,8 @@ COLUMNS = (
     ("drasil p99 s", ("scheduling", "drasil", "create_to_scheduled_s", "p99")),
     ("minimal p50 s", ("scheduling", "minimal", "create_to_scheduled_s", "p50")),
     ("minimal p99 s", ("scheduling", "minimal", "create_to_scheduled_s", "p99")),
+    # After scheduling nothing is pending at any N: the figure to compare across N.
+    ("ctrl RSS MiB after scheduling", ("controller", "usage", "after_scheduling", "rss_mib")),
     ("ctrl RSS MiB (end)", ("controller", "usage", "after_idle", "rss_mib")),
     ("ctrl CPU s while scheduling", ("controller", "usage", "after_scheduling", "cpu_seconds")),
     ("ctrl CPU s (end)", ("controller", "usage", "after_idle", "cpu_seconds")),

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from bench.scale import audit_writes, cpu_per_scheduled_pod, per_minute, summary
+from bench.scale import audit_writes, cpu_per_scheduled_pod, per_minute, summary, table
 from bench.stats import percentile
 from drasil.driver.kubeapi import KubeApi
 from e2e.harness.cluster.control_plane import Cluster
@@ -122,3 +122,15 @@ def test_a_flip_of_an_unknown_node_or_device_is_refused_before_any_call() -> Non
     with pytest.raises(FleetError, match="node n-0 has no device 'gpu-7'"):
         fleet.flip("n-0", "gpu-7", healthy=False)
     assert fleet.status() == {"nodes": 1, "published": 0, "writes": {}, "errors": []}
+
+
+def test_the_table_compares_rss_after_scheduling_across_n() -> None:
+    """RSS after scheduling (nothing pending at any N) is a row beside RSS at the end."""
+    runs = [
+        {"nodes": n, "controller": {"usage": {"after_scheduling": {"rss_mib": rss}}}}
+        for n, rss in ((50, 98.0), (500, 112.0))
+    ]
+    rows = table(runs).splitlines()
+    assert rows[0] == "| figure | N = 50 | N = 500 |"
+    assert "| ctrl RSS MiB after scheduling | 98.0 | 112.0 |" in rows
+    assert "| ctrl RSS MiB (end) | None | None |" in rows
