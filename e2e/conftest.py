@@ -29,7 +29,7 @@ from e2e.harness import binaries, build
 from e2e.harness.chart import chart_identity
 from e2e.harness.cluster import Cluster
 from e2e.harness.cluster.node import Node
-from e2e.harness.kube import Kube, NotYet, device_classes, gone, wait_for
+from e2e.harness.kube import RESOURCE, Kube, NotYet, device_classes, gone, wait_for
 from e2e.harness.pluginproc import DRIVER
 from e2e.harness.pods import (
     EXTENDED_CLASS,
@@ -232,9 +232,9 @@ def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
         yield name
     finally:
         kube.core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
-        claims = kube.resource("resource.k8s.io/v1", "ResourceClaim")
+        claims = kube.resource(RESOURCE, "ResourceClaim")
         for claim in claims.get(namespace=name).items:
-            kube.delete("resource.k8s.io/v1", "ResourceClaim", claim.metadata.name, name)
+            kube.delete(RESOURCE, "ResourceClaim", claim.metadata.name, name)
 
         def no_claims() -> Any:
             left = [c.metadata.name for c in claims.get(namespace=name).items]

@@ -35,7 +35,7 @@ from kubernetes.client.exceptions import ApiException
 
 from e2e.harness.chart import crd_installed, dump, kubectl_run, render, token_kubeconfig
 from e2e.harness.cluster.host import free_ports
-from e2e.harness.kube import Kube, NotYet, wait_for
+from e2e.harness.kube import RESOURCE, Kube, NotYet, wait_for
 from tools.image import build_image, image_env, sandbox_command, unpack
 
 OUR_DRIVER = "gpu.drasil.dev"
@@ -49,7 +49,7 @@ POLICY_KINDS = {
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
 }
-SLICES = ("resource.k8s.io/v1", "ResourceSlice")
+SLICES = (RESOURCE, "ResourceSlice")
 
 
 @dataclass
@@ -215,7 +215,7 @@ def slice_body(
     else:
         spec["nodeName"] = node
     return {
-        "apiVersion": "resource.k8s.io/v1",
+        "apiVersion": RESOURCE,
         "kind": "ResourceSlice",
         "metadata": metadata,
         "spec": spec,

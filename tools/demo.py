@@ -43,7 +43,7 @@ from e2e.harness.chart import CHART, LocalNode, helm, local_node_values
 from e2e.harness.cluster import Cluster, ClusterError
 from e2e.harness.cluster.host import free_ports
 from e2e.harness.cluster.node import Node, NodeError
-from e2e.harness.kube import Kube, NotYet, gone, wait_for
+from e2e.harness.kube import RESOURCE, Kube, NotYet, gone, wait_for
 from e2e.harness.node_images import ImageError
 from e2e.harness.pods import device_variable, visible_uuids
 from tools.image import ImageBuildError, LocalImage, build_image, import_image
@@ -57,7 +57,6 @@ PENDING_POD = "gpu-pending"
 PENDING_CLAIM = "no-such-gpu"
 MISSING_PRODUCT = "NVIDIA B300"
 GPU_CLASS = "gpu.drasil.dev"  # the chart's DeviceClass for whole GPUs
-RESOURCE = "resource.k8s.io/v1"
 SHOWN_SETTING = "SHARING_STRATEGY"
 HOST_PLUGIN = "drasil-plugin"  # the harness's plugin process (e2e.harness.cluster.node)
 TIMEOUT = 180

@@ -32,6 +32,7 @@ from drasil.driver.nvidia.nvml import NO_INSTANCE
 from drasil.driver.nvidia.simgpus import simulated_gpus
 from drasil.kubeletplugin.deviceplugin.resources import socket_name
 from e2e.harness import driverroot, mocknvml, procs
+from e2e.harness.kube import RESOURCE
 
 DRIVER = "gpu.drasil.dev"
 # kubelet hard-codes this directory (and its kubelet.sock) whatever its --root-dir.
@@ -41,7 +42,7 @@ GPU_RESOURCE = "drasil.dev/gpu"
 PLUGIN_REGISTERED = "registered with kubelet"
 # The chart's gpu.drasil.dev DeviceClass (charts/drasil/templates/deviceclasses.yaml).
 GPU_CLASS = {
-    "apiVersion": "resource.k8s.io/v1",
+    "apiVersion": RESOURCE,
     "kind": "DeviceClass",
     "metadata": {"name": DRIVER},
     "spec": {

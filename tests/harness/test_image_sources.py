@@ -57,7 +57,7 @@ def test_an_archive_taken_from_the_cache_outlives_newer_builds(
         archive.with_suffix(".json").write_text("{}")
         os.utime(archive, (1000 + age, 1000 + age))
         archives[key] = archive
-    local._mark_used(archives["earlier"], archives["earlier"].with_suffix(".json"))
+    local._mark_used(archives["earlier"])
     local._prune()
     assert sorted(p.name for p in tmp_path.glob("*.oci.tar")) == [
         "drasil-b.oci.tar",

@@ -173,7 +173,7 @@ def build_image(
         archive = images_dir() / f"drasil-{key}.oci.tar"
         meta = archive.with_suffix(".json")
         if archive.exists() and meta.exists():
-            _mark_used(archive, meta)
+            _mark_used(archive)
             image = _load(archive, meta)
             if not steps.image_exists(name):  # storage wiped since: restore it
                 buildah("buildah pull", "pull", "--quiet", f"oci-archive:{archive}")
@@ -288,12 +288,12 @@ def _load(archive: Path, meta_path: Path) -> LocalImage:
     )
 
 
-def _mark_used(archive: Path, meta: Path) -> None:
-    """Its archive counts as new again for ``_prune``: an image every test run takes
-    from the cache (the upgrade test's earlier release) then outlives the builds of
-    newer commits, instead of being built again after the next KEEP_ARCHIVES of them."""
-    for path in (archive, meta):
-        os.utime(path)
+def _mark_used(archive: Path) -> None:
+    """The archive counts as new again for ``_prune`` (which orders archives by their
+    mtime): an image every test run takes from the cache (the upgrade test's earlier
+    release) then outlives the builds of newer commits, instead of being built again
+    after the next KEEP_ARCHIVES of them."""
+    os.utime(archive)
 
 
 def _prune() -> None:

@@ -30,7 +30,7 @@ from e2e.harness import binaries, procs
 from e2e.harness.chart import create_chart_identity
 from e2e.harness.cluster.host import free_ports
 from e2e.harness.cluster.rundir import ClusterError, RunDir, http_get
-from e2e.harness.kube import Kube
+from e2e.harness.kube import RESOURCE, Kube
 
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 FLEET_LABEL = "drasil.dev/fleet"  # every fake Node carries it (value: the run's fleet)
@@ -341,7 +341,7 @@ class KwokFleet:
 
 def published_slices(kube: Kube) -> list[dict[str, Any]]:
     """Every ResourceSlice of the fleet's driver, as the admin reads them."""
-    found = kube.resource("resource.k8s.io/v1", "ResourceSlice").get(
+    found = kube.resource(RESOURCE, "ResourceSlice").get(
         field_selector=f"spec.driver={DRIVER}", _request_timeout=120
     )
     items: list[dict[str, Any]] = found.to_dict().get("items") or []
