@@ -214,6 +214,9 @@ class MpsDaemonRecord(_Document):
     # started again after a crash holds them too.
     memory_mib: int | None = Field(default=None, exclude_if=lambda value: value is None)
     thread_percentage: int | None = Field(default=None, exclude_if=lambda value: value is None)
+    # Started with -multiuser-server for its claim's config (mpsConfig.multiUser), so
+    # that one started again serves every user too.
+    multi_user: bool = Field(default=False, exclude_if=lambda value: not value)
 
 
 class GpuRecord(_Document):

@@ -345,7 +345,6 @@ class ClusterView:
         self._by_template = UidIndex()
         self._slices: dict[str, JsonObject] = {}
         self._shared = SharedValues()  # under the lock, as _slices
-        self._sharing_slices: set[str] = set()  # slices with a device of several claims
         self._classes: dict[str, JsonObject] = {}
         self._pools: dict[str, JsonObject] = {}
         self._taint_rules: dict[str, JsonObject] = {}
@@ -437,26 +436,13 @@ class ClusterView:
         if view.driver != self.driver:
             return
         name = view.meta.name
-        sharing = any(d.get("allowMultipleAllocations") is True for d in view.devices)
         with self._lock:
             self._slices[name] = self._shared.slice(without_managed_fields(obj))
-            if sharing:
-                self._sharing_slices.add(name)
-            else:
-                self._sharing_slices.discard(name)
 
     def drop_slice(self, obj: JsonObject) -> None:
         name = meta(obj).name
         with self._lock:
             self._slices.pop(name, None)
-            self._sharing_slices.discard(name)
-
-    def may_share_gpus(self) -> bool:
-        """Whether a device of the driver may be allocated as a share (a GPU published
-        with ``allowMultipleAllocations``, ``--gpu-sharing consumable``): False only
-        when slices of the driver are known and none has such a device."""
-        with self._lock:
-            return bool(self._sharing_slices) or not self._slices
 
     def put_class(self, obj: JsonObject) -> None:
         with self._lock:

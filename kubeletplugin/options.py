@@ -85,6 +85,8 @@ class PluginOptions:
     gpu_sharing: str = "exclusive"
     # MPS daemons of shared GPUs serve clients of every user (docs/sharing.md).
     mps_multiuser: bool = False
+    # MPS daemons for devices allocated whole with an MPS config (docs/sharing.md).
+    mps_whole_devices: bool = True
     # Set: each MPS daemon runs in a Pod of this image in pod_namespace, shaped by
     # mps_daemon_pod (docs/sharing.md#where-the-daemon-runs); None: a host process.
     mps_daemon_image: str | None = None
@@ -238,6 +240,15 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="DRA mode: exclusive publishes whole GPUs for one claim each; consumable "
         "lets several claims share a GPU by memory and compute capacity, each share "
         "enforced with MPS (docs/sharing.md)",
+    )
+    p.add_argument(
+        "--mps-whole-devices",
+        action=argparse.BooleanOptionalAction,
+        default=env.get("MPS_WHOLE_DEVICES", "true").lower() in ("1", "true", "yes"),
+        help="env MPS_WHOLE_DEVICES; run an MPS daemon for a GPU or MIG device allocated "
+        "whole whose config says strategy MPS (the plugin needs CAP_SYS_ADMIN for the "
+        "daemon's /dev/shm); --no-mps-whole-devices refuses such a claim at prepare, "
+        "naming the chart value that turns it on (Helm mps.enabled)",
     )
     p.add_argument(
         "--mps-multiuser",
@@ -447,6 +458,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         mig_mode=ns.mig_mode,
         gpu_sharing=ns.gpu_sharing,
         mps_multiuser=ns.mps_multiuser,
+        mps_whole_devices=ns.mps_whole_devices,
         mps_daemon_image=ns.mps_daemon_image or None,
         mps_daemon_pod=daemon_pod,
         pod_namespace=ns.pod_namespace or None,

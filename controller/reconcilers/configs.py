@@ -1,7 +1,7 @@
 """Opaque configs of ResourceClaims and ResourceClaimTemplates, checked on every event.
 
-Each is decoded, and a strategy drasil would not apply is refused: ``MPS`` for a MIG
-device, or for a GPU while the cluster publishes no consumable GPU. Each distinct
+Each is decoded, and a strategy drasil would not apply is refused: ``MPS`` for a request
+with admin access (``drasil.driver.claims.configcheck``). Each distinct
 problem is one ``InvalidDeviceConfig`` Event on the object and on the Pods using it;
 a Pod that comes later hears about the problems its claims and templates have.
 """
@@ -32,10 +32,7 @@ class ConfigReconciler:
         """Check the object's opaque configs; Event each new problem on it and its Pods."""
         kind = str(obj.get("kind", ""))
         key = key_of(obj)
-        # MPS in a GpuConfig is applied to shares of consumable GPUs only: with none in
-        # the cluster, such a config is refused now rather than at prepare.
-        shared = self.view.may_share_gpus()
-        problems = config_problems(obj, driver=self.driver, shared_gpus=shared)
+        problems = config_problems(obj, driver=self.driver)
         with self._lock:
             if problems:
                 self._invalid[(kind, *key)] = problems

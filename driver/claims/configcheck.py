@@ -11,11 +11,10 @@ strict API the plugin uses, earlier:
   config itself, or the ResourceClaims, ResourceClaimTemplates and DeviceClasses of a
   file, before they reach the cluster.
 
-Beyond decoding, both refuse a strategy drasil would not apply, with the words
-prepare uses (``sharing.not_applied``): ``MPS`` in a GpuConfig or MigDeviceConfig
-where no device can be a share (of a consumable GPU, or of a MIG placement in dynamic
-MIG mode; the controller knows whether the cluster publishes any; a file alone does
-not say, so ``validate-config`` lets it pass and prepare decides).
+Beyond decoding, the controller refuses what prepare would refuse for sure, with the
+words prepare uses (``sharing.not_applied``): ``MPS`` in an entry for a request with
+admin access. MPS is otherwise applied to every GPU and MIG device (shared, or allocated
+whole with a daemon of its own), so nothing else depends on the cluster.
 
 Every problem names its path, the value and what is allowed.
 """
@@ -29,8 +28,6 @@ from drasil.api.config import (
     API_VERSION,
     KINDS,
     ConfigError,
-    ConfigIssue,
-    OpaqueConfig,
     decode_config,
     load_documents,
 )
@@ -67,26 +64,33 @@ def _issue_path(prefix: str, path: str) -> str:
     return f"{prefix}{path}" if path.startswith("[") else f"{prefix}.{path}"
 
 
-NO_SHARED_GPU: Final = "no GPU in this cluster is consumable"
-"""Said after the controller's MPS problem when the cluster publishes no GPU share."""
+def _admin_requests(obj: Mapping[str, Any], path: Sequence[str]) -> set[str]:
+    """The names of a claim's (or template's) requests with ``adminAccess: true``."""
+    devices = _entries(obj, (*path[:-1], "requests"))
+    names = set()
+    for request in devices:
+        if not isinstance(request, Mapping):
+            continue
+        exactly = request.get("exactly")
+        if isinstance(exactly, Mapping) and exactly.get("adminAccess") is True:
+            names.add(str(request.get("name")))
+    return names
 
 
-def _not_applied(config: OpaqueConfig, *, shared_gpus: bool) -> list[ConfigIssue]:
-    """The strategy drasil would not apply, as prepare says it, where it is sure to."""
-    issue = not_applied(config, share=shared_gpus)
-    if issue is None:
-        return []
-    if not shared_gpus:
-        message = f"{issue.message}; {NO_SHARED_GPU}"
-        issue = ConfigIssue(issue.path, issue.value, message, issue.allowed)
-    return [issue]
+def _entry_requests(obj: Mapping[str, Any], path: Sequence[str], index: int) -> list[str] | None:
+    """The requests config entry ``index`` names; None for one of all requests."""
+    entry = _entries(obj, path)[index]
+    requests = entry.get("requests") if isinstance(entry, Mapping) else None
+    if not isinstance(requests, list) or not requests:
+        return None
+    return [str(name).partition("/")[0] for name in requests]
 
 
-def entry_problems(parameters: object, *, where: str, shared_gpus: bool = True) -> list[str]:
+def entry_problems(parameters: object, *, where: str, admin_access: bool = False) -> list[str]:
     """What is wrong with one ``opaque.parameters`` value, each naming its path.
 
-    ``shared_gpus``: whether a GPU of the driver may be allocated as a share of a
-    consumable GPU, where a GpuConfig's MPS is applied; False makes it a problem.
+    ``admin_access``: whether the entry applies to a request with admin access, which
+    takes no MPS (``sharing.not_applied``).
     """
     if not isinstance(parameters, Mapping):
         return [f"{where}: must be an object (a GpuConfig or MigDeviceConfig)"]
@@ -95,25 +99,35 @@ def entry_problems(parameters: object, *, where: str, shared_gpus: bool = True) 
     except ConfigError as err:
         issues = list(err.issues)
     else:
-        issues = _not_applied(config, shared_gpus=shared_gpus)
+        issue = not_applied(config, admin_access=admin_access)
+        issues = [issue] if issue is not None else []
     return [f"{_issue_path(where, issue.path)}: {issue.message}" for issue in issues]
 
 
-def config_problems(obj: Mapping[str, Any], *, driver: str, shared_gpus: bool = True) -> list[str]:
+def config_problems(obj: Mapping[str, Any], *, driver: str) -> list[str]:
     """Problems of every opaque config entry for ``driver`` in a claim or template.
 
     Each reads like ``spec.devices.config[0].opaque.parameters.sharing.strategy:
     unsupported value "Foo": allowed values are "Exclusive", "TimeSlicing", "MPS"``.
-    Other kinds and entries for other drivers have none. ``shared_gpus`` as for
-    ``entry_problems``: the controller passes whether the cluster publishes a GPU
-    of the driver that can be shared.
+    Other kinds and entries for other drivers have none. An entry that names a request
+    with admin access, or is for all requests of a claim that has one, may not say MPS
+    (prepare refuses it on that device).
     """
     path = CONFIG_PATHS.get(str(obj.get("kind", "")))
     if path is None:
         return []
+    admin = _admin_requests(obj, path)
     problems: list[str] = []
-    for where, parameters in driver_parameters(obj, path, driver=driver):
-        problems.extend(entry_problems(parameters, where=where, shared_gpus=shared_gpus))
+    for index, entry in enumerate(_entries(obj, path)):
+        opaque = entry.get("opaque") if isinstance(entry, Mapping) else None
+        if not (isinstance(opaque, Mapping) and opaque.get("driver") == driver):
+            continue
+        requests = _entry_requests(obj, path, index)
+        on_admin = bool(admin) and (requests is None or bool(admin & set(requests)))
+        where = f"{'.'.join(path)}[{index}].opaque.parameters"
+        problems.extend(
+            entry_problems(opaque.get("parameters"), where=where, admin_access=on_admin)
+        )
     return problems
 
 
@@ -133,11 +147,10 @@ def _decode_problems(parameters: object, *, where: str) -> list[str]:
         kinds = " or ".join(KINDS)
         return [f"{where}: must be an object holding a {kinds}, got {type(parameters).__name__}"]
     try:
-        config = decode_config(parameters)
+        decode_config(parameters)
     except ConfigError as err:
         return [f"{where}: {issue}" for issue in err.issues]
-    # A file does not say where its claims will run: a GpuConfig's MPS may be applied.
-    return [f"{where}: {issue}" for issue in _not_applied(config, shared_gpus=True)]
+    return []
 
 
 def _check_document(document: object, *, number: int, driver: str) -> list[str] | None:

@@ -19,8 +19,8 @@ applies only to the devices it fits, as in NVIDIA's driver, so one claim-wide
 ``GpuConfig`` does not break the claim's MIG (or AMD) devices.
 
 A config that fits must also be one drasil applies to the device
-(``sharing.not_applied``): strategy ``MPS`` is applied to shares of a consumable GPU
-only, and is an error on a whole GPU or a MIG device.
+(``sharing.not_applied``): strategy ``MPS`` is applied to every GPU and MIG device,
+shared or allocated whole, and is an error only on a device of an admin-access request.
 """
 
 from __future__ import annotations
@@ -387,18 +387,15 @@ def _fitting_nothing(
 
 
 def _not_applied(resolved: Iterable[ResolvedConfig], *, devices: Mapping[str, Device]) -> list[str]:
-    """One problem per entry whose strategy drasil would not apply to its devices.
-
-    An admin-access device takes no sharing config (it sits beside the claim that
-    holds the device), so none is checked for it.
-    """
+    """One problem per entry whose strategy drasil would not apply to its devices: MPS
+    on a device of an admin-access request (it sits beside the claim that holds the
+    device, and must not change that claim's sharing)."""
     found: dict[int, tuple[OpaqueConfigEntry, str, list[str]]] = {}
     for one in resolved:
-        if one.entry is None or one.result.admin_access:
+        if one.entry is None:
             continue
         device = devices[one.result.device]
-        share = one.result.share_id is not None and device.allow_multiple_allocations
-        issue = not_applied(one.config, share=share)
+        issue = not_applied(one.config, admin_access=one.result.admin_access)
         if issue is not None:
             found.setdefault(one.entry.index, (one.entry, str(issue), []))[2].append(device.name)
     problems = []

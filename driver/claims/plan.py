@@ -56,6 +56,8 @@ from drasil.driver.claims.sharing import (
     share_limits,
     sharing_mode,
     sharing_settings,
+    whole_device_key_problem,
+    whole_device_limits,
 )
 from drasil.driver.devices import AttributeValue, Device, DeviceType, Vendor
 from drasil.driver.objects import meta
@@ -111,10 +113,19 @@ class DevicePlan:
 
     @property
     def share_limits(self) -> ShareLimits | None:
-        """The MPS limits of a share, or None when the device is not an MPS share."""
-        if self.prepared.sharing != MPS or self.result.share_id is None:
+        """The MPS limits of the device's daemon clients, or None when it is not MPS:
+        a share's from what it consumed, a device allocated whole from its config."""
+        if self.prepared.sharing != MPS:
             return None
+        if self.result.share_id is None:
+            return whole_device_limits(self.cdi.device, self.config.config)
         return share_limits(self.cdi.device, self.result.consumed_capacity, self.config.config)
+
+    @property
+    def mps_multiuser(self) -> bool:
+        """Whether the device's config asks its MPS daemon to serve every user."""
+        mps = self.config.config.sharing.mps
+        return self.prepared.sharing == MPS and bool(getattr(mps, "multi_user", None))  # TODO(A)
 
 
 @dataclass(frozen=True)
@@ -153,6 +164,7 @@ def plan_prepare(claim: Mapping[str, Any], *, ref: ClaimRef, node: NodePool) -> 
         for result in allocation.devices
     )
     _check_one_mode_per_gpu(devices)
+    _check_whole_mps(devices)
     metadata: ClaimMetadata | None = None
     mounts: tuple[MetadataMount, ...] = ()
     if node.metadata_root is not None:
@@ -316,6 +328,29 @@ def _check_one_mode_per_gpu(devices: Sequence[DevicePlan]) -> None:
             )
 
 
+def _check_whole_mps(devices: Sequence[DevicePlan]) -> None:
+    """MPS on devices allocated whole: one such device per claim, its config's keys its own.
+
+    Each device gets an MPS daemon of its own, and a container reads one
+    ``CUDA_MPS_PIPE_DIRECTORY``: a container given two such devices could reach one
+    daemon only, and the other GPU, held in EXCLUSIVE_PROCESS by its daemon, not at all.
+    """
+    whole = [d for d in devices if d.prepared.sharing == MPS and d.result.share_id is None]
+    if len(whole) > 1:
+        names = ", ".join(f'"{d.result.device}"' for d in whole)
+        raise PlanError(
+            f"sharing.strategy: MPS on devices allocated whole ({names}): a claim may hold "
+            "one, since each runs an MPS daemon of its own and a container reaches one "
+            "daemon; ask for each MPS device in a claim of its own"
+        )
+    for plan in whole:
+        problem = whole_device_key_problem(plan.cdi.device, plan.config.config)
+        if problem is not None:
+            entry = plan.config.entry
+            where = entry.describe() if entry is not None else "the default config"
+            raise PlanError(f'{where} for device "{plan.result.device}": {problem}')
+
+
 def _partition_record(device: Device) -> PartitionRecord | None:
     """The mode an AMD dynamic partition holds its GPU in, recorded with the claim."""
     slot = device.compute_partition
@@ -350,11 +385,11 @@ def _static_mig_record(device: Device) -> StaticMigRecord | None:
 
 
 def _sharing(result: AllocatedDevice, config: ResolvedConfig, device: Device) -> str | None:
-    """How the claim uses a whole GPU or a shared MIG placement (``sharing_mode``);
-    other MIG devices and admin access change nothing on the GPU."""
+    """How the claim uses a GPU or MIG device (``sharing_mode``): MPS, a time slice,
+    or nothing; admin access changes nothing on the device."""
     share = result.share_id is not None and device.allow_multiple_allocations
     mig = device.type == DeviceType.MIG
-    if result.admin_access or (mig and not share) or device.type not in _SHARED_TYPES:
+    if result.admin_access or device.type not in _SHARED_TYPES:
         return None
     try:
         return sharing_mode(config.config, share=share, defaulted=config.entry is None, mig=mig)

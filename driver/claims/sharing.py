@@ -18,7 +18,6 @@ from typing import Final
 
 from drasil.api.config import (
     ConfigIssue,
-    GpuConfig,
     OpaqueConfig,
     SharingStrategy,
     TimeSlicingInterval,
@@ -30,42 +29,42 @@ SHARING_STRATEGY = "SHARING_STRATEGY"
 TIMESLICE_INTERVAL = "TIMESLICE_INTERVAL"
 MPS = "MPS"
 
-APPLIED_OUTSIDE_SHARES: Final = (
+
+def not_applied(config: OpaqueConfig, *, admin_access: bool) -> ConfigIssue | None:
+    """Why drasil would not apply the config's strategy to a device; None when it would.
+
+    MPS is applied to every device it can be: a share of a consumable GPU or of a MIG
+    placement (its GPU or instance runs one daemon for all its shares), and a GPU or
+    MIG device allocated whole (a daemon of its own, for the claim's containers). An
+    admin-access device is not the claim's to configure: it sits beside the claim that
+    holds it, whose daemon (if any) it must not change, so MPS on it is refused rather
+    than silently dropped. Used at prepare (``deviceconfigs.resolve_configs``) and by
+    the controller (``configcheck``), which say the same thing.
+    """
+    if config.sharing.strategy != SharingStrategy.MPS or not admin_access:
+        return None
+    return ConfigIssue(
+        path="sharing.strategy",
+        value=MPS,
+        message=(
+            f'unsupported value "{MPS}" for a device of an admin-access request: '
+            "such a request sits beside the claim that holds the device and takes no "
+            f"sharing of its own; allowed values are {_quoted(ADMIN_STRATEGIES)} "
+            "(or no config for that request)"
+        ),
+        allowed=ADMIN_STRATEGIES,
+    )
+
+
+ADMIN_STRATEGIES: Final = (
     SharingStrategy.EXCLUSIVE.value,
     SharingStrategy.TIME_SLICING.value,
 )
-"""The strategies drasil applies to a whole GPU (not a share) and to a MIG device."""
+"""What an admin-access request's config may say: nothing it says changes the device."""
 
 
-def not_applied(config: OpaqueConfig, *, share: bool) -> ConfigIssue | None:
-    """Why drasil would not apply the config's strategy to a device; None when it would.
-
-    ``share``: whether the device is a share (a result with a shareID, ``--gpu-sharing
-    consumable``): of a whole GPU, or of a MIG placement (``--mig-mode dynamic``). MPS
-    is applied to such shares only: their GPU or MIG instance gets an MPS control
-    daemon and each share its limits. A whole GPU otherwise, or a MIG device that is
-    not a share, gets no daemon, so its containers would share it without MPS while
-    the config says MPS: such a config is refused, with the allowed values. Used at
-    prepare (``deviceconfigs.resolve_configs``) and by the controller
-    (``configcheck``), which say the same thing.
-    """
-    if config.sharing.strategy != SharingStrategy.MPS or share:
-        return None
-    device = "a whole GPU" if isinstance(config, GpuConfig) else "a MIG device"
-    allowed = ", ".join(f'"{value}"' for value in APPLIED_OUTSIDE_SHARES)
-    message = (
-        f'unsupported value "{MPS}" for {device}: drasil runs no MPS daemon for one yet, '
-        f"so its containers would share it without MPS; allowed values are {allowed}; "
-        "MPS applies to shares of a consumable GPU (--gpu-sharing consumable, docs/sharing.md)"
-    )
-    if not isinstance(config, GpuConfig):
-        message += (
-            " and to shares of a MIG placement (with --mig-mode dynamic, a claim that asks "
-            "for capacity.requests.memory of a MIG device)"
-        )
-    return ConfigIssue(
-        path="sharing.strategy", value=MPS, message=message, allowed=APPLIED_OUTSIDE_SHARES
-    )
+def _quoted(values: tuple[str, ...]) -> str:
+    return ", ".join(f'"{value}"' for value in values)
 
 
 def sharing_settings(config: OpaqueConfig, *, mode: str | None = None) -> dict[str, str]:
@@ -123,14 +122,19 @@ def sharing_mode(
 
     A share (a result with a shareID) is MPS unless its config says TimeSlicing; a
     share cannot be Exclusive, but the default config (``defaulted``) of a share means
-    MPS. A whole GPU changes only for TimeSlicing (its interval is applied). A share of
+    MPS. A GPU or MIG device allocated whole is MPS when its config says so (its own
+    daemon), and a whole GPU changes for TimeSlicing too (its interval). A share of
     a MIG placement (``mig``) is MPS only: a time slice is the parent GPU's setting,
     which other claims' instances live under, so TimeSlicing would leave the shares of
     the instance unbounded.
     """
     sharing = config.sharing
     strategy = sharing.strategy
-    if mig and share:
+    if not share and (mig or strategy != SharingStrategy.TIME_SLICING):
+        # A device allocated whole: MPS runs a daemon of its own; a MIG device's
+        # TimeSlicing changes nothing on its parent GPU, which others' instances share.
+        return MPS if strategy == SharingStrategy.MPS else None
+    if mig:
         if strategy == SharingStrategy.MPS or defaulted:
             return MPS
         raise SharingConflict(
@@ -144,8 +148,6 @@ def sharing_mode(
             time_slicing.interval if time_slicing is not None else TimeSlicingInterval.DEFAULT
         )
         return f"{SharingStrategy.TIME_SLICING}/{interval}"
-    if not share:
-        return None
     if strategy == SharingStrategy.EXCLUSIVE and not defaulted:
         raise SharingConflict(
             "sharing.strategy: Exclusive cannot apply to a share of a shared GPU; "
@@ -184,3 +186,47 @@ def share_limits(device: Device, consumed: Mapping[str, int], config: OpaqueConf
     if not percent:
         percent = math.ceil(100 * memory_bytes / total) if total else 100
     return ShareLimits(memory_bytes=memory_bytes, thread_percentage=max(1, min(100, percent)))
+
+
+def whole_device_limits(device: Device, config: OpaqueConfig) -> ShareLimits:
+    """The MPS limits of a GPU or MIG device allocated whole with strategy MPS.
+
+    The daemon is the claim's alone, so its limits are the config's: the device's own
+    entry of ``defaultPerDevicePinnedMemoryLimit`` (by index ``"0"``, the one MPS
+    device of its claim, or by UUID; ``check_whole_device_keys`` refused any other
+    key), else ``defaultPinnedDeviceMemoryLimit``, else the device's memory (no limit);
+    threads ``defaultActiveThreadPercentage``, else 100. A limit above the device's
+    memory is the device's memory: MPS cannot give more.
+    """
+    total = device.capacity.get(MEMORY, 0)
+    mps = config.sharing.mps
+    per_device = (mps.default_per_device_pinned_memory_limit or {}) if mps else {}
+    memory = per_device.get(WHOLE_DEVICE_INDEX) or per_device.get(device.uuid or "")
+    if memory is None and mps is not None:
+        memory = mps.default_pinned_device_memory_limit
+    memory_bytes = min(memory or total, total) if total else (memory or 0)
+    percent = 100
+    if mps is not None and mps.default_active_thread_percentage is not None:
+        percent = mps.default_active_thread_percentage
+    # MPS takes 1 to 100: a 0 (which NVIDIA's kind allows) is the least it can give.
+    return ShareLimits(memory_bytes=memory_bytes, thread_percentage=max(1, min(100, percent)))
+
+
+WHOLE_DEVICE_INDEX: Final = "0"
+"""The key of the one MPS device of a claim in ``defaultPerDevicePinnedMemoryLimit``."""
+
+
+def whole_device_key_problem(device: Device, config: OpaqueConfig) -> str | None:
+    """A ``defaultPerDevicePinnedMemoryLimit`` key that names no device of the daemon
+    (NVIDIA's driver refuses those too); None when every key names this device."""
+    mps = config.sharing.mps
+    keys = (mps.default_per_device_pinned_memory_limit or {}) if mps else {}
+    allowed = [WHOLE_DEVICE_INDEX, *([device.uuid] if device.uuid else [])]
+    for key in keys:
+        if key not in allowed:
+            return (
+                f"defaultPerDevicePinnedMemoryLimit: unknown device {key!r}: "
+                f"the claim's MPS daemon serves one device, {device.name}; allowed keys "
+                f"are {_quoted(tuple(allowed))}"
+            )
+    return None

@@ -441,13 +441,23 @@ class MpsDaemons:
 
     # ---- public ---------------------------------------------------------------------
 
-    def ensure(self, gpu_uuid: str, limits: DaemonLimits) -> MpsDaemon:
+    def ensure(
+        self,
+        gpu_uuid: str,
+        limits: DaemonLimits,
+        *,
+        multiuser: bool = False,
+        exact: bool = False,
+    ) -> MpsDaemon:
         """The GPU's running daemon, started if there is none, holding limits that
-        cover ``limits`` (idempotent)."""
+        cover ``limits`` (idempotent); with ``exact``, holding exactly ``limits`` (the
+        daemon of a device allocated whole serves one claim, whose config they are).
+        ``multiuser``: start it with -multiuser-server even where the program does not
+        (a claim's config asked; a running daemon is kept as it is)."""
         self._check_uuid(gpu_uuid)
         with self._locked():
-            daemon = self._find(gpu_uuid) or self._start(gpu_uuid)
-            wanted = limits.covering(daemon.limits)
+            daemon = self._find(gpu_uuid) or self._start(gpu_uuid, multiuser=multiuser)
+            wanted = limits if exact else limits.covering(daemon.limits)
             if wanted != daemon.limits:
                 daemon = self._set_limits(daemon, wanted)
             return daemon
@@ -508,7 +518,7 @@ class MpsDaemons:
 
     # ---- start ------------------------------------------------------------------------
 
-    def _start(self, gpu_uuid: str) -> MpsDaemon:
+    def _start(self, gpu_uuid: str, *, multiuser: bool = False) -> MpsDaemon:
         self._folder(gpu_uuid).mkdir(parents=True, exist_ok=True)
         write_atomic(self._folder(gpu_uuid) / GPU_FILE, f"{gpu_uuid}\n".encode(), durable=False)
         for path in (self._pipe_dir(gpu_uuid), self._log_dir(gpu_uuid)):
@@ -520,7 +530,8 @@ class MpsDaemons:
         _empty(shm)  # a dead server's segments
         _empty(self._pipe_dir(gpu_uuid))  # a dead daemon's pid file must not pass for this one's
         mode = "-f" if self.launcher.foreground else "-d"
-        flags = [mode, *(["-multiuser-server"] if self.program.multiuser else [])]
+        multiuser = multiuser or self.program.multiuser
+        flags = [mode, *(["-multiuser-server"] if multiuser else [])]
         env = {"CUDA_VISIBLE_DEVICES": gpu_uuid, GPU_ENV: gpu_uuid}
         command = self._view(gpu_uuid, shm=True) + flags
         launched = self.launcher.launch(self._spot(gpu_uuid), command, env)

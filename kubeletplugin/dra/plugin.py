@@ -147,6 +147,7 @@ class KubeletPlugin:
             state_lock=self.preparer.state_lock,
             devices=self.devices,
             pods=self.api,
+            whole_devices=self.opts.mps_whole_devices,
         )
         if self.amd_sysfs is not None:
             self.preparer.partitions = PartitionModes(

@@ -66,6 +66,7 @@ from drasil.driver.claims.plan import (
     plan_prepare,
 )
 from drasil.driver.claims.pooldevices import foreign_pools, pool_devices
+from drasil.driver.claims.sharing import MPS
 from drasil.driver.devices import Device, MigPlacement
 from drasil.driver.files import FileLock, LockTimeoutError, crash_point
 from drasil.driver.nvidia.driveredits import NodeEdits
@@ -493,6 +494,11 @@ class Preparer:
                 self._release_shared_mig(uid, held.mig)
             elif held.mig is not None:
                 assert self.migs is not None
+                if held.sharing == MPS and self.effects is not None and held.mig.uuid:
+                    # Its own daemon's server holds the instance: stopped first.
+                    with self.state_lock():
+                        self.effects.stop_daemon(held.mig.uuid)
+                    crash_point("unprepare-after-mps-stop")
                 self.migs.destroy(held.mig)
         crash_point("unprepare-after-mig")
         with self.state_lock():

@@ -109,8 +109,11 @@ class GpuEffects:
         state_lock: Callable[[], AbstractContextManager[None]],
         devices: Mapping[str, Device],
         pods: PodReader | None = None,
+        whole_devices: bool = True,
     ) -> None:
         self.pods = pods
+        # Whether MPS runs for devices allocated whole (not only for shares).
+        self.whole_devices = whole_devices
         self.lib = lib
         self.daemons = daemons
         self.store = store
@@ -121,8 +124,19 @@ class GpuEffects:
     # ---- prepare ----------------------------------------------------------------------
 
     def check(self, plan: PreparePlan, claim: Mapping[str, Any]) -> None:
-        """Before anything is recorded: the claim's Pods can use its MPS shares (none
-        brings its own ``/dev/shm``)."""
+        """Before anything is recorded: this plugin runs the MPS daemons the claim needs,
+        and the claim's Pods can use them (none brings its own ``/dev/shm``)."""
+        for device in plan.devices:
+            if device.share_limits is None or device.result.share_id is not None:
+                continue
+            if not self.whole_devices:
+                raise ShareError(
+                    f'device "{device.result.device}": sharing.strategy: MPS on a device '
+                    "allocated whole needs MPS daemons, which this node's plugin does not "
+                    "run (--no-mps-whole-devices; the chart runs them with mps.enabled=true, "
+                    "gpuSharing=consumable or compatibility=nvidia-dra); allowed values here "
+                    'are "Exclusive", "TimeSlicing"'
+                )
         if self.pods is None or not any(d.share_limits is not None for d in plan.devices):
             return
         view = ResourceClaim(claim)
@@ -139,7 +153,7 @@ class GpuEffects:
             conflict = shm_conflict(pod) if pod is not None else None
             if conflict:
                 raise ShareError(
-                    f"Pod {namespace}/{name}: {conflict}; its MPS share gives every "
+                    f"Pod {namespace}/{name}: {conflict}; its MPS device gives every "
                     f"container the MPS daemon's {CONTAINER_SHM_DIR}, which MPS clients "
                     "must share with the daemon: remove that volume mount, or ask for a "
                     "whole GPU"
@@ -159,7 +173,12 @@ class GpuEffects:
                 self._check_client_limit(gpu)
                 if device.cdi.device.type != DeviceType.MIG:
                     self._set_compute_mode(gpu)
-                daemon = self._daemon(gpu, share)
+                daemon = self._daemon(
+                    gpu,
+                    share,
+                    multiuser=device.mps_multiuser,
+                    exact=device.result.share_id is None,
+                )
                 devices[index] = _with_edits(device, share_edits(daemon, share))
         if devices == list(plan.devices):
             return plan
@@ -167,12 +186,15 @@ class GpuEffects:
         spec = replace(plan.spec, devices=tuple(d.cdi for d in devices))
         return replace(plan, devices=tuple(devices), spec=spec)
 
-    def _daemon(self, gpu: str, limits: DaemonLimits) -> MpsDaemon:
+    def _daemon(
+        self, gpu: str, limits: DaemonLimits, *, multiuser: bool = False, exact: bool = False
+    ) -> MpsDaemon:
         try:
-            daemon = self.daemons.ensure(gpu, limits)
+            daemon = self.daemons.ensure(gpu, limits, multiuser=multiuser, exact=exact)
         except (OSError, MpsError) as err:
             raise ShareError(f"GPU {gpu}: the MPS control daemon did not start: {err}") from err
         record = MpsDaemonRecord(
+            multi_user=multiuser,
             pid=daemon.pid,
             start_time=daemon.start_time,
             pipe_dir=str(daemon.pipe_dir),
@@ -249,11 +271,14 @@ class GpuEffects:
     def resume(self) -> None:
         """At start: daemons of GPUs with prepared MPS shares run again (a node restart
         or an OOM kill may have taken them), then ``settle``."""
+        with self.state_lock():
+            recorded = dict(self.store.gpus())
         for gpu, limits in sorted(self._share_limits().items()):
+            daemon = (recorded.get(gpu) or GpuRecord()).mps
             try:
                 if not gpu.startswith(MIG_UUID_PREFIX):
                     self._set_compute_mode(gpu)
-                self._daemon(gpu, limits)
+                self._daemon(gpu, limits, multiuser=daemon is not None and daemon.multi_user)
             except ShareError as err:
                 log.error("MPS daemon not restarted", extra={"gpu": gpu, "error": str(err)})
         self.settle()

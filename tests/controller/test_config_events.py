@@ -1,7 +1,7 @@
 """The controller's InvalidDeviceConfig Events for a sharing strategy drasil would not
-apply: MPS for a MIG device always, and for a GPU while the cluster publishes no GPU
-that can be shared (``--gpu-sharing consumable``); the claim and its Pods hear it at
-creation, before any node prepares the claim."""
+apply: MPS for a request with admin access (MPS on every other GPU and MIG device is
+applied, shared or allocated whole); the claim and its Pods hear it at creation, before
+any node prepares the claim."""
 
 from __future__ import annotations
 
@@ -13,17 +13,15 @@ from kubernetes import client
 from drasil.controller.controller import Controller
 from drasil.controller.metrics import ControllerMetrics
 from drasil.controller.options import parse_options
-from drasil.controller.state import ClusterView
 from drasil.driver.kubeapi import KubeApi
 
 DRIVER = "gpu.drasil.dev"
 API = "resource.drasil.dev/v1beta1"
-MPS_ON_A_WHOLE_GPU = (
+MPS_ON_AN_ADMIN_REQUEST = (
     'spec.devices.config[0].opaque.parameters.sharing.strategy: unsupported value "MPS" '
-    "for a whole GPU: drasil runs no MPS daemon for one yet, so its containers would share "
-    'it without MPS; allowed values are "Exclusive", "TimeSlicing"; MPS applies to shares '
-    "of a consumable GPU (--gpu-sharing consumable, docs/sharing.md); no GPU in this "
-    "cluster is consumable"
+    "for a device of an admin-access request: such a request sits beside the claim that "
+    'holds the device and takes no sharing of its own; allowed values are "Exclusive", '
+    '"TimeSlicing" (or no config for that request)'
 )
 
 
@@ -42,15 +40,16 @@ def gpu_slice(name: str, *, shared: bool) -> dict[str, Any]:
     }
 
 
-def claim(kind: str, strategy: str = "MPS") -> dict[str, Any]:
+def claim(kind: str, strategy: str = "MPS", *, admin: bool = False) -> dict[str, Any]:
     parameters = {"apiVersion": API, "kind": kind, "sharing": {"strategy": strategy}}
+    exactly = {"deviceClassName": DRIVER, **({"adminAccess": True} if admin else {})}
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": "job", "namespace": "team-a", "uid": "uid-job"},
         "spec": {
             "devices": {
-                "requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}],
+                "requests": [{"name": "gpu", "exactly": exactly}],
                 "config": [
                     {"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": parameters}}
                 ],
@@ -77,66 +76,27 @@ def controller(monkeypatch: pytest.MonkeyPatch, posted: list[dict[str, Any]]) ->
     return c
 
 
-def test_mps_for_a_gpu_of_a_cluster_without_consumable_gpus_is_an_event(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_mps_for_an_admin_access_request_is_an_event(monkeypatch: pytest.MonkeyPatch) -> None:
     posted: list[dict[str, Any]] = []
     c = controller(monkeypatch, posted)
     c.view.put_slice(gpu_slice("node-a", shared=False))
 
-    assert c.configs.check(claim("GpuConfig")) == [MPS_ON_A_WHOLE_GPU]
+    assert c.configs.check(claim("GpuConfig", admin=True)) == [MPS_ON_AN_ADMIN_REQUEST]
     assert [(e["involved"]["kind"], e["reason"]) for e in posted] == [
         ("ResourceClaim", "InvalidDeviceConfig"),
         ("Pod", "InvalidDeviceConfig"),
     ]
-    assert posted[0]["message"] == MPS_ON_A_WHOLE_GPU
-    assert posted[1]["message"] == f"ResourceClaim job: {MPS_ON_A_WHOLE_GPU}"
+    assert posted[0]["message"] == MPS_ON_AN_ADMIN_REQUEST
+    assert posted[1]["message"] == f"ResourceClaim job: {MPS_ON_AN_ADMIN_REQUEST}"
+    assert c.configs.check(claim("GpuConfig", "TimeSlicing", admin=True)) == []
 
 
-def test_mps_for_a_gpu_is_left_to_prepare_where_a_gpu_may_be_a_share(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_mps_for_whole_gpus_and_mig_devices_is_no_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever the cluster publishes: MPS runs for devices allocated whole as for shares."""
     posted: list[dict[str, Any]] = []
     c = controller(monkeypatch, posted)
-    # No slice of the driver seen yet (the controller just started): nothing is known.
-    assert c.configs.check(claim("GpuConfig")) == []
-    c.view.put_slice(gpu_slice("node-a", shared=False))
-    c.view.put_slice(gpu_slice("node-b", shared=True))
-    assert c.configs.check(claim("GpuConfig")) == []
+    for shared in (False, True):
+        c.view.put_slice(gpu_slice("node-a", shared=shared))
+        assert c.configs.check(claim("GpuConfig")) == []
+        assert c.configs.check(claim("MigDeviceConfig")) == []
     assert posted == []
-
-
-def test_mps_for_a_mig_device_is_an_event_where_no_device_is_shared(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    posted: list[dict[str, Any]] = []
-    c = controller(monkeypatch, posted)
-    c.view.put_slice(gpu_slice("node-b", shared=False))
-
-    (problem,) = c.configs.check(claim("MigDeviceConfig"))
-    assert problem.startswith(
-        'spec.devices.config[0].opaque.parameters.sharing.strategy: unsupported value "MPS" '
-        "for a MIG device: drasil runs no MPS daemon for one yet"
-    )
-    assert problem.endswith("no GPU in this cluster is consumable")
-    assert c.configs.check(claim("MigDeviceConfig", "TimeSlicing")) == []
-    # Where devices are shared (MIG placements too, in dynamic MIG), prepare decides.
-    c.view.put_slice(gpu_slice("node-b", shared=True))
-    assert c.configs.check(claim("MigDeviceConfig")) == []
-
-
-def test_the_view_knows_whether_a_gpu_may_be_shared() -> None:
-    view = ClusterView(driver=DRIVER)
-    assert view.may_share_gpus()  # nothing seen: unknown, so not ruled out
-    view.put_slice(gpu_slice("node-a", shared=False))
-    assert not view.may_share_gpus()
-    view.put_slice(gpu_slice("node-b", shared=True))
-    view.put_slice({**gpu_slice("other", shared=False), "spec": {"driver": "nic.example.com"}})
-    assert view.may_share_gpus()
-    view.put_slice(gpu_slice("node-b", shared=False))  # the node went back to exclusive
-    assert not view.may_share_gpus()
-    view.put_slice(gpu_slice("node-b", shared=True))
-    view.drop_slice(gpu_slice("node-b", shared=True))
-    assert not view.may_share_gpus()
-    view.drop_slice(gpu_slice("node-a", shared=False))
-    assert view.may_share_gpus()

@@ -129,54 +129,61 @@ def test_hostile_parameters_are_problems_of_the_claim(parameters: Any, expected:
     assert any(expected in problem for problem in problems), problems
 
 
-# --- strategies drasil would not apply (MPS outside shares of consumable GPUs) ----------
+# --- strategies drasil would not apply (MPS on an admin-access request) ----------------
 
 NOT_APPLIED = (
-    'sharing.strategy: unsupported value "MPS" for a {device}: drasil runs no MPS daemon '
-    "for one yet, so its containers would share it without MPS; allowed values are "
-    '"Exclusive", "TimeSlicing"; MPS applies to shares of a consumable GPU '
-    "(--gpu-sharing consumable, docs/sharing.md)"
+    'sharing.strategy: unsupported value "MPS" for a device of an admin-access request: '
+    "such a request sits beside the claim that holds the device and takes no sharing of "
+    'its own; allowed values are "Exclusive", "TimeSlicing" (or no config for that request)'
 )
-WHERE = "spec.devices.config[0].opaque.parameters."
-MIG_SHARES = (
-    " and to shares of a MIG placement (with --mig-mode dynamic, a claim that asks for "
-    "capacity.requests.memory of a MIG device)"
-)
+WHERE = "spec.devices.config[{index}].opaque.parameters."
 
 
 def mig_config(**sharing: Any) -> dict[str, Any]:
     return {"apiVersion": API, "kind": "MigDeviceConfig", "sharing": sharing}
 
 
-def test_mps_for_a_gpu_is_refused_where_no_gpu_of_the_cluster_is_consumable() -> None:
-    mps = claim(entry(gpu_config(strategy="MPS", mps={"defaultActiveThreadPercentage": 30})))
-
-    assert config_problems(mps, driver=DRIVER, shared_gpus=False) == [
-        WHERE + NOT_APPLIED.format(device="whole GPU") + "; no GPU in this cluster is consumable"
+def requests(obj: dict[str, Any], *names: str, admin: tuple[str, ...] = ()) -> dict[str, Any]:
+    devices = obj["spec"]["devices"] if "devices" in obj["spec"] else obj["spec"]["spec"]["devices"]
+    devices["requests"] = [
+        {"name": n, "exactly": {"deviceClassName": "gpu.drasil.dev", "adminAccess": n in admin}}
+        for n in names
     ]
-    # Where a GPU may be allocated as a share, prepare decides (docs/sharing.md).
-    assert config_problems(mps, driver=DRIVER, shared_gpus=True) == []
-    assert config_problems(mps, driver=DRIVER) == []
+    return obj
 
 
-def test_mps_for_a_mig_device_is_refused_where_no_device_is_shared() -> None:
-    expected = (
-        WHERE.replace("spec.devices", "spec.spec.devices")
-        + NOT_APPLIED.format(device="MIG device")
-        + MIG_SHARES
-        + "; no GPU in this cluster is consumable"
-    )
-    mps = template(entry(mig_config(strategy="MPS")))
-    assert config_problems(mps, driver=DRIVER, shared_gpus=False) == [expected]
-    # Shares of MIG placements (dynamic MIG, consumable sharing) run MPS: prepare decides.
-    assert config_problems(mps, driver=DRIVER, shared_gpus=True) == []
+def test_mps_on_whole_gpus_and_mig_devices_is_no_problem() -> None:
+    """MPS runs for every GPU and MIG device, shared or allocated whole (docs/sharing.md)."""
+    for config in (gpu_config(strategy="MPS", mps={}), mig_config(strategy="MPS")):
+        assert config_problems(requests(claim(entry(config)), "gpu"), driver=DRIVER) == []
+        assert config_problems(requests(template(entry(config)), "gpu"), driver=DRIVER) == []
+
+
+def test_mps_for_an_admin_access_request_is_refused() -> None:
+    mps = gpu_config(strategy="MPS")
+    on_admin = {**entry(mps), "requests": ["admin"]}
+    all_requests = {**entry(mps), "requests": []}
+    on_other = entry(mps)  # requests [gpu]
+    obj = requests(claim(on_admin, all_requests, on_other), "gpu", "admin", admin=("admin",))
+    assert config_problems(obj, driver=DRIVER) == [
+        WHERE.format(index=0) + NOT_APPLIED,
+        WHERE.format(index=1) + NOT_APPLIED,
+    ]
+    # In a template too, and TimeSlicing there is no problem.
+    ts = {**entry(gpu_config(strategy="TimeSlicing")), "requests": ["admin"]}
+    obj = requests(template(on_admin, ts), "admin", admin=("admin",))
+    assert config_problems(obj, driver=DRIVER) == [
+        WHERE.replace("spec.devices", "spec.spec.devices").format(index=0) + NOT_APPLIED
+    ]
 
 
 def test_other_strategies_and_broken_mps_configs_say_only_what_is_wrong() -> None:
     for strategy in ("Exclusive", "TimeSlicing"):
         for config in (gpu_config(strategy=strategy), mig_config(strategy=strategy)):
-            assert config_problems(claim(entry(config)), driver=DRIVER, shared_gpus=False) == []
+            obj = requests(claim(entry(config)), "gpu", admin=("gpu",))
+            assert config_problems(obj, driver=DRIVER) == []
     # A config that does not decode is reported as such, not as MPS on top of it.
     broken = gpu_config(strategy="MPS", mps={"defaultActiveThreadPercentage": 101})
-    (problem,) = config_problems(claim(entry(broken)), driver=DRIVER, shared_gpus=False)
+    obj = requests(claim(entry(broken)), "gpu", admin=("gpu",))
+    (problem,) = config_problems(obj, driver=DRIVER)
     assert "defaultActiveThreadPercentage" in problem

@@ -367,15 +367,10 @@ def test_shared_device_needs_one_config() -> None:
 
 # --- strategies drasil applies --------------------------------------------------------
 
-MPS_ON_A_WHOLE_GPU = (
-    'sharing.strategy: unsupported value "MPS" for a whole GPU: drasil runs no MPS daemon '
-    "for one yet, so its containers would share it without MPS; allowed values are "
-    '"Exclusive", "TimeSlicing"; MPS applies to shares of a consumable GPU '
-    "(--gpu-sharing consumable, docs/sharing.md)"
-)
-MPS_ON_A_MIG_DEVICE = MPS_ON_A_WHOLE_GPU.replace("a whole GPU", "a MIG device") + (
-    " and to shares of a MIG placement (with --mig-mode dynamic, a claim that asks for "
-    "capacity.requests.memory of a MIG device)"
+MPS_ON_AN_ADMIN_DEVICE = (
+    'sharing.strategy: unsupported value "MPS" for a device of an admin-access request: '
+    "such a request sits beside the claim that holds the device and takes no sharing of "
+    'its own; allowed values are "Exclusive", "TimeSlicing" (or no config for that request)'
 )
 
 
@@ -384,20 +379,27 @@ def shareable(name: str) -> dict[str, Device]:
     return {**DEVICES, name: dataclasses.replace(DEVICES[name], allow_multiple_allocations=True)}
 
 
-def test_mps_on_a_whole_gpu_is_refused_once_per_entry_naming_its_devices() -> None:
+def test_mps_on_whole_gpus_and_mig_devices_is_applied() -> None:
     mps = gpu_config("MPS", mps={"defaultActiveThreadPercentage": 30})
-    configs = [entry("FromClass", [], gpu_config("TimeSlicing")), entry("FromClaim", [], mps)]
+    configs = [
+        entry("FromClass", [], gpu_config("TimeSlicing")),
+        entry("FromClaim", [], mps),
+        entry("FromClaim", ["c"], mig_config("MPS")),
+    ]
     results = [result("a", "gpu-0"), result("b", "gpu-1"), result("c", "mig-0")]
-    assert problems_of(results, configs) == [
-        f'config[1] (FromClaim, all requests) for devices "gpu-0", "gpu-1": {MPS_ON_A_WHOLE_GPU}'
-    ]
+    assert strategies(resolve(results, configs)) == {"gpu-0": "MPS", "gpu-1": "MPS", "mig-0": "MPS"}
 
 
-def test_mps_on_a_mig_device_is_refused() -> None:
-    configs = [entry("FromClaim", ["small"], mig_config("MPS"))]
-    assert problems_of([result("small", "mig-0")], configs) == [
-        f'config[0] (FromClaim, requests [small]) for device "mig-0": {MPS_ON_A_MIG_DEVICE}'
+def test_mps_on_a_device_of_an_admin_access_request_is_refused_naming_it() -> None:
+    configs = [entry("FromClaim", ["admin"], gpu_config("MPS"))]
+    admin = {**result("admin", "gpu-1"), "adminAccess": True}
+    assert problems_of([result("gpu", "gpu-0"), admin], configs) == [
+        f'config[0] (FromClaim, requests [admin]) for device "gpu-1": {MPS_ON_AN_ADMIN_DEVICE}'
     ]
+    # TimeSlicing (which changes nothing on an admin device) and no config still pass.
+    fine = [entry("FromClaim", ["admin"], gpu_config("TimeSlicing"))]
+    assert strategies(resolve([admin], fine)) == {"gpu-1": "TimeSlicing"}
+    assert strategies(resolve([admin], [])) == {"gpu-1": "Exclusive"}
 
 
 def test_mps_on_a_share_of_a_consumable_gpu_is_applied() -> None:
@@ -406,12 +408,11 @@ def test_mps_on_a_share_of_a_consumable_gpu_is_applied() -> None:
     allocation = parse_allocation(claim([share], [entry("FromClaim", [], mps)]), driver=DRIVER)
     resolved = resolve_configs(allocation, devices=shareable("gpu-0"))
     assert resolved["gpu-0"].config == GpuConfig.model_validate(mps)
-    # The same GPU allocated whole (no shareID), or a shareID on a GPU this node does
-    # not share: no MPS daemon would run for it.
-    for results, devices in (([result("gpu", "gpu-0")], shareable("gpu-0")), ([share], DEVICES)):
-        allocation = parse_allocation(claim(results, [entry("FromClaim", [], mps)]), driver=DRIVER)
-        with pytest.raises(ConfigResolutionError, match="for a whole GPU"):
-            resolve_configs(allocation, devices=devices)
+    # The same GPU allocated whole (no shareID): applied too, with a daemon of its own.
+    allocation = parse_allocation(
+        claim([result("gpu", "gpu-0")], [entry("FromClaim", [], mps)]), driver=DRIVER
+    )
+    assert resolve_configs(allocation, devices=DEVICES)["gpu-0"].config.sharing.mps is not None
 
 
 def test_mps_that_does_not_apply_is_not_refused() -> None:
@@ -419,11 +420,9 @@ def test_mps_that_does_not_apply_is_not_refused() -> None:
         entry("FromClass", ["gpu"], gpu_config("MPS")),  # overridden by the claim
         entry("FromClaim", ["gpu"], gpu_config("TimeSlicing")),
         entry("FromClaim", [], mig_config("MPS")),  # no MIG device in the claim
-        entry("FromClaim", ["admin"], gpu_config("MPS")),  # admin access: no sharing
     ]
-    admin = {**result("admin", "gpu-1"), "adminAccess": True}
-    resolved = resolve([result("gpu", "gpu-0"), admin], configs)
-    assert strategies(resolved) == {"gpu-0": "TimeSlicing", "gpu-1": "MPS"}
+    resolved = resolve([result("gpu", "gpu-0")], configs)
+    assert strategies(resolved) == {"gpu-0": "TimeSlicing"}
 
 
 # --- validate_config_document --------------------------------------------------------

@@ -272,7 +272,7 @@ _CRASH_CHILD = """
 import json, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-preparer = __import__(sys.argv[2]).preparer
+preparer = getattr(__import__(sys.argv[2]), sys.argv[8])
 from drasil.driver.claims.plan import ClaimRef
 
 root = Path(sys.argv[3])
@@ -283,14 +283,22 @@ print(json.dumps({"error": error}))
 """
 
 
-def crash_in_child(module: str, root: Path, operation: str, ref: ClaimRef, point: str) -> None:
+def crash_in_child(
+    module: str,
+    root: Path,
+    operation: str,
+    ref: ClaimRef,
+    point: str,
+    *,
+    factory: str = "preparer",
+) -> None:
     """Run ``operation`` (prepare or unprepare) of ``ref`` in a child process whose
-    Preparer comes from ``<module>.preparer(root)``, killed at crash point ``point``."""
+    Preparer comes from ``<module>.<factory>(root)``, killed at crash point ``point``."""
     env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
     env[CRASH_ENV] = point
     args = [str(Path(__file__).parent), module, str(root), operation]
     done = subprocess.run(
-        [sys.executable, "-c", _CRASH_CHILD, *args, ref.namespace, ref.name, ref.uid],
+        [sys.executable, "-c", _CRASH_CHILD, *args, ref.namespace, ref.name, ref.uid, factory],
         env=env,
         capture_output=True,
         text=True,

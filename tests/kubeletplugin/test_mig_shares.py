@@ -279,3 +279,52 @@ def test_a_share_crashed_before_its_spec_is_prepared_again_on_the_same_instance(
     assert restarted.unprepare(share(root, UID_A, "4Gi")) == ""
     assert restarted.unprepare(b) == ""
     assert (instances(root), daemons(root)) == ([], {})
+
+
+# ---- a MIG device allocated whole, with MPS (a MigDeviceConfig) -------------------------
+
+
+def whole_preparer(root: Path) -> Preparer:
+    """Dynamic MIG with whole devices only (--gpu-sharing exclusive)."""
+    p = preparer(root)
+    found = discover(library(root), node_name=NODE, mig_mode="dynamic", gpu_sharing="exclusive")
+    p.devices = {d.name: d for d in found.devices}
+    assert p.effects is not None
+    p.effects.devices = p.devices
+    return p
+
+
+def whole_mig(root: Path, uid: str) -> Any:
+    claim = claim_json(
+        uid, result(SMALL_0), name=f"w-{uid[:4]}", namespace="ml", config=[mig_config("MPS")]
+    )
+    FileClaims(root / "claims").put(claim)
+    return ref_of(claim)
+
+
+def test_a_whole_mig_device_with_mps_gets_a_daemon_on_its_instance(root: Path) -> None:
+    p = whole_preparer(root)
+    ref = whole_mig(root, UID_A)
+    assert p.prepare(ref).error == ""
+    assert instances(root) == [(0, 1)]
+    ((mig, _),) = daemons(root).items()
+    assert mig.startswith("MIG-")
+    assert set(spec_mounts(root, UID_A)) == {"/tmp/nvidia-mps", "/dev/shm"}
+    assert compute_mode(root) == 0  # compute modes are the whole GPU's, never set for MIG
+    # The daemon's server holds the instance: unprepare stops it, then destroys it.
+    assert p.unprepare(ref) == ""
+    assert (instances(root), daemons(root), gpu_records(root)) == ([], {}, {})
+
+
+@pytest.mark.parametrize(
+    "point", ["unprepare-after-cdi", "mps-after-stop", "unprepare-after-mps-stop"]
+)
+def test_a_whole_mig_device_unprepared_after_a_crash_leaves_nothing(root: Path, point: str) -> None:
+    ref = whole_mig(root, UID_A)
+    assert whole_preparer(root).prepare(ref).error == ""
+    crash_in_child("test_mig_shares", root, "unprepare", ref, point, factory="whole_preparer")
+    restarted = whole_preparer(root)
+    assert restarted.effects is not None
+    restarted.effects.resume()
+    assert restarted.unprepare(ref) == ""
+    assert (instances(root), daemons(root), gpu_records(root)) == ([], {}, {})

@@ -423,15 +423,7 @@ def test_invalid_opaque_config_names_the_field(tmp_path: Path) -> None:
     assert preparer.store.get(UID_A) is None
 
 
-MPS_NOT_APPLIED = (
-    'sharing.strategy: unsupported value "MPS" for a {device}: drasil runs no MPS daemon '
-    "for one yet, so its containers would share it without MPS; allowed values are "
-    '"Exclusive", "TimeSlicing"; MPS applies to shares of a consumable GPU '
-    "(--gpu-sharing consumable, docs/sharing.md)"
-)
-
-
-def test_mps_on_a_whole_gpu_is_refused_not_passed_on(tmp_path: Path) -> None:
+def test_mps_on_two_whole_gpus_of_one_claim_is_refused(tmp_path: Path) -> None:
     claim = claim_json(
         UID_A,
         result("gpu-0", request="a"),
@@ -442,33 +434,25 @@ def test_mps_on_a_whole_gpu_is_refused_not_passed_on(tmp_path: Path) -> None:
     outcome = preparer.prepare(ref_of(claim))
     assert outcome.devices == ()
     assert outcome.error == (
-        'invalid device config: config[0] (FromClaim, all requests) for devices "gpu-0", '
-        f'"gpu-1": {MPS_NOT_APPLIED.format(device="whole GPU")}'
+        'sharing.strategy: MPS on devices allocated whole ("gpu-0", "gpu-1"): a claim may '
+        "hold one, since each runs an MPS daemon of its own and a container reaches one "
+        "daemon; ask for each MPS device in a claim of its own"
     )
     assert not spec_file(tmp_path, UID_A).exists()
     assert preparer.store.get(UID_A) is None
 
 
-MIG_SHARES = (
-    " and to shares of a MIG placement (with --mig-mode dynamic, a claim that asks for "
-    "capacity.requests.memory of a MIG device)"
-)
-
-
-def test_mps_on_a_mig_device_is_refused(tmp_path: Path) -> None:
+def test_mps_on_a_mig_device_is_recorded_as_mps(tmp_path: Path) -> None:
     devices = node_devices("a100-40gb-mig:1")
     name = "gpu-0-mig-1g5gb-9-0"
     mps = gpu_config("MPS", requests=["mig"])
     mps["opaque"]["parameters"]["kind"] = "MigDeviceConfig"
     claim = claim_json(UID_A, result(name, request="mig"), config=[mps])
     preparer = make_preparer(tmp_path, MemoryClaims(claim), devices=devices)
-    outcome = preparer.prepare(ref_of(claim))
-    assert outcome.error == (
-        f'invalid device config: config[0] (FromClaim, requests [mig]) for device "{name}": '
-        f"{MPS_NOT_APPLIED.format(device='MIG device')}{MIG_SHARES}"
-    )
-    assert not spec_file(tmp_path, UID_A).exists()
-    assert preparer.store.get(UID_A) is None
+    assert preparer.prepare(ref_of(claim)).error == ""
+    record = preparer.store.get(UID_A)
+    assert record is not None
+    assert [d.sharing for d in record.devices] == ["MPS"]
 
 
 def test_a_failed_claim_does_not_block_a_good_one(tmp_path: Path) -> None:

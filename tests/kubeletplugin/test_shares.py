@@ -189,7 +189,7 @@ def mps(percentage: int) -> dict[str, Any]:
     }
 
 
-def test_an_mps_config_is_applied_to_a_share_and_refused_on_a_whole_gpu(root: Path) -> None:
+def test_an_mps_config_is_applied_to_a_share_and_to_a_whole_gpu(root: Path) -> None:
     p = preparer(root)
     a = share_claim(root, UID_A, "20Gi", configs=(mps(40),))
     assert p.prepare(a).error == ""
@@ -199,17 +199,15 @@ def test_an_mps_config_is_applied_to_a_share_and_refused_on_a_whole_gpu(root: Pa
     assert [n for n in env if n.startswith("DRASIL_") and "_MPS_" in n] == []
     assert len(daemon_pids(root)) == 1
 
-    # gpu-1 is published whole: no daemon would run for it, so the config is refused.
+    # gpu-1 is published whole: it gets a daemon of its own (tests/kubeletplugin/
+    # test_whole_mps.py), beside gpu-0's.
     whole = claim_json(UID_B, result("gpu-1"), name="c-bbbb", namespace="ml", config=[mps(40)])
     FileClaims(root / "claims").put(whole)
-    error = p.prepare(ref_of(whole)).error
-    assert error.startswith(
-        'invalid device config: config[0] (FromClaim, all requests) for device "gpu-1": '
-        'sharing.strategy: unsupported value "MPS" for a whole GPU'
-    )
-    assert not spec_file(root, UID_B).exists()
-    assert len(daemon_pids(root)) == 1
+    assert p.prepare(ref_of(whole)).error == ""
+    assert spec_env(root, UID_B)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "40"
+    assert len(daemon_pids(root)) == 2
     assert p.unprepare(a) == ""
+    assert p.unprepare(ref_of(whole)) == ""
     assert daemon_pids(root) == []
 
 
