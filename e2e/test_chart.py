@@ -92,6 +92,14 @@ def test_helm_lint_strict(values_file: Path | None) -> None:
     assert "[WARNING]" not in result.stdout, result.stdout
 
 
+def mps_daemons(values: dict[str, Any]) -> bool:
+    """Whether the plugin runs MPS daemons (docs/sharing.md): for shares of consumable
+    GPUs, and for devices allocated whole with mps.enabled or NVIDIA's preset."""
+    wanted = values["gpuSharing"] == "consumable" or values["mps"].get("enabled", False)
+    wanted = wanted or values.get("compatibility") == "nvidia-dra"
+    return values["mode"] == "dra" and bool(wanted)
+
+
 @pytest.mark.parametrize("values_file", VALUES_PARAMS)
 def test_template_renders_both_daemons_as_documented(values_file: Path | None) -> None:
     values = load_values(values_file)
@@ -103,7 +111,7 @@ def test_template_renders_both_daemons_as_documented(values_file: Path | None) -
     if dra:
         expected += ["rbac.authorization.k8s.io/v1/ClusterRole"]
         expected += ["rbac.authorization.k8s.io/v1/ClusterRoleBinding"]
-        if values["gpuSharing"] == "consumable":  # the MPS daemon Pods, in its namespace
+        if mps_daemons(values):  # the MPS daemon Pods, in its namespace
             expected += ["rbac.authorization.k8s.io/v1/Role"]
             expected += ["rbac.authorization.k8s.io/v1/RoleBinding"]
     if controller:
@@ -246,8 +254,8 @@ def test_daemonset_rolls_one_node_at_a_time_with_host_dirs_and_probes(
         assert get["path"] in ("/healthz", "/readyz"), probe
 
     security = container["securityContext"]
-    shares = values["mode"] == "dra" and values["gpuSharing"] == "consumable"
-    # MPS shares: the plugin mounts each daemon's tmpfs under its state dir, which the
+    shares = mps_daemons(values)
+    # MPS daemons: the plugin mounts each daemon's tmpfs under its state dir, which the
     # host must see (docs/sharing.md).
     assert mounts["state-dir"].get("mountPropagation") == ("Bidirectional" if shares else None)
     if (values["backend"] == "nvml" and values["nvml"]["privileged"]) or shares:
@@ -299,6 +307,7 @@ def test_daemonset_command_line_is_accepted_by_the_plugin(values_file: Path | No
         assert str(opts.registrar_dir) == plugin["registrarDir"]
         assert opts.gpu_sharing == values["gpuSharing"]
         assert opts.mps_multiuser == values["mps"]["multiUser"]
+        assert opts.mps_whole_devices == mps_daemons(values)
         assert opts.device_plugin_resources == tuple(plugin["devicePluginResources"])
         hosts = {k: str(v) for k, v in plugin["hostResourcesPerGpu"].items()}
         assert dict(opts.host_resources_per_gpu) == hosts
@@ -316,7 +325,7 @@ def test_daemonset_command_line_is_accepted_by_the_plugin(values_file: Path | No
 def _check_mps_daemon_pods(opts: PluginOptions, values: dict[str, Any], image: str) -> None:
     """Shared GPUs: each MPS daemon in a Pod of the plugin's image, namespace,
     tolerations and priority (docs/sharing.md); whole GPUs need none."""
-    if values["gpuSharing"] != "consumable":
+    if not mps_daemons(values):
         assert opts.mps_daemon_image is None
         return
     plugin = values["kubeletPlugin"]

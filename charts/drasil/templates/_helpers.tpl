@@ -60,15 +60,19 @@ app.kubernetes.io/component: {{ .component }}
 {{/* The nvml backend needs the devices; the simulated one needs nothing of the host's. */}}
 {{- define "drasil.pluginPrivileged" -}}
 {{- if and (eq .Values.backend "nvml") .Values.nvml.privileged -}}true
-{{- else if and (eq .Values.mode "dra") (eq .Values.gpuSharing "consumable") -}}true
+{{- else if include "drasil.pluginMountsShm" . -}}true
 {{- else if and (eq .Values.mode "dra") (eq .Values.amdPartitionMode "dynamic") -}}true
 {{- end -}}
 {{- end -}}
 
-{{/* MPS shares: the plugin mounts each MPS daemon's tmpfs under its state dir, and
-     the host (the runtime that mounts it into clients) must see it. */}}
+{{/* MPS daemons (shares of consumable GPUs; GPUs and MIG devices allocated whole with
+     an MPS config, mps.enabled, on with NVIDIA's preset): the plugin mounts each
+     daemon's tmpfs under its state dir, and the host (the runtime that mounts it into
+     clients) must see it. */}}
 {{- define "drasil.pluginMountsShm" -}}
-{{- if and (eq .Values.mode "dra") (eq .Values.gpuSharing "consumable") -}}true{{- end -}}
+{{- if eq .Values.mode "dra" -}}
+{{- if or (eq .Values.gpuSharing "consumable") .Values.mps.enabled (eq (.Values.compatibility | default "") "nvidia-dra") -}}true{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Overrides of the in-cluster API server address (apiServer.host/port). */}}
