@@ -9,7 +9,6 @@ containers print and compare it with the claims' allocations.
 from __future__ import annotations
 
 import json
-import re
 import secrets
 from typing import Any
 
@@ -20,12 +19,9 @@ from e2e.harness.kube import RESOURCE, Kube, NotYet, wait_for
 from e2e.harness.pluginproc import DRIVER
 from e2e.harness.pods import (
     COMMAND,
-    POD_TIMEOUT,
-    cdi_spec,
     container_env,
     device_uuid,
     device_variable,
-    events,
     pod,
     template,
     visible_uuids,
@@ -171,33 +167,6 @@ def test_mixed_sharing_settings_stay_with_their_devices(kube: Kube, ns: str, nod
         for n in env
         if n.startswith(("DRASIL_SHARING", "DRASIL_TIMESLICE", "CUDA_MPS")) or "_MPS_" in n
     ] == []
-
-
-def test_an_mps_config_on_a_whole_gpu_is_refused(kube: Kube, ns: str, node: Node) -> None:
-    """The node publishes whole GPUs (--gpu-sharing exclusive): no MPS daemon would run
-    for them, so the plugin refuses the config instead of passing it on as env."""
-    mps = _config("gpu", {"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 30}})
-    claim = _claim(kube, ns, ["gpu"], [mps])
-    name = _pod(
-        kube,
-        ns,
-        node,
-        claims={"gpus": {"resourceClaimName": claim}},
-        containers={"c": [{"name": "gpus"}]},
-        running=False,
-    )
-
-    def refused() -> Any:
-        found = [e for e in events(kube, ns, name) if 'unsupported value "MPS"' in e]
-        return found or NotYet(events(kube, ns, name))
-
-    (event, *_) = wait_for(refused, timeout=POD_TIMEOUT, what=f"the MPS refusal in {name}'s events")
-    assert "for a whole GPU: drasil runs no MPS daemon for one yet" in event
-    assert 'allowed values are "Exclusive", "TimeSlicing"' in event
-    assert re.search(r'config\[0\] \(FromClaim, [^)]*\) for device "gpu-\d+"', event), event
-    assert kube.get("v1", "Pod", name, ns)["status"]["phase"] == "Pending"
-    uid = kube.get(RESOURCE, "ResourceClaim", claim, ns)["metadata"]["uid"]
-    assert not cdi_spec(node, uid).exists()
 
 
 def test_three_containers_naming_three_requests_see_three_disjoint_sets(

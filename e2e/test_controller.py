@@ -482,66 +482,44 @@ def test_invalid_opaque_config_gets_an_event_naming_the_field(
     assert_untouched(kube, namespace)
 
 
-MPS_NOT_APPLIED = (
+MPS_ON_AN_ADMIN_REQUEST = (
     'spec.devices.config[0].opaque.parameters.sharing.strategy: unsupported value "MPS" '
-    "for a {device}: drasil runs no MPS daemon for one yet, so its containers would share "
-    'it without MPS; allowed values are "Exclusive", "TimeSlicing"; MPS applies to shares '
-    "of a consumable GPU (--gpu-sharing consumable, docs/sharing.md)"
+    "for a device of an admin-access request: such a request sits beside the claim that "
+    'holds the device and takes no sharing of its own; allowed values are "Exclusive", '
+    '"TimeSlicing" (or no config for that request)'
 )
 
 
-def test_mps_that_no_daemon_would_apply_is_an_event_when_the_claim_is_created(
+def test_mps_on_an_admin_access_request_is_an_event_when_the_claim_is_created(
     kube: Kube,
     namespace: str,
     controller: ControllerProcess,
     kubectl: Callable[..., Any],
     tmp_path: Path,
-    pools: Callable[..., dict[str, Any]],
 ) -> None:
-    """The driver's only GPUs are whole (a DevicePool; no GPU is published for sharing):
-    an MPS GpuConfig and an MPS MigDeviceConfig are refused on the unallocated claim,
-    before any node would prepare it."""
-    pools("whole-gpus", [gpu("whole-0")], allNodes=True)
-    wait_ready(kube, "whole-gpus", "True")
+    """MPS runs for every GPU and MIG device, shared or allocated whole, except one of an
+    admin-access request: that claim is refused before any node would prepare it, and a
+    claim with MPS on a request of its own is not."""
+    # Admin access is for namespaces an administrator marked so (DRAAdminAccess).
+    label = {"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}}
+    kube.core.patch_namespace(namespace, label, _request_timeout=30)
     mps = f'{{"apiVersion":"{CONFIG_API}","kind":"GpuConfig","sharing":{{"strategy":"MPS"}}}}'
-    mig = mps.replace("GpuConfig", "MigDeviceConfig")
-    for name, parameters in (("mps-gpu", mps), ("mps-mig", mig)):
-        kubectl(
-            "create", "-f", str(_claim_file(tmp_path, namespace, name, _devices_json(parameters)))
-        )
-
-    def refused(name: str) -> Any:
-        polls = 0
-
-        def posted() -> Any:
-            nonlocal polls
-            found = events(kube, namespace, _uid(kube, namespace, name), "InvalidDeviceConfig")
-            if found:
-                return found[0]
-            polls += 1
-            if polls % 10 == 0:
-                # Checked before the controller's watch brought the pool's slice, the
-                # claim was let through; any later event of it is checked again.
-                client.CustomObjectsApi(kube.api).patch_namespaced_custom_object(
-                    "resource.k8s.io", "v1", namespace, "resourceclaims", name,
-                    {"metadata": {"labels": {"touched": str(polls)}}},
-                )  # fmt: skip
-            return NotYet(f"no InvalidDeviceConfig event for {name}")
-
-        return wait_for(posted, timeout=30, what=f"the MPS refusal of {name}")
-
-    on_gpu = refused("mps-gpu")
-    assert on_gpu.message == (
-        MPS_NOT_APPLIED.format(device="whole GPU") + "; no GPU in this cluster is consumable"
+    admin = _devices_json(mps).replace(
+        f'"deviceClassName":"{DRIVER}"', f'"deviceClassName":"{DRIVER}","adminAccess":true'
     )
-    assert on_gpu.source.component == "drasil-controller"
-    assert refused("mps-mig").message == (
-        MPS_NOT_APPLIED.format(device="MIG device")
-        + " and to shares of a MIG placement (with --mig-mode dynamic, a claim that asks for "
-        "capacity.requests.memory of a MIG device); no GPU in this cluster is consumable"
-    )
-    unallocated = kube.get(RESOURCE, "ResourceClaim", "mps-gpu", namespace)
-    assert "allocation" not in (unallocated.get("status") or {})
+    for name, devices in (("mps-gpu", _devices_json(mps)), ("mps-admin", admin)):
+        kubectl("create", "-f", str(_claim_file(tmp_path, namespace, name, devices)))
+
+    def refused() -> Any:
+        found = events(kube, namespace, _uid(kube, namespace, "mps-admin"), "InvalidDeviceConfig")
+        return found[0] if found else NotYet("no InvalidDeviceConfig event for mps-admin")
+
+    on_admin = wait_for(refused, timeout=30, what="the MPS refusal of mps-admin")
+    assert on_admin.message == MPS_ON_AN_ADMIN_REQUEST
+    assert on_admin.source.component == "drasil-controller"
+    # Checked by then (the claims were created in this order, and each event is handled
+    # in order): MPS on a GPU of the claim's own is no problem.
+    assert events(kube, namespace, _uid(kube, namespace, "mps-gpu"), "InvalidDeviceConfig") == []
 
 
 def test_unmatched_selector_is_explained_within_30s(

@@ -100,6 +100,94 @@ def test_a_prioritized_list_gets_the_config_of_the_alternative_taken(
     assert list(intervals.values()) == ["Long"], env
 
 
+# ---- MPS on a GPU allocated whole (the node as the harness starts it) ------------------
+
+
+def _claim_object(kube: Kube, ns: str, config: dict[str, Any]) -> str:
+    name = f"mps-{os.urandom(3).hex()}"
+    devices = {
+        "requests": [
+            {
+                "name": "mps-gpu",
+                "exactly": {
+                    "deviceClassName": DRIVER,
+                    "selectors": [{"cel": {"expression": f"{ATTRS}.minor == 1"}}],
+                },
+            }
+        ],
+        "config": [{"requests": ["mps-gpu"], "opaque": {"driver": DRIVER, "parameters": config}}],
+    }
+    claim = {"apiVersion": RESOURCE, "kind": "ResourceClaim", "metadata": {"name": name}}
+    kube.create({**claim, "spec": {"devices": devices}}, ns)
+    return name
+
+
+def _probe_pod(kube: Kube, ns: str, node: Node, claim: str, containers: list[str]) -> str:
+    """A Pod of the probe image whose containers (each holding an MPS client) use the
+    claim's request "mps-gpu"; its name."""
+    name = f"mps-{os.urandom(3).hex()}"
+    spec = {
+        "nodeSelector": {"kubernetes.io/hostname": node.name},
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 1,
+        "containers": [
+            {
+                "name": container,
+                "image": versions.PROBE_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["sh", "-c", f"env | sort; {HOLD}"],
+                "resources": {"claims": [{"name": "gpu", "request": "mps-gpu"}]},
+            }
+            for container in containers
+        ],
+        "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+    }
+    kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}, ns)
+    return name
+
+
+def test_an_mps_gpu_allocated_whole_serves_every_container_of_its_claim(
+    kube: Kube, ns: str, node: Node
+) -> None:
+    """NVIDIA's gpu-test-mps and gpu-test3 in drasil's kinds: one claim's GPU shared with
+    MPS by two containers of one Pod and by a second Pod, all clients of one daemon that
+    holds the config's limits; unprepare stops it and puts the compute mode back."""
+    config = {
+        "apiVersion": CONFIG_API,
+        "kind": "GpuConfig",
+        "sharing": {
+            "strategy": "MPS",
+            "mps": {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"},
+        },
+    }
+    claim = _claim_object(kube, ns, config)
+    first = _probe_pod(kube, ns, node, claim, ["mps-ctr0", "mps-ctr1"])
+    second = _probe_pod(kube, ns, node, claim, ["mps-ctr0"])
+    for name in (first, second):
+        wait_running(kube, ns, name)
+    gpu = device_uuid(kube, node, "gpu-1")
+    for name, container in ((first, "mps-ctr0"), (first, "mps-ctr1"), (second, "mps-ctr0")):
+        log = _said(kube, ns, name, "MPS:", container=container)
+        assert "MPS: connected memory=10240M threads=50.0" in log, log
+        assert f"DRASIL_DEVICE_GPU_1={gpu}" in log, log
+        assert "DRASIL_DEVICE_GPU_1_SHARING_STRATEGY=MPS" in log, log
+    (pid,) = _daemon_pids(node)
+    pipe = Path(checkpoint_gpus(node.plugin.state_dir)[gpu]["mps"]["pipeDir"])
+    assert int(mpsstandin.control(pipe, "get_client_count")) == 3  # one daemon, three clients
+    assert _compute_mode(node, gpu) == 3  # EXCLUSIVE_PROCESS while its daemon runs
+
+    for name in (first, second):
+        delete_pod(kube, ns, name)
+    kube.delete(RESOURCE, "ResourceClaim", claim, ns)
+    wait_for(
+        lambda: True if not _alive(pid) else NotYet(pid),
+        timeout=60,
+        what="the claim's MPS daemon stopped at its unprepare",
+    )
+    assert _compute_mode(node, gpu) == 0
+    assert gpu not in checkpoint_gpus(node.plugin.state_dir)
+
+
 # ---- consumable shares ------------------------------------------------------------------
 
 
@@ -275,10 +363,10 @@ def _mps_pod(
     return name
 
 
-def _said(kube: Kube, ns: str, name: str, text: str) -> str:
+def _said(kube: Kube, ns: str, name: str, text: str, *, container: str = "c") -> str:
     def printed() -> Any:
         try:  # a container not started yet has no log to read
-            log = kube.core.read_namespaced_pod_log(name, ns, container="c") or ""
+            log = kube.core.read_namespaced_pod_log(name, ns, container=container) or ""
         except ApiException as err:
             return NotYet(str(err))
         return log if text in log else NotYet(log)
