@@ -274,10 +274,11 @@ def step_mps(s: State) -> None:
         )
         s.report.add(skipped(mpsshare.STEP, f"{CONTROL_PROGRAM} not found {where}"))
         return
-    step = mpsshare.mps_step(
-        s.node, work=s.work / "mps", python=s.args.python, full_sms=s.full_sms, program=program
-    )
-    s.report.add(step)
+    for run, folder in ((mpsshare.mps_step, "mps"), (mpsshare.whole_mps_step, "mps-whole")):
+        step = run(
+            s.node, work=s.work / folder, python=s.args.python, full_sms=s.full_sms, program=program
+        )
+        s.report.add(step)
 
 
 def step_unprepare(s: State) -> None:

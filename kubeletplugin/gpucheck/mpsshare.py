@@ -44,6 +44,7 @@ from drasil.kubeletplugin.gpucheck.node import DRIVER, NodeUnderCheck, make_prep
 from drasil.kubeletplugin.gpucheck.report import Step, judged, skipped, with_details
 
 STEP: Final = "MPS share"
+WHOLE_STEP: Final = "MPS whole GPU"
 SHARE_MEMORY_GIB: Final = 4
 SHARE_PERCENT: Final = 25
 LIMIT_ENV: Final = ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
@@ -79,6 +80,33 @@ class _Run:
     left: tuple[str, ...] = ()
 
 
+def whole_gpu(node: NodeUnderCheck) -> Device | None:
+    """``gpu-0`` as exclusive sharing publishes it (allocated whole), else the first GPU."""
+    found = discover(node.lib, node_name=node.name)
+    gpus = [d for d in found.devices if d.type == DeviceType.GPU]
+    return next((d for d in gpus if d.name == "gpu-0"), gpus[0] if gpus else None)
+
+
+def mps_config() -> dict[str, Any]:
+    """The whole GPU's config: NVIDIA's kind, as its users write it for gpu-test-mps."""
+    parameters = {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "GpuConfig",
+        "sharing": {
+            "strategy": "MPS",
+            "mpsConfig": {
+                "defaultActiveThreadPercentage": SHARE_PERCENT,
+                "defaultPinnedDeviceMemoryLimit": f"{SHARE_MEMORY_GIB}Gi",
+            },
+        },
+    }
+    return {
+        "source": "FromClaim",
+        "requests": [],
+        "opaque": {"driver": DRIVER, "parameters": parameters},
+    }
+
+
 def mps_step(
     node: NodeUnderCheck, *, work: Path, python: str, full_sms: int | None, program: str
 ) -> Step:
@@ -86,21 +114,59 @@ def mps_step(
     device = shareable_gpu(node)
     if device is None:
         return skipped(STEP, "no GPU published as shareable (a whole Volta+ GPU, MIG off)")
-    run = _Run(device=device, before=_compute_mode(node, device.uuid))
     share = claim.make_claim(
         driver=DRIVER,
         pool=node.name,
         device=device.name,
         consumed={"memory": f"{SHARE_MEMORY_GIB}Gi", "computePercent": str(SHARE_PERCENT)},
     )
+    return _check(
+        STEP, node, device, share, work=work, python=python, full_sms=full_sms, program=program
+    )
+
+
+def whole_mps_step(
+    node: NodeUnderCheck, *, work: Path, python: str, full_sms: int | None, program: str
+) -> Step:
+    """The same on a GPU allocated whole whose claim's config says MPS with the share's
+    limits (``mpsConfig``): its own daemon must hold them exactly."""
+    device = whole_gpu(node)
+    if device is None:
+        return skipped(WHOLE_STEP, "no whole GPU (all in MIG mode?)")
+    whole = claim.make_claim(driver=DRIVER, pool=node.name, device=device.name)
+    whole["status"]["allocation"]["devices"]["config"] = [mps_config()]
+    return _check(
+        WHOLE_STEP,
+        node,
+        device,
+        whole,
+        work=work,
+        python=python,
+        full_sms=full_sms,
+        program=program,
+    )
+
+
+def _check(
+    step: str,
+    node: NodeUnderCheck,
+    device: Device,
+    made: dict[str, Any],
+    *,
+    work: Path,
+    python: str,
+    full_sms: int | None,
+    program: str,
+) -> Step:
+    run = _Run(device=device, before=_compute_mode(node, device.uuid))
     daemon = DaemonProgram.for_backend("nvml", control=program, driver_root=node.root.local)
-    preparer = make_preparer(node, {device.name: device}, share, work, mps=daemon)
+    preparer = make_preparer(node, {device.name: device}, made, work, mps=daemon)
     try:
-        _prepare_and_look(run, node, preparer, share, work=work, python=python)
+        _prepare_and_look(run, node, preparer, made, work=work, python=python)
     finally:
-        run.left = _unprepare(preparer, share)
+        run.left = _unprepare(preparer, made)
         run.after = _compute_mode(node, device.uuid)
-    return _verdict(run, full_sms=full_sms, program=program)
+    return _verdict(step, run, full_sms=full_sms, program=program)
 
 
 def _prepare_and_look(
@@ -201,7 +267,7 @@ def client_problems(seen: Mapping[str, Any], *, full_sms: int | None, what: str)
     return problems
 
 
-def _verdict(run: _Run, *, full_sms: int | None, program: str) -> Step:
+def _verdict(name: str, run: _Run, *, full_sms: int | None, program: str) -> Step:
     problems = [run.error] if run.error else []
     if run.error is None and run.during != COMPUTE_MODE_EXCLUSIVE_PROCESS:
         problems.append(f"compute mode {_mode(run.during)} while the daemon ran")
@@ -221,5 +287,5 @@ def _verdict(run: _Run, *, full_sms: int | None, program: str) -> Step:
         if "error" not in seen
     ]
     facts.append(f"compute mode {_mode(run.before)} -> {_mode(run.during)} -> {_mode(run.after)}")
-    step = judged(STEP, summary, problems, clients=run.clients or {})
+    step = judged(name, summary, problems, clients=run.clients or {})
     return with_details(step, *facts)
