@@ -328,3 +328,22 @@ def test_a_whole_mig_device_unprepared_after_a_crash_leaves_nothing(root: Path, 
     restarted.effects.resume()
     assert restarted.unprepare(ref) == ""
     assert (instances(root), daemons(root), gpu_records(root)) == ([], {}, {})
+
+
+@pytest.mark.parametrize(
+    "point",
+    ["prepare-after-started", "prepare-after-mig", "mps-after-start", "prepare-after-share"],
+)
+def test_a_whole_mig_device_prepared_after_a_crash_has_one_instance_and_daemon(
+    root: Path, point: str
+) -> None:
+    ref = whole_mig(root, UID_A)
+    crash_in_child("test_mig_shares", root, "prepare", ref, point, factory="whole_preparer")
+    restarted = whole_preparer(root)
+    assert restarted.effects is not None
+    restarted.effects.resume()
+    assert restarted.prepare(ref).error == ""
+    assert instances(root) == [(0, 1)]
+    assert len(daemons(root)) == 1
+    assert restarted.unprepare(ref) == ""
+    assert (instances(root), daemons(root), gpu_records(root)) == ([], {}, {})
