@@ -316,6 +316,43 @@ def test_a_gpu_without_its_device_node_is_invisible(mock_node: MockNodeFactory) 
         pynvml.nvmlShutdown()
 
 
+def test_a_mig_device_without_its_caps_nodes_is_invisible(mock_node: MockNodeFactory) -> None:
+    """With an nvidia-caps folder in the dev root (as in a container) a MIG device is
+    listed only while both its GPU and compute instance capability nodes are there;
+    indices count the visible ones, and its UUID is not found otherwise."""
+    node = mock_node("a100-40gb-mig:1")
+    gpu = node.gpus[0]
+    migs = sorted(gpu.migs, key=lambda m: m.instance.gpu_instance_id)
+    caps = node.dev_root / "nvidia-caps"
+    caps.mkdir()
+    for mig in (migs[1], migs[3]):
+        for ci in (None, mig.instance.compute_instance_id):
+            minor = mocknvml.mig_cap_minor(gpu.minor, mig.instance.gpu_instance_id, ci)
+            (caps / f"nvidia-cap{minor}").touch()
+    only_gi = mocknvml.mig_cap_minor(gpu.minor, migs[0].instance.gpu_instance_id, None)
+    (caps / f"nvidia-cap{only_gi}").touch()
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        assert pynvml.nvmlDeviceGetMaxMigDeviceCount(handle) == gpu.model.max_mig_devices
+        seen = [
+            pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i))
+            for i in range(2)
+        ]
+        assert seen == [migs[1].uuid, migs[3].uuid]
+        with pytest.raises(pynvml.NVMLError) as err:
+            pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, 2)
+        assert _code(err) == pynvml.NVML_ERROR_NOT_FOUND
+        mig = pynvml.nvmlDeviceGetHandleByUUID(migs[3].uuid.encode())
+        assert pynvml.nvmlDeviceGetName(mig) == "NVIDIA A100-SXM4-40GB MIG 1g.5gb"
+        for hidden in (migs[0], migs[2]):  # migs[0] has its GPU instance's cap only
+            with pytest.raises(pynvml.NVMLError) as err:
+                pynvml.nvmlDeviceGetHandleByUUID(hidden.uuid.encode())
+            assert _code(err) == pynvml.NVML_ERROR_NOT_FOUND
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def test_arguments_are_checked(mock_node: MockNodeFactory, mock_nvml_lib: ctypes.CDLL) -> None:
     mock_node("h100-80gb-mig:1")
     lib = mock_nvml_lib

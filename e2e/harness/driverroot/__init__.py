@@ -25,8 +25,13 @@ as they would a real one:
   -r <root>` (chroot: needs root), which may also update the SONAME links as it does on
   a real system;
 - the GSP firmware `lib/firmware/nvidia/<version>/gsp_ga10x.bin` and `gsp_tu10x.bin`;
-- executable stub scripts `nvidia-smi`, `nvidia-debugdump`, `nvidia-persistenced`,
-  `nvidia-cuda-mps-control`, `nvidia-cuda-mps-server` in `usr/bin`;
+- `usr/bin/nvidia-smi`, a small C program of our own (nvidia_smi.c, dynamically linked
+  against glibc like the real one): `nvidia-smi -L` dlopens `libnvidia-ml.so.1` by SONAME
+  and lists the GPUs and MIG devices that NVML serves where it runs, in NVIDIA's format
+  (in a container of a glibc image, the NVML its CDI spec mounted); other options exit 2.
+  Over the mock NVML (e2e.harness.mocknvml) it lists exactly the devices whose device
+  nodes the container has. Executable stub scripts `nvidia-debugdump`,
+  `nvidia-persistenced`, `nvidia-cuda-mps-control`, `nvidia-cuda-mps-server` beside it;
 - the persistence daemon's socket `run/nvidia-persistenced/socket` (a unix socket bound
   and left, as the daemon leaves it);
 - with `dev_nodes=True`, the character devices `dev/nvidiactl` (195, 255),
@@ -83,6 +88,8 @@ MULTIARCH_LIB_DIR = "/usr/lib/x86_64-linux-gnu"
 FIRMWARE_DIR = "/lib/firmware/nvidia"
 FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
 BIN_DIR = "/usr/bin"
+# The binaries that are programs of ours (compiled with the libraries), not stub scripts.
+PROGRAMS = {"nvidia-smi": "nvidia_smi.c"}
 BINARIES = (
     "nvidia-smi",
     "nvidia-debugdump",
@@ -204,7 +211,8 @@ class FakeRoot:
     old_libraries: tuple[str, ...]
     firmware: tuple[str, ...]
     old_firmware: tuple[str, ...]
-    # The stub executables, the generators' five first, then the layout's extra ones.
+    # The executables (nvidia-smi a program, the others stubs), the generators' five first,
+    # then the layout's extra ones.
     binaries: tuple[str, ...]
     sockets: tuple[str, ...]
     # Character devices made under <root>/dev (dev_nodes=True), sorted.
@@ -229,8 +237,8 @@ def _cache_key(version: str) -> str:
     h.update(f"{version}\0{compiler()}\0{CUDA_DRIVER_VERSION}\0{GLIBC_NEEDED}\0".encode())
     for lib in ALL_LIBRARIES:
         h.update(f"{lib.name}\0{lib.soname}\0{lib.source}\0{lib.fixed_name}\0".encode())
-    for source in sorted({lib.source for lib in ALL_LIBRARIES}):
-        h.update((SOURCES / source).read_bytes())
+    for source in sorted({lib.source for lib in ALL_LIBRARIES} | set(PROGRAMS.values())):
+        h.update(source.encode() + b"\0" + (SOURCES / source).read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -241,8 +249,9 @@ def _check_version(version: str) -> None:
 
 
 def compiled_libraries(version: str) -> Path:
-    """A folder with every library of `version` (`ALL_LIBRARIES`, by file name),
-    compiled on first use into `<cache>/e2e/driverroot/<version>-<key>/`."""
+    """A folder with every library of `version` (`ALL_LIBRARIES`, by file name) and
+    the `PROGRAMS` (by name), compiled on first use into
+    `<cache>/e2e/driverroot/<version>-<key>/`."""
     _check_version(version)
 
     def build(work: Path) -> None:
@@ -262,9 +271,28 @@ def compiled_libraries(version: str) -> Path:
                 *GLIBC_NEEDED,
             ]
             compile_c(cmd, error=DriverRootError)
+        for name, source in PROGRAMS.items():
+            cmd = [
+                compiler(),
+                "-O2",
+                "-Wall",
+                "-Wextra",
+                "-Werror",
+                f'-DFAKE_DRIVER_VERSION="{version}"',
+                "-o",
+                str(work / name),
+                str(SOURCES / source),
+                "-ldl",
+            ]
+            compile_c(cmd, error=DriverRootError)
 
     target = paths.e2e_root() / "driverroot" / f"{version}-{_cache_key(version)}"
     return cached_build(target, build)
+
+
+def compiled_nvidia_smi(version: str = DEFAULT_VERSION) -> Path:
+    """The fake driver's `nvidia-smi` program of `version` (nvidia_smi.c, compiled once)."""
+    return compiled_libraries(version) / "nvidia-smi"
 
 
 def _write(path: Path, data: str | bytes, mode: int = 0o644) -> None:
@@ -409,8 +437,13 @@ def build_fake_root(
         _write(root / path.lstrip("/"), f"drasil fake GSP firmware {fw_version}\n".encode())
 
     binaries = [f"{BIN_DIR}/{name}" for name in (*BINARIES, *spec.extra_binaries)]
+    compiled = compiled_libraries(version)
     for path in binaries:
-        _write(root / path.lstrip("/"), _stub_binary(Path(path).name, version), 0o755)
+        name = Path(path).name
+        if name in PROGRAMS:
+            _write(root / path.lstrip("/"), (compiled / name).read_bytes(), 0o755)
+        else:
+            _write(root / path.lstrip("/"), _stub_binary(name, version), 0o755)
 
     _make_socket(root / PERSISTENCED_SOCKET.lstrip("/"))
 

@@ -15,8 +15,15 @@ nvidia-uvm-tools), a fake `/proc` for MIG device nodes (`proc/`), a boot id file
 with `MockNode.env()` (`DRASIL_MOCK_NVML_CONFIG`); the library re-reads the config on
 every 0 -> 1 init, so one process (which can only ever hold one `libnvidia-ml.so.1`)
 switches nodes between init/shutdown pairs. Without the variable the library reads the
-config embedded at build time (`compiled_mock(embedded_config=...)`, for a copy inside
-a container), else it has no GPUs.
+config embedded at build time (`compiled_mock(embedded_config=...)`, `install_mock`, for
+a copy inside a container), else it has no GPUs.
+
+What a process sees is what real NVML shows it: the GPUs whose `<dev root>/nvidia<minor>`
+exists, and of those the MIG devices whose two capability nodes
+(`<dev root>/nvidia-caps/nvidia-cap<N>`, N as `mig_cap_minor` numbers them) exist, where
+the dev root is a container's `/dev` (the config's dev root is absent there) or has an
+`nvidia-caps` folder; a node's dev root without one stands for a host, where root reaches
+every MIG device. Indices count what is visible, as NVML's do inside a container.
 
 Config format (`config_text`): one record per line, `<key> <value>`, `#` comments; the
 value is the rest of the line. Global keys: `driver_version`, `cuda_version` (NVML's
@@ -52,6 +59,7 @@ import fcntl
 import hashlib
 import os
 import shlex
+import shutil
 import stat
 import uuid
 from collections.abc import Sequence
@@ -483,6 +491,20 @@ def compiled_mock(embedded_config: str | None = None, *, dest: Path | None = Non
     return _build(dest, embedded_config)
 
 
+def install_mock(target: Path, node: MockNode) -> Path:
+    """Put the mock, with `node`'s config embedded, at `target` (a driver root's
+    `libnvidia-ml.so.<version>`, replaced): a process that has no environment of ours,
+    such as a container given the file by a CDI spec, finds the node's GPUs. There the
+    node's dev root is absent, so the mock looks at the container's own /dev: it lists
+    the GPUs and MIG devices whose device nodes the container was given. Built in
+    `<node root>/build`. Returns `target`."""
+    mock = compiled_mock(embedded_config=config_text(node), dest=node.root / "build")
+    target.unlink(missing_ok=True)
+    shutil.copyfile(mock, target)
+    target.chmod(0o755)
+    return target
+
+
 def loaded_nvml_libraries() -> list[Path]:
     """The files of every libnvidia-ml this process has mapped (/proc/self/maps)."""
     found: list[Path] = []
@@ -530,6 +552,7 @@ __all__ = [
     "config_text",
     "init_count",
     "inject_xid",
+    "install_mock",
     "lose_gpu",
     "make_dev_nodes",
     "make_mock_node",

@@ -9,6 +9,14 @@
  *   nodes between init/shutdown pairs;
  * - a GPU is visible only while <dev root>/nvidia<minor> exists (checked at init), and
  *   indices count visible GPUs only, as real NVML does inside a container;
+ * - a MIG device is visible only while <dev root>/nvidia-caps/nvidia-cap<N> exists for
+ *   both its GPU instance's and its compute instance's access capability (the minors of
+ *   /proc/driver/nvidia-caps/mig-minors: 3 + 135 * gpu minor + 9 * gi [+ 1 + ci], as
+ *   e2e.harness.mocknvml.mig_cap_minor numbers them), and MIG device indices count the
+ *   visible ones only: a container holds exactly the caps nodes its CDI spec gave it.
+ *   This applies where the dev root is a container's /dev (the config's dev root is not
+ *   there) or has an nvidia-caps folder; a node's dev root without one stands for a host,
+ *   where root reaches every capability (nvidia-modprobe makes the nodes on demand);
  * - MIG mode, instances and compute modes live in the simulated backend's JSON state
  *   file, read when it changed (stat) and written atomically (temp file + rename) under
  *   flock on <file>.lock after re-reading it; keys this library does not manage are kept;
@@ -121,6 +129,9 @@ static char state_path[4096], events_path[4096], dev_root[4096] = "/dev",
 static int ngpus;
 static struct gpu gpus[MAX_GPUS];
 static int visible[MAX_GPUS], nvisible;
+/* The dev root init chose, and whether MIG devices need their caps nodes there. */
+static char used_dev_root[4096] = "/dev";
+static int caps_checked;
 
 /* What we last read or wrote of the state file: 0 never, 1 missing, 2 the file below. */
 static int seen_kind;
@@ -1136,7 +1147,34 @@ static nvmlReturn_t compute_instance_of(nvmlComputeInstance_t computeInstance, i
     return NVML_SUCCESS;
 }
 
-/* The MIG devices NVML enumerates: compute instances, by GPU then compute instance id. */
+/* The nvidia-caps minor of GPU instance gi (ci < 0) or of its compute instance ci on the
+ * GPU of minor `minor`: /proc/driver/nvidia-caps/mig-minors' numbering (config 1,
+ * monitor 2, then per GPU 15 GPU instances of 1 + 8 minors each). */
+static unsigned cap_minor(unsigned minor, int gi, int ci) {
+    unsigned base = 3 + minor * 135u + (unsigned)gi * 9u;
+    return ci < 0 ? base : base + 1u + (unsigned)ci;
+}
+
+/* Whether this process may use MIG device (gi, ci) of GPU g: both its capability nodes
+ * are in the dev root, where capabilities are checked at all (see the header). */
+static int mig_accessible(int g, int gi, int ci) {
+    if (!caps_checked) {
+        return 1;
+    }
+    const int which[2] = {-1, ci};
+    for (int k = 0; k < 2; k++) {
+        char node[4200];
+        snprintf(node, sizeof node, "%s/nvidia-caps/nvidia-cap%u", used_dev_root,
+                 cap_minor(gpus[g].minor, gi, which[k]));
+        if (access(node, F_OK) != 0) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* The MIG devices NVML enumerates: compute instances, by GPU then compute instance id,
+ * those this process may use (mig_accessible) only. */
 static int mig_slots(int g, int slots[][2], int max) {
     int n = 0;
     struct gpu *gp = &gpus[g];
@@ -1145,7 +1183,7 @@ static int mig_slots(int g, int slots[][2], int max) {
     }
     for (int gi = 0; gi < MAX_GI; gi++) {
         for (int ci = 0; ci < MAX_CI; ci++) {
-            if (mig_exists(g, gi, ci) && n < max) {
+            if (mig_exists(g, gi, ci) && mig_accessible(g, gi, ci) && n < max) {
                 slots[n][0] = gi;
                 slots[n][1] = ci;
                 n++;
@@ -1215,7 +1253,12 @@ static nvmlReturn_t load_config(void) {
     /* Inside a container the node's dev root is not there: the container's /dev is,
      * holding exactly the nodes its CDI spec gave it (as real NVML sees them). */
     struct stat st;
-    const char *root = stat(dev_root, &st) == 0 && S_ISDIR(st.st_mode) ? dev_root : "/dev";
+    int own_root = stat(dev_root, &st) == 0 && S_ISDIR(st.st_mode);
+    const char *root = own_root ? dev_root : "/dev";
+    snprintf(used_dev_root, sizeof used_dev_root, "%s", root);
+    char caps[4200];
+    snprintf(caps, sizeof caps, "%s/nvidia-caps", root);
+    caps_checked = !own_root || (stat(caps, &st) == 0 && S_ISDIR(st.st_mode));
     for (int i = 0; i < ngpus; i++) {
         char node[4200];
         snprintf(node, sizeof node, "%s/nvidia%u", root, gpus[i].minor);
@@ -1370,7 +1413,8 @@ static nvmlReturn_t handle_by_uuid(const char *uuid, nvmlDevice_t *device) {
         refresh_state();
         for (int gi = 0; gi < MAX_GI; gi++) {
             for (int ci = 0; ci < MAX_CI; ci++) {
-                if (mig_exists(g, gi, ci) && strcmp(gpus[g].mig_uuid[gi][ci], uuid) == 0) {
+                if (mig_exists(g, gi, ci) && strcmp(gpus[g].mig_uuid[gi][ci], uuid) == 0 &&
+                    mig_accessible(g, gi, ci)) {
                     *device = (nvmlDevice_t)(void *)&mig_handles[g][gi][ci];
                     return NVML_SUCCESS;
                 }
