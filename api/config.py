@@ -1,7 +1,11 @@
 """The opaque config kinds of ``resource.drasil.dev/v1beta1``: GpuConfig and MigDeviceConfig.
 
 Users put these into ``opaque.parameters`` of a DeviceClass or ResourceClaim config
-entry. Decoding is strict because a config that is silently half-applied is worse than
+entry. ``decode_config`` also reads the same-named kinds of NVIDIA's DRA driver,
+``resource.nvidia.com/v1beta1`` (``drasil.api.nvidiaconfig``), into these models, so
+nothing that uses a decoded config knows which of the two API versions it came from.
+
+Decoding is strict because a config that is silently half-applied is worse than
 one that is rejected: unknown fields, duplicate keys and wrong types ("5" for 5) are
 errors, and every error names its JSON path, the bad value and what is allowed.
 
@@ -56,6 +60,8 @@ from drasil.api.limits import (
 from drasil.api.quantity import QuantityError, QuantityRangeError, format_bytes, parse_quantity
 
 API_VERSION: Final = "resource.drasil.dev/v1beta1"
+NVIDIA_API_VERSION: Final = "resource.nvidia.com/v1beta1"
+"""NVIDIA's DRA driver's config kinds (``drasil.api.nvidiaconfig``), decoded into drasil's."""
 MAX_PARAMETERS_BYTES: Final = limits.MAX_PARAMETERS_BYTES
 """The API server's limit on ``opaque.parameters`` (OpaqueParametersMaxLength)."""
 
@@ -243,12 +249,11 @@ class TimeSlicingConfig(_Strict):
 
 
 class MpsConfig(_Strict):
-    """Settings of strategy ``MPS``, for a share of a consumable GPU (docs/sharing.md).
+    """Settings of strategy ``MPS``: the limits its daemon holds (docs/sharing.md).
 
-    ``defaultActiveThreadPercentage`` is the share's thread percentage when its claim
-    asks no ``computePercent``; ``defaultPinnedDeviceMemoryLimit`` its memory limit
-    when the allocation names no memory. ``defaultPerDevicePinnedMemoryLimit`` is
-    checked but not applied yet.
+    The fields of NVIDIA's ``mpsConfig``: ``defaultActiveThreadPercentage`` (0 to 100),
+    ``defaultPinnedDeviceMemoryLimit``, ``defaultPerDevicePinnedMemoryLimit`` (by device
+    index or UUID) and ``multiUser`` (a daemon that serves more than one user).
     """
 
     default_active_thread_percentage: Percentage | None = Field(
@@ -260,6 +265,7 @@ class MpsConfig(_Strict):
     default_per_device_pinned_memory_limit: dict[DeviceKey, MemoryLimit] | None = Field(
         None, alias="defaultPerDevicePinnedMemoryLimit"
     )
+    multi_user: bool | None = Field(None, alias="multiUser")
 
 
 # Each settings block belongs to one strategy: (field name, alias, strategy).
@@ -374,6 +380,11 @@ KINDS: Final[Mapping[str, type[GpuConfig] | type[MigDeviceConfig]]] = {
     "GpuConfig": GpuConfig,
     "MigDeviceConfig": MigDeviceConfig,
 }
+API_VERSIONS: Final[Mapping[str, tuple[str, ...]]] = {
+    API_VERSION: tuple(KINDS),
+    NVIDIA_API_VERSION: ("GpuConfig", "MigDeviceConfig"),
+}
+"""The API versions ``decode_config`` reads, and the kinds of each."""
 
 
 # --- input limits ------------------------------------------------------------------
@@ -683,31 +694,54 @@ def _problem(value: object) -> str:
 
 
 def _type_meta_issues(document: Mapping[str, Any]) -> list[ConfigIssue]:
+    """apiVersion must be one of ``API_VERSIONS``, and kind one of that version's kinds."""
     issues = []
     version = document.get("apiVersion")
-    if version != API_VERSION:
-        message = f'{_problem(version)}: the supported API version is "{API_VERSION}"'
-        issues.append(ConfigIssue("apiVersion", version, message, (API_VERSION,)))
+    if not (isinstance(version, str) and version in API_VERSIONS):
+        versions = tuple(API_VERSIONS)
+        message = f"{_problem(version)}: the supported API versions are {_quoted(versions)}"
+        issues.append(ConfigIssue("apiVersion", version, message, versions))
+        kinds = tuple(dict.fromkeys(kind for ks in API_VERSIONS.values() for kind in ks))
+        of_version = ""
+    else:
+        kinds, of_version = API_VERSIONS[version], f' of "{version}"'
     kind = document.get("kind")
-    if not (isinstance(kind, str) and kind in KINDS):
-        message = f"{_problem(kind)}: supported kinds are {_quoted(KINDS)}"
-        issues.append(ConfigIssue("kind", kind, message, tuple(KINDS)))
+    if not (isinstance(kind, str) and kind in kinds):
+        message = f"{_problem(kind)}: supported kinds{of_version} are {_quoted(kinds)}"
+        issues.append(ConfigIssue("kind", kind, message, kinds))
     return issues
+
+
+def config_api_version(document: Mapping[str, Any]) -> str:
+    """The API version of a config that decodes: ``API_VERSION`` or ``NVIDIA_API_VERSION``.
+
+    ``decode_config`` returns drasil's models for both; this tells a caller (a log line,
+    an explanation) which of the two the user wrote. Raises ``ConfigError`` for a
+    document of neither, as ``decode_config`` would.
+    """
+    issues = _type_meta_issues(document)
+    if issues:
+        raise ConfigError(issues)
+    return str(document["apiVersion"])
 
 
 def decode_config(raw: bytes | str | Mapping[str, Any]) -> OpaqueConfig:
     """Decode one ``GpuConfig`` or ``MigDeviceConfig`` from JSON/YAML text or a mapping.
 
-    Defaults are filled in (no ``sharing`` means Exclusive; see ``_Sharing`` for the
-    settings blocks). Raises ``ConfigError`` listing every problem found.
+    Either API version of ``API_VERSIONS``: NVIDIA's kinds are decoded by their own
+    rules (``drasil.api.nvidiaconfig``) into the same models. Defaults are filled in
+    (no ``sharing`` means Exclusive; see ``_Sharing`` for the settings blocks). Raises
+    ``ConfigError`` listing every problem found.
     """
     document = _document(raw)
     if not isinstance(document, Mapping):
         message = f"a config must be an object with apiVersion and kind ({_quoted(KINDS)})"
         raise _fail(f"{message}, got {_show(document)}", value=document)
-    issues = _type_meta_issues(document)
-    if issues:
-        raise ConfigError(issues)
+    if config_api_version(document) == NVIDIA_API_VERSION:
+        # nvidiaconfig builds on this module's models and readers: imported when needed.
+        from drasil.api.nvidiaconfig import decode_nvidia  # noqa: PLC0415
+
+        return decode_nvidia(document)
     model = KINDS[document["kind"]]
     try:
         return model.model_validate(document, strict=True)
@@ -764,12 +798,18 @@ def _issue(error: ErrorDetails, model: type[BaseModel]) -> ConfigIssue:
     kind, what = error["type"], "value"
     if loc and loc[-1] == "[key]":
         loc, what = loc[:-1], "key"
-    if kind == "extra_forbidden":
+    if kind in {"missing", "drasil_missing"}:
+        value = None
+        listed = f": allowed values are {_quoted(allowed)}" if allowed else ""
+        message = f"required field is missing{listed}"
+    elif kind == "extra_forbidden":
         owner = _model_at(model, loc[:-1])
         allowed = tuple(f.alias or n for n, f in owner.model_fields.items()) if owner else ()
         message = f"unknown field; allowed fields are {_quoted(allowed)}"
     elif kind == "drasil_unsupported":
         message = f"unsupported {what} {_show(value)}: allowed values are {_quoted(allowed)}"
+        if ctx.get("hint"):
+            message += f" ({ctx['hint']})"
     elif kind == "drasil_conflict":
         loc, value = [*loc, ctx["field"]], ctx["current"]
         message = (
@@ -788,19 +828,43 @@ def _issue(error: ErrorDetails, model: type[BaseModel]) -> ConfigIssue:
 # --- JSON Schema -------------------------------------------------------------------
 
 
-def config_json_schema(kind: str) -> dict[str, Any]:
-    """The JSON Schema (draft 2020-12) of one kind; unknown fields are not allowed."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown kind {kind!r}: supported kinds are {_quoted(KINDS)}")
-    schema = KINDS[kind].model_json_schema(by_alias=True)
+def _models(api_version: str) -> Mapping[str, type[BaseModel]]:
+    if api_version == API_VERSION:
+        return KINDS
+    if api_version == NVIDIA_API_VERSION:
+        from drasil.api.nvidiaconfig import NVIDIA_KINDS  # noqa: PLC0415 (see decode_config)
+
+        return NVIDIA_KINDS
+    versions = _quoted(API_VERSIONS)
+    raise ValueError(f"unknown API version {api_version!r}: supported versions are {versions}")
+
+
+def config_json_schema(kind: str, *, api_version: str = API_VERSION) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of one kind; unknown fields are not allowed.
+
+    ``api_version`` ``NVIDIA_API_VERSION``: the schema of NVIDIA's kind of that name,
+    as ``decode_config`` reads it.
+    """
+    models = _models(api_version)
+    if kind not in models:
+        raise ValueError(f"unknown kind {kind!r}: supported kinds are {_quoted(models)}")
+    schema = models[kind].model_json_schema(by_alias=True)
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
+
+
+# The schema file of each API version's kinds is named <prefix><kind>.json.
+_SCHEMA_PREFIXES: Final = {API_VERSION: "", NVIDIA_API_VERSION: "nvidia-"}
 
 
 def schema_files() -> dict[Path, str]:
     """The checked-in schema files and the text each must have."""
     return {
-        SCHEMA_DIR / f"{kind.lower()}.json": json.dumps(config_json_schema(kind), indent=2) + "\n"
-        for kind in KINDS
+        SCHEMA_DIR / f"{prefix}{kind.lower()}.json": json.dumps(
+            config_json_schema(kind, api_version=version), indent=2
+        )
+        + "\n"
+        for version, prefix in _SCHEMA_PREFIXES.items()
+        for kind in API_VERSIONS[version]
     }
 
 

@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
 from drasil.api.config import (
-    API_VERSION,
+    API_VERSIONS,
     KINDS,
     ConfigError,
     decode_config,
@@ -159,7 +159,7 @@ def _check_document(document: object, *, number: int, driver: str) -> list[str] 
         return [f"document {number}: expected an object, got {type(document).__name__}"]
     label, kind = _label(document, number), document.get("kind")
     kind = kind if isinstance(kind, str) else None
-    if kind in KINDS or document.get("apiVersion") == API_VERSION:
+    if kind in KINDS or document.get("apiVersion") in tuple(API_VERSIONS):
         return _decode_problems(document, where=label)
     path = CONFIG_PATHS.get(kind) if kind else None
     if path is None:

@@ -278,9 +278,12 @@ ERROR_CASES: list[tuple[str, Any, str, list[str]]] = [
     ("sharing-not-an-object", gpu("MPS"), "sharing", ['"MPS"', "an object"]),
     (
         "api-version",
-        {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"},
+        {"apiVersion": "resource.drasil.dev/v1", "kind": "GpuConfig"},
         "apiVersion",
-        ['"resource.nvidia.com/v1beta1"', f'"{API_VERSION}"'],
+        [
+            '"resource.drasil.dev/v1"',
+            f'supported API versions are "{API_VERSION}", "resource.nvidia.com/v1beta1"',
+        ],
     ),
     (
         "kind",

@@ -48,7 +48,16 @@ def test_typed_marker_in_every_top_package() -> None:
 # sub-packages (with a trailing "/"). A new module must find its subsystem's
 # sub-package, or be added here and in docs/design.md on purpose.
 LAYOUT: dict[str, set[str]] = {
-    "api": {"checkpoint", "config", "devicepool", "limits", "quantity", "kubelet/", "schemas/"},
+    "api": {
+        "checkpoint",
+        "config",
+        "devicepool",
+        "limits",
+        "nvidiaconfig",
+        "quantity",
+        "kubelet/",
+        "schemas/",
+    },
     "driver": {
         "checkpoint",
         "checkpointdisk",
