@@ -43,10 +43,11 @@ less than 2 GiB of memory, where one step past the minimum would not fit, stays
 exclusive.
 
 Attributes are those of docs/design.md#names (NVIDIA's names, so selectors are portable); MIG
-devices share their parent's ``index``, ``minor``, PCI attributes and product facts and
-add ``parentUUID`` and ``profile``. ``device_nodes`` is ``/dev/nvidia<minor>`` on real
-hardware (for MIG devices the parent's; the ``/dev/nvidia-caps`` nodes MIG access also
-needs are not handled yet) and empty for simulated GPUs.
+devices share their parent's ``index``, ``minor``, PCI attributes and product facts
+(``addressingMode`` too, where NVML has one) and add ``parentUUID`` and ``profile``.
+``device_nodes`` is ``/dev/nvidia<minor>`` on real hardware (for MIG devices the
+parent's; the ``/dev/nvidia-caps`` nodes MIG access also needs are not handled yet) and
+empty for simulated GPUs.
 
 A GPU or MIG device whose queries fail is logged and reported in
 ``DiscoveryResult.skipped``; it never fails discovery. NVML itself being unusable
@@ -73,6 +74,7 @@ from drasil.driver.devices import (
     Version,
 )
 from drasil.driver.nvidia.nvml import (
+    ADDRESSING_MODE_NAMES,
     ARCH_AMPERE,
     ARCHITECTURE_NAMES,
     BRAND_NAMES,
@@ -362,6 +364,15 @@ def _read_gpu(
     # match every other device without affinity under matchAttribute.
     if numa_node is not None and numa_node >= 0:
         attributes[NUMA_NODE_ATTRIBUTE] = numa_node
+    # As NVIDIA's driver publishes it: only where NVML has one; MIG devices inherit it.
+    # A value newer than this code knows is left out (NVIDIA's driver fails the GPU).
+    mode = lib.device_addressing_mode(handle)
+    if mode is not None and mode in ADDRESSING_MODE_NAMES:
+        attributes["addressingMode"] = ADDRESSING_MODE_NAMES[mode]
+    elif mode is not None:
+        log.warning(
+            "GPU %d: addressing mode %d is unknown; no addressingMode attribute", index, mode
+        )
     return _Gpu(
         index=index,
         uuid=uuid,

@@ -106,6 +106,18 @@ ARCH_ADA = 8
 ARCH_HOPPER = 9
 ARCH_BLACKWELL = 10
 
+# nvmlDeviceAddressingModeType_t (NVML 12.8, driver 570 and newer), as go-nvlib's
+# GetAddressingModeAsString spells it: how the GPU reaches system memory. A GPU whose
+# platform has no addressing mode at all (NOT_SUPPORTED) publishes no attribute.
+NVML_DEVICE_ADDRESSING_MODE_NONE = 0
+NVML_DEVICE_ADDRESSING_MODE_HMM = 1
+NVML_DEVICE_ADDRESSING_MODE_ATS = 2
+ADDRESSING_MODE_NAMES: dict[int, str] = {
+    NVML_DEVICE_ADDRESSING_MODE_NONE: "None",
+    NVML_DEVICE_ADDRESSING_MODE_HMM: "HMM",
+    NVML_DEVICE_ADDRESSING_MODE_ATS: "ATS",
+}
+
 
 class NvmlError(Exception):
     """Base of every error the NVML layer raises."""
@@ -278,6 +290,11 @@ class NvmlLibrary(Protocol):
 
     def device_numa_node(self, handle: DeviceHandle) -> int | None:
         """The NUMA node closest to the GPU, or None where NVML does not know one."""
+
+    def device_addressing_mode(self, handle: DeviceHandle) -> int | None:
+        """An ``nvmlDeviceAddressingModeType_t`` value (see ``ADDRESSING_MODE_NAMES``), or
+        None where the platform or the driver has none (NOT_SUPPORTED, or an NVML older
+        than ``nvmlDeviceGetAddressingMode``)."""
 
     def device_mig_mode(self, handle: DeviceHandle) -> MigMode:
         """Raises ``NvmlNotSupported`` on GPUs without MIG."""

@@ -173,6 +173,19 @@ class PynvmlDevices:
             raise
         return node if node >= 0 else None
 
+    def device_addressing_mode(self, handle: DeviceHandle) -> int | None:
+        fn = getattr(self._nvml, "nvmlDeviceGetAddressingMode", None)
+        if fn is None:  # nvidia-ml-py older than NVML 12.8
+            return None
+        try:
+            return int(self._call("nvmlDeviceGetAddressingMode", fn, handle))
+        except NvmlQueryError as err:
+            # NOT_SUPPORTED: the platform has no addressing mode (go-nvlib's ""); a
+            # driver older than 570 lacks the function.
+            if err.code in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
+                return None
+            raise
+
     def device_mig_mode(self, handle: DeviceHandle) -> MigMode:
         current, pending = self._call(
             "nvmlDeviceGetMigMode", self._nvml.nvmlDeviceGetMigMode, handle

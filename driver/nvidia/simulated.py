@@ -40,6 +40,7 @@ from drasil.driver.devices import CharDevice
 from drasil.driver.nvidia.gpucatalog import gpu_instance_id_at
 from drasil.driver.nvidia.nvml import (
     ARCH_AMPERE,
+    NVML_DEVICE_ADDRESSING_MODE_NONE,
     NVML_ERROR_IN_USE,
     NVML_ERROR_INSUFFICIENT_RESOURCES,
     NVML_ERROR_INVALID_ARGUMENT,
@@ -143,6 +144,12 @@ class FakeNvml(FakeNvmlCore):
 
     def device_numa_node(self, handle: DeviceHandle) -> int | None:
         return self._full(handle, "device_numa_node").numa_node
+
+    def device_addressing_mode(self, handle: DeviceHandle) -> int | None:
+        # What NVML of the simulated driver (580) says of a discrete GPU on a host
+        # without HMM or ATS (nvidia-smi -q: "Addressing Mode: None"); the mock NVML too.
+        self._full(handle, "device_addressing_mode")
+        return NVML_DEVICE_ADDRESSING_MODE_NONE
 
     def device_mig_mode(self, handle: DeviceHandle) -> MigMode:
         gpu = self._mig_gpu(handle, "device_mig_mode")

@@ -49,6 +49,7 @@ GPU_ATTRIBUTES = {
     "cudaComputeCapability": Version,
     "driverVersion": Version,
     "cudaDriverVersion": Version,
+    "addressingMode": str,
     "index": int,
     "minor": int,
     PCI_BUS_ID_ATTRIBUTE: str,
@@ -71,6 +72,7 @@ def test_h100_node() -> None:
         assert device.attributes["cudaComputeCapability"] == Version("9.0.0")
         assert device.attributes["driverVersion"] == Version("580.95.5")
         assert device.attributes["cudaDriverVersion"] == Version("13.0.0")
+        assert device.attributes["addressingMode"] == "None"  # a discrete GPU, no HMM/ATS
         assert device.attributes["index"] == device.attributes["minor"] == i
         assert K8S_PCI_BUS_ID.fullmatch(str(device.attributes[PCI_BUS_ID_ATTRIBUTE]))
         assert str(device.attributes[PCIE_ROOT_ATTRIBUTE]).startswith("pci0000:")
@@ -401,6 +403,46 @@ def test_real_adapter_discovers(fake_pynvml: FakePynvml, tmp_path: Path) -> None
     (lost,) = result.skipped
     assert lost.index == 2
     assert "nvmlDeviceGetUUID: GPU is lost" in lost.reason
+    # This pynvml has no nvmlDeviceGetAddressingMode (older than NVML 12.8): no attribute.
+    assert "addressingMode" not in full.attributes
+    assert "addressingMode" not in mig.attributes
+
+
+@pytest.mark.parametrize(("value", "name"), [(0, "None"), (1, "HMM"), (2, "ATS")])
+def test_real_adapter_addressing_mode(
+    fake_pynvml: FakePynvml, tmp_path: Path, value: int, name: str
+) -> None:
+    """NVML's addressing mode under go-nvlib's names, as NVIDIA's driver publishes it;
+    a MIG device carries its parent's."""
+    fake_pynvml.nvmlDeviceGetAddressingMode = lambda h: value
+    lib = PynvmlLibrary(proc_root=fake_proc(tmp_path, gpu_minor=1, gi=7, ci=0))
+    full, mig = discover(lib, node_name="n").devices
+    assert full.attributes["addressingMode"] == mig.attributes["addressingMode"] == name
+
+
+def test_real_adapter_without_addressing_mode(
+    fake_pynvml: FakePynvml, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """NOT_SUPPORTED (a platform without one) and FUNCTION_NOT_FOUND (a driver older
+    than 570) publish no attribute; so does a value newer than drasil knows, with a
+    warning, where NVIDIA's driver fails the GPU."""
+    proc = fake_proc(tmp_path, gpu_minor=1, gi=7, ci=0)
+    fake_pynvml.errors["FunctionNotFound"] = _error_class("NVMLError_FunctionNotFound", 13)
+    answers: list[Callable[..., Any]] = [
+        _raiser(fake_pynvml.errors["NotSupported"]),
+        _raiser(fake_pynvml.errors["FunctionNotFound"]),
+        lambda h: 7,
+    ]
+    for answer in answers:
+        fake_pynvml.nvmlDeviceGetAddressingMode = answer
+        with caplog.at_level(logging.WARNING):
+            result = discover(PynvmlLibrary(proc_root=proc), node_name="n")
+        assert [d.name for d in result.devices] == ["gpu-0", "gpu-1-mig-1g10gb-7-0"]
+        assert all("addressingMode" not in d.attributes for d in result.devices)
+    assert "addressing mode 7 is unknown" in caplog.text
+    fake_pynvml.nvmlDeviceGetAddressingMode = _raiser(fake_pynvml.errors["GpuIsLost"])
+    result = discover(PynvmlLibrary(proc_root=proc), node_name="n")
+    assert result.devices == ()  # any other error is the GPU's own, as for other queries
 
 
 @pytest.mark.parametrize(

@@ -38,7 +38,9 @@ in Python. This chart installs:
 - the **controller** (Deployment `<release>-controller`, 2 replicas, leader election):
   DevicePools, claim config validation, explanations for pending claims;
 - the **DevicePool** CRD (`drasil.dev/v1alpha1`, in `crds/`);
-- **DeviceClasses** `gpu.drasil.dev`, `mig.drasil.dev` and `shared.drasil.dev`;
+- **DeviceClasses** `gpu.drasil.dev`, `mig.drasil.dev` and `shared.drasil.dev` (with
+  `compatibility: nvidia-dra` also NVIDIA's `gpu.nvidia.com` and `mig.nvidia.com`:
+  [docs/nvidia-dra.md](../../docs/nvidia-dra.md#the-chart-preset));
 - **ValidatingAdmissionPolicies** that keep each node's plugin to its own node's
   ResourceSlices and the controller off node-local ones;
 - a ServiceAccount and least-privilege RBAC per daemon, headless metrics Services and,
@@ -92,7 +94,7 @@ class SchemaMismatch(ValueError):
 
 def _type(prop: dict[str, Any]) -> str:
     if "enum" in prop:
-        return "one of " + ", ".join(f"`{v}`" for v in prop["enum"])
+        return "one of " + ", ".join(f"`{v}`" if v != "" else '`""`' for v in prop["enum"])
     kind = prop.get("type", "any")
     if isinstance(kind, list):
         return " or ".join(kind)

@@ -52,6 +52,31 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "drasil.controllerServiceAccount" .) -}}
 {{- end -}}
 
+{{/* The preset of names (compatibility): "" (drasil's own) or "nvidia-dra" (NVIDIA's DRA
+driver's, docs/nvidia-dra.md). The schema allows nothing else; this refuses it too, for
+installs that skip schema validation. */}}
+{{- define "drasil.compatibility" -}}
+{{- $preset := toString (.Values.compatibility | default "") -}}
+{{- if not (has $preset (list "" "nvidia-dra")) -}}
+{{- fail (printf "compatibility %q is not a preset of this chart: leave it empty (drasil's own names) or set nvidia-dra (the names of NVIDIA's DRA driver, docs/nvidia-dra.md)" $preset) -}}
+{{- end -}}
+{{- $preset -}}
+{{- end -}}
+
+{{/* The DRA driver name every template uses (never .Values.driverName directly): the
+preset nvidia-dra makes it NVIDIA's gpu.nvidia.com, and refuses a driverName of the
+user's own beside it. */}}
+{{- define "drasil.driverName" -}}
+{{- if eq (include "drasil.compatibility" .) "nvidia-dra" -}}
+{{- if not (has .Values.driverName (list "gpu.drasil.dev" "gpu.nvidia.com")) -}}
+{{- fail (printf "compatibility nvidia-dra sets the driver name gpu.nvidia.com, but driverName is %s: leave driverName at its default (gpu.drasil.dev) or set it to gpu.nvidia.com, or drop compatibility to keep %s" (toString .Values.driverName) (toString .Values.driverName)) -}}
+{{- end -}}
+gpu.nvidia.com
+{{- else -}}
+{{- .Values.driverName -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The kubelet plugin talks to the API server only in DRA mode. */}}
 {{- define "drasil.pluginNeedsApi" -}}
 {{- if eq .Values.mode "dra" -}}true{{- end -}}
@@ -71,7 +96,7 @@ app.kubernetes.io/component: {{ .component }}
      clients) must see it. */}}
 {{- define "drasil.pluginMountsShm" -}}
 {{- if eq .Values.mode "dra" -}}
-{{- if or (eq .Values.gpuSharing "consumable") .Values.mps.enabled (eq (.Values.compatibility | default "") "nvidia-dra") -}}true{{- end -}}
+{{- if or (eq .Values.gpuSharing "consumable") .Values.mps.enabled (eq (include "drasil.compatibility" .) "nvidia-dra") -}}true{{- end -}}
 {{- end -}}
 {{- end -}}
 

@@ -1611,6 +1611,21 @@ static nvmlReturn_t get_numa(nvmlDevice_t device, unsigned int *node) {
 
 EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *node) { API(get_numa(device, node)); }
 
+/* As the simulated backend answers (driver 580 on a host without HMM or ATS): None. */
+static nvmlReturn_t get_addressing_mode(nvmlDevice_t device, nvmlDeviceAddressingMode_t *mode) {
+    int g, gi, ci;
+    nvmlReturn_t r = device_of(device, &g, &gi, &ci);
+    if (r != NVML_SUCCESS) return r;
+    if (mode == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (mode->version != nvmlDeviceAddressingMode_v1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    mode->value = NVML_DEVICE_ADDRESSING_MODE_NONE;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetAddressingMode(nvmlDevice_t device, nvmlDeviceAddressingMode_t *mode) {
+    API(get_addressing_mode(device, mode));
+}
+
 /* ---- MIG mode and MIG devices ----------------------------------------------------------- */
 
 static nvmlReturn_t get_mig_mode(nvmlDevice_t device, unsigned int *current, unsigned int *pending) {

@@ -202,6 +202,14 @@ typedef struct nvmlDeviceAttributes_st {
     unsigned long long memorySizeMB;
 } nvmlDeviceAttributes_t;
 
+/* nvmlDeviceGetAddressingMode (NVML 12.8): nvmlDeviceAddressingModeType_t in value. */
+typedef struct nvmlDeviceAddressingMode_st {
+    unsigned int version;
+    unsigned int value;
+} nvmlDeviceAddressingMode_t;
+#define nvmlDeviceAddressingMode_v1 (unsigned int)(sizeof(nvmlDeviceAddressingMode_t) | (1 << 24U))
+#define NVML_DEVICE_ADDRESSING_MODE_NONE 0
+
 typedef struct nvmlEventData_st {
     nvmlDevice_t device;
     unsigned long long eventType;
