@@ -30,7 +30,7 @@ from drasil.driver.kubeapi import (
     checked_name,
     load_user_api_client,
 )
-from drasil.driver.nvidia import migration
+from drasil.driver.nvidia import migration, nvidiadra
 from drasil.driver.nvidia.driverfiles import DriverRoot, load_nvml
 from drasil.driver.nvidia.nodecheck import check_device_nodes, check_driver, check_hook, report
 from drasil.driver.nvidia.nodedevices import GPU_SHARING, MIG_MODES
@@ -109,9 +109,18 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--driver-name", default=DEFAULT_DRIVER)
     _doctor_parser(sub)
     m = sub.add_parser(
-        "migrate", help="what moves from NVIDIA's device plugin to drasil (read-only)"
+        "migrate",
+        help="what moves from NVIDIA's device plugin or DRA driver to drasil (read-only)",
     )
     m.add_argument("action", choices=("check",))
+    m.add_argument(
+        "--from",
+        dest="source",
+        choices=MIGRATE_SOURCES,
+        default="device-plugin",
+        help="device-plugin: NVIDIA's device plugin; nvidia-dra: NVIDIA's DRA driver "
+        "(to drasil with compatibility: nvidia-dra)",
+    )
     m.add_argument("--kubeconfig", help="default: $KUBECONFIG, then ~/.kube/config")
     m.add_argument(
         "-f", "--values", help="the chart values you will install (default: the chart's)"
@@ -119,7 +128,7 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument(
         "--pool-label",
         default="node.kubernetes.io/instance-type",
-        help="the node label that names a node pool",
+        help="the node label that names a node pool (--from device-plugin)",
     )
     return p
 
@@ -359,6 +368,7 @@ def _fault(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+MIGRATE_SOURCES = ("device-plugin", "nvidia-dra")
 MIGRATE_LISTS = {
     "pods": "/api/v1/pods",
     "Deployment": "/apis/apps/v1/deployments",
@@ -368,6 +378,40 @@ MIGRATE_LISTS = {
     "deviceclasses": "/apis/resource.k8s.io/v1/deviceclasses",
     "configmaps": "/api/v1/configmaps",
 }
+NVIDIA_DRA_LISTS = {
+    "pods": "/api/v1/pods",
+    "Deployment": "/apis/apps/v1/deployments",
+    "StatefulSet": "/apis/apps/v1/statefulsets",
+    "Job": "/apis/batch/v1/jobs",
+    "deviceclasses": "/apis/resource.k8s.io/v1/deviceclasses",
+    "resourceclaims": "/apis/resource.k8s.io/v1/resourceclaims",
+    "resourceclaimtemplates": "/apis/resource.k8s.io/v1/resourceclaimtemplates",
+    "resourceslices": "/apis/resource.k8s.io/v1/resourceslices",
+    # NVIDIA's CRD: none listed (404) where the cluster does not have it.
+    "computedomains": "/apis/resource.nvidia.com/v1beta1/computedomains",
+}
+
+
+def _migrate_lists(api: KubeApi, paths: dict[str, str]) -> dict[str, list[dict[str, Any]]]:
+    lists: dict[str, list[dict[str, Any]]] = {}
+    for what, path in paths.items():
+        found = api.list_everywhere(path)  # [] where the cluster has no such resource
+        if found is None:
+            print(f"drasil migrate check: may not list {what}: not checked", file=sys.stderr)
+        lists[what] = found or []
+    return lists
+
+
+def _from_nvidia_dra(api: KubeApi, values: dict[str, Any]) -> nvidiadra.Result:
+    lists = _migrate_lists(api, NVIDIA_DRA_LISTS)
+    return nvidiadra.check_all(
+        plan=nvidiadra.plan_from(values, lists["deviceclasses"], lists["resourceslices"]),
+        claims=lists["resourceclaims"],
+        templates=lists["resourceclaimtemplates"],
+        compute_domains=lists["computedomains"],
+        pods=lists["pods"],
+        controllers={kind: lists[kind] for kind in nvidiadra.KINDS},
+    )
 
 
 def _migrate_check(args: argparse.Namespace, out: TextIO) -> int:
@@ -380,12 +424,10 @@ def _migrate_check(args: argparse.Namespace, out: TextIO) -> int:
                   file=sys.stderr)  # fmt: skip
             return 2
     api = KubeApi(load_user_api_client(args.kubeconfig))
-    lists: dict[str, list[dict[str, Any]]] = {}
-    for what, path in MIGRATE_LISTS.items():
-        found = api.list_everywhere(path)
-        if found is None:
-            print(f"drasil migrate check: may not list {what}: not checked", file=sys.stderr)
-        lists[what] = found or []
+    if args.source == "nvidia-dra":
+        out.write(nvidiadra.report(_from_nvidia_dra(api, values)))
+        return 0
+    lists = _migrate_lists(api, MIGRATE_LISTS)
     plan = migration.plan_from(values, lists["deviceclasses"], lists["configmaps"])
     controllers = {kind: lists[kind] for kind in migration.KINDS}
     verdicts = migration.check_all(lists["pods"], controllers, plan)
