@@ -125,7 +125,7 @@ class DevicePlan:
     def mps_multiuser(self) -> bool:
         """Whether the device's config asks its MPS daemon to serve every user."""
         mps = self.config.config.sharing.mps
-        return self.prepared.sharing == MPS and bool(getattr(mps, "multi_user", None))  # TODO(A)
+        return self.prepared.sharing == MPS and mps is not None and bool(mps.multi_user)
 
 
 @dataclass(frozen=True)

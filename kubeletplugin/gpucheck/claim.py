@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +33,12 @@ def make_claim(
     device: str,
     uid: str | None = None,
     consumed: Mapping[str, str] | None = None,
+    config: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """An allocated ResourceClaim of one device, as the API server would return it;
     with ``consumed`` (capacity name to quantity), a share of it: a ``shareID`` and the
-    ``consumedCapacity`` the scheduler counted."""
+    ``consumedCapacity`` the scheduler counted; ``config``: the allocation's opaque
+    config entries."""
     result: dict[str, Any] = {"request": REQUEST, "driver": driver, "pool": pool, "device": device}
     if consumed is not None:
         result["shareID"] = str(uuid.uuid4())
@@ -54,7 +56,7 @@ def make_claim(
                 "requests": [{"name": REQUEST, "exactly": {"deviceClassName": driver, "count": 1}}]
             }
         },
-        "status": {"allocation": {"devices": {"results": [result], "config": []}}},
+        "status": {"allocation": {"devices": {"results": [result], "config": list(config)}}},
     }
 
 

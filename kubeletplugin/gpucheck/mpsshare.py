@@ -133,8 +133,9 @@ def whole_mps_step(
     device = whole_gpu(node)
     if device is None:
         return skipped(WHOLE_STEP, "no whole GPU (all in MIG mode?)")
-    whole = claim.make_claim(driver=DRIVER, pool=node.name, device=device.name)
-    whole["status"]["allocation"]["devices"]["config"] = [mps_config()]
+    whole = claim.make_claim(
+        driver=DRIVER, pool=node.name, device=device.name, config=[mps_config()]
+    )
     return _check(
         WHOLE_STEP,
         node,
