@@ -330,23 +330,26 @@ class _Sharing(_Strict):
 class GpuSharing(_Sharing):
     """Sharing of a full GPU: ``Exclusive``, ``TimeSlicing`` (with an interval) or ``MPS``.
 
-    ``MPS`` is applied to a share of a consumable GPU only (``--gpu-sharing
-    consumable``); on a GPU allocated whole, prepare and the controller refuse it.
+    ``MPS`` on a share of a consumable GPU (``--gpu-sharing consumable``) runs the
+    GPU's shared daemon with the share's limits; on a GPU allocated whole it runs one
+    daemon for the claim (EXCLUSIVE_PROCESS, limits from ``mps``) that every container
+    of the claim's Pods joins. Refused on an admin-access request.
     """
 
     time_slicing: TimeSlicingConfig | None = Field(None, alias="timeSlicing")
 
 
 class MigDeviceSharing(_Sharing):
-    """Sharing of a MIG device: ``Exclusive`` or ``TimeSlicing``; ``MPS`` for a share.
+    """Sharing of a MIG device: ``Exclusive``, ``TimeSlicing`` or ``MPS``.
 
-    ``MPS`` applies to a share of a MIG placement only (``--mig-mode dynamic`` with
-    ``--gpu-sharing consumable``: an MPS daemon per MIG instance), which must be MPS;
-    on a MIG device allocated whole it is refused (at prepare, and by the controller
-    where no device is shared). There is no ``timeSlicing`` block: the time-slice
-    interval is a setting of the parent GPU, which other claims may be using, so one
-    claim must not change it, and ``TimeSlicing`` changes nothing on the GPU (the
-    processes of the containers sharing the MIG device take turns, as they would).
+    ``MPS`` on a share of a MIG placement (``--mig-mode dynamic`` with
+    ``--gpu-sharing consumable``) runs the MIG instance's shared daemon, which must be
+    MPS; on a MIG device allocated whole it runs one daemon for the claim on top of the
+    MIG instance. Refused on an admin-access request. There is no ``timeSlicing``
+    block: the time-slice interval is a setting of the parent GPU, which other claims
+    may be using, so one claim must not change it, and ``TimeSlicing`` changes nothing
+    on the GPU (the processes of the containers sharing the MIG device take turns, as
+    they would).
     """
 
 

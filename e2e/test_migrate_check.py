@@ -419,7 +419,6 @@ def test_from_nvidia_dra_every_object_and_workload_gets_its_verdict(
         )  # fmt: skip
     finally:
         kube.delete(RESOURCE, "DeviceClass", device_class)
-    print(result.stdout)  # what docs/migrating.md shows
     assert result.returncode == 0, result.stderr
     assert "may not list" not in result.stderr, result.stderr
     rows = [line.split("\t") for line in result.stdout.splitlines() if "\t" in line]

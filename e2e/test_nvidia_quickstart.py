@@ -192,6 +192,7 @@ class Scenario:
                 )
             except ApiException as err:  # not started yet
                 return NotYet(err.reason)
+            text = text or ""  # an empty log comes back as None
             return text if until in text else NotYet(text[-300:])
 
         found: str = wait_for(
