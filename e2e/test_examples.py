@@ -119,6 +119,8 @@ def _install(kube: Kube, kubeconfig: Path, node: Node, image: LocalImage, mode: 
     values["controller"] = {"enabled": False}
     values["deviceClasses"] = {"create": False}
     values["validatingAdmissionPolicy"] = {"enabled": False}
+    # MPS on a GPU allocated whole (the opaque-config scenario); consumable modes have it.
+    values["mps"] = {"enabled": mode == "exclusive"}
     release = f"ex{secrets.token_hex(2)}"
     with tempfile.TemporaryDirectory() as folder:
         values_file = Path(folder) / "values.yaml"
@@ -382,9 +384,10 @@ def cel_selector_check(run: Run) -> None:
 
 
 def opaque_config_start(run: Run) -> None:
-    # The example's second strategy is its own SpacePartitioning; drasil's are
-    # Exclusive (a whole GPU) and MPS (a share, where GPUs are consumable).
-    other = "MPS" if run.shared else "Exclusive"
+    # The example's second strategy is its own SpacePartitioning; drasil's is MPS (one
+    # daemon for the whole GPU's claim, or a share's where GPUs are consumable); the
+    # dynamic MIG modes keep Exclusive, so that each strategy is seen.
+    other = _other_strategy(run)
     configs = [_gpu_config(["ts-gpu"], "TimeSlicing", "Long"), _gpu_config(["other-gpu"], other)]
     run.template("multiple-gpus", [_request("ts-gpu"), _request("other-gpu")], config=configs)
     containers = {
@@ -398,8 +401,8 @@ def opaque_config_start(run: Run) -> None:
 def opaque_config_check(run: Run) -> None:
     """basic-resourceclaim-opaque-config: the two time-sliced containers share one GPU
     and see TimeSlicing with interval Long; the other two share the other GPU with the
-    other strategy."""
-    other = "MPS" if run.shared else "Exclusive"
+    other strategy (MPS: both are given the daemon's pipe)."""
+    other = _other_strategy(run)
     ts = [run.env("pod0", f"ts-ctr{i}") for i in (0, 1)]
     others = [run.env("pod0", f"other-ctr{i}") for i in (0, 1)]
     assert visible_uuids(ts[0]) == visible_uuids(ts[1])
@@ -408,6 +411,12 @@ def opaque_config_check(run: Run) -> None:
     assert visible_uuids(ts[0]) != visible_uuids(others[0])
     assert _settings(ts[0]) == {"SHARING_STRATEGY": "TimeSlicing", "TIMESLICE_INTERVAL": "Long"}
     assert _settings(others[0]) == {"SHARING_STRATEGY": other}
+    if other == "MPS":
+        assert all("CUDA_MPS_PIPE_DIRECTORY" in env for env in others), others
+
+
+def _other_strategy(run: Run) -> str:
+    return "MPS" if run.mode in ("exclusive", "consumable") else "Exclusive"
 
 
 def _settings(env: dict[str, str]) -> dict[str, str]:
