@@ -9,17 +9,16 @@ Decoding is strict because a config that is silently half-applied is worse than
 one that is rejected: unknown fields, duplicate keys and wrong types ("5" for 5) are
 errors, and every error names its JSON path, the bad value and what is allowed.
 
-The input is untrusted, so its size, nesting, number of values, integers and
-quantities are bounded before it is parsed or validated (``drasil.api.limits``), and
-YAML anchors and aliases are refused. ``decode_config``, ``load_documents`` and
-``load_json`` raise ``ConfigError`` and nothing else, whatever they are given.
+The input is untrusted: it is read by the bounded readers of ``drasil.api.documents``
+(size, nesting, number of values, integers; no YAML anchors), and quantities are
+bounded before they are parsed (``drasil.api.limits``). ``decode_config`` raises
+``ConfigError`` and nothing else, whatever it is given.
 
 ``python -m drasil.api.config schemas`` regenerates the JSON Schemas in ``api/schemas/``.
 
-Why ~800 lines in one module: the kinds, their bounded readers and the wording of
-their errors are one contract that users, the controller and the plugin all see
-through ``decode_config``; the sections below (errors, field types, models, limits,
-readers, decoding, messages, schemas) are read together when any of them changes.
+The kinds and the wording of their errors are one contract that users, the controller
+and the plugin all see through ``decode_config``; the sections below (field types,
+models, decoding, messages, schemas) are read together when any of them changes.
 """
 
 from __future__ import annotations
@@ -29,12 +28,10 @@ import json
 import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal, NoReturn, get_args
+from typing import Annotated, Any, Final, Literal, get_args
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -46,16 +43,20 @@ from pydantic import (
     model_validator,
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
-from yaml.constructor import ConstructorError
 
 from drasil.api import limits
+from drasil.api.documents import (
+    ConfigError,
+    ConfigIssue,
+    check_structure,
+    fail,
+    json_path,
+    load_documents,
+    valid_text,
+)
 from drasil.api.limits import (
     MAX_BYTES,
-    MAX_DEPTH,
-    MAX_FILE_BYTES,
-    MAX_INTEGER_DIGITS,
     MAX_QUANTITY_CHARS,
-    MAX_VALUES,
 )
 from drasil.api.quantity import QuantityError, QuantityRangeError, format_bytes, parse_quantity
 
@@ -69,32 +70,7 @@ _MIN_PINNED_MEMORY: Final = 2**20
 SCHEMA_DIR: Final = Path(__file__).parent / "schemas"
 
 
-# --- errors ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ConfigIssue:
-    """One problem of a config: where (JSON path, "" for the whole input), what, why."""
-
-    path: str
-    value: object
-    message: str
-    allowed: tuple[str, ...] = ()
-
-    def __str__(self) -> str:
-        return f"{self.path}: {self.message}" if self.path else self.message
-
-
-class ConfigError(ValueError):
-    """A config that cannot be used; ``issues`` lists every problem found, not just one."""
-
-    def __init__(self, issues: Sequence[ConfigIssue]) -> None:
-        self.issues = tuple(issues)
-        super().__init__("; ".join(str(issue) for issue in self.issues))
-
-
-def _fail(message: str, *, value: object = None, path: str = "") -> ConfigError:
-    return ConfigError([ConfigIssue(path=path, value=value, message=message)])
+# --- messages --------------------------------------------------------------------
 
 
 def _show(value: object) -> str:
@@ -390,273 +366,12 @@ API_VERSIONS: Final[Mapping[str, tuple[str, ...]]] = {
 """The API versions ``decode_config`` reads, and the kinds of each."""
 
 
-# --- input limits ------------------------------------------------------------------
-
-
-def _text(raw: bytes | str) -> str:
-    """Text that is valid Unicode: UTF-8 bytes decoded, lone surrogates refused."""
-    if isinstance(raw, bytes):
-        try:
-            return raw.decode()
-        except UnicodeDecodeError as err:
-            raise _fail(f"config is not UTF-8: {err.reason} at byte {err.start}") from None
-    try:
-        raw.encode()
-    except UnicodeEncodeError as err:
-        message = f"text is not valid Unicode: {err.reason} at character {err.start}"
-        raise _fail(message) from None
-    return raw
-
-
-def _too_deep(where: str, *, path: str = "") -> ConfigError:
-    message = f"nested too deeply{where}: at most {MAX_DEPTH} levels of objects and lists"
-    return _fail(message, value=MAX_DEPTH, path=path)
-
-
-def _long_integer(text: str | None, where: str, *, path: str = "") -> ConfigError:
-    shown = None if text is None else text if len(text) <= 24 else f"{text[:20]}..."
-    number = "integer" if shown is None else f"integer {shown}"
-    message = f"{number} is too long{where}: at most {MAX_INTEGER_DIGITS} digits"
-    return _fail(message, value=shown, path=path)
-
-
-_INTEGER_BOUND: Final = 10**MAX_INTEGER_DIGITS
-
-
-def _check_structure(document: object) -> None:
-    """Refuse, without recursion, a document too deep or with too many values.
-
-    Also refuses what JSON cannot hold: keys that are not strings, values that are
-    not objects, lists, strings, numbers, booleans or null, and integers of more
-    than ``MAX_INTEGER_DIGITS`` digits. Shared references (a Python structure that
-    repeats a part, as a YAML alias bomb would) count each time they are reached,
-    and the walk stops at the first excess: at most ``MAX_VALUES`` steps.
-    """
-    stack: list[tuple[object, tuple[int | str, ...]]] = [(document, ())]
-    count = 1
-    while stack:
-        value, loc = stack.pop()
-        if isinstance(value, Mapping | list | tuple):
-            if len(loc) >= MAX_DEPTH:
-                raise _too_deep("", path=_path(loc))
-            items = value.items() if isinstance(value, Mapping) else enumerate(value)
-            for key, item in items:
-                count += 1
-                if count > MAX_VALUES:
-                    raise _too_many_values()
-                if isinstance(value, Mapping) and not isinstance(key, str):
-                    kind = type(key).__name__
-                    message = f"invalid key of type {kind}: a key must be a string"
-                    raise _fail(message, value=kind, path=_path(loc))
-                stack.append((item, (*loc, key)))
-        elif not isinstance(value, _JSON_SCALARS):
-            kind = type(value).__name__
-            message = f"invalid value of type {kind}: {_JSON_VALUES}"
-            raise _fail(message, value=kind, path=_path(loc))
-        elif isinstance(value, int) and abs(value) >= _INTEGER_BOUND:  # never made text
-            raise _long_integer(None, "", path=_path(loc))
-
-
-_JSON_SCALARS: Final = (str, int, float, type(None))
-_JSON_VALUES: Final = "a config holds objects, lists, strings, numbers, booleans and null"
-
-
-def _too_many_values() -> ConfigError:
-    return _fail(
-        f"config is too large: more than {MAX_VALUES} values (keys and list items); "
-        "leave out settings that repeat defaults",
-        value=MAX_VALUES,
-    )
-
-
-# --- reading JSON and YAML strictly ------------------------------------------------
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise _fail(f'duplicate key "{key}": each key may appear once', value=key)
-        result[key] = value
-    return result
-
-
-def _no_constant(name: str) -> object:
-    raise _fail(f"invalid JSON: {name} is not a JSON number", value=name)
-
-
-def _json_int(text: str) -> int:
-    if len(text.lstrip("-")) > MAX_INTEGER_DIGITS:
-        raise _long_integer(text, " in JSON")
-    return int(text)
-
-
-# A JSON string (possibly unterminated, which json reports) or a bracket.
-_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.DOTALL)
-
-
-def _check_json_depth(text: str) -> None:
-    """Refuse JSON nested deeper than ``MAX_DEPTH`` before ``json`` recurses into it."""
-    depth = 0
-    for token in _JSON_TOKEN.finditer(text):
-        bracket = token.group()
-        if bracket in ("[", "{"):
-            depth += 1
-            if depth > MAX_DEPTH:
-                start = token.start()
-                line = text.count("\n", 0, start) + 1
-                column = start - text.rfind("\n", 0, start)
-                raise _too_deep(f" (line {line}, column {column})")
-        elif bracket in ("]", "}"):
-            depth -= 1
-
-
-def load_json(text: str | bytes) -> Any:
-    """Parse JSON, rejecting duplicate keys and NaN/Infinity; errors are ConfigError."""
-    text = _text(text) if isinstance(text, str | bytes) else _not_text(text)
-    _check_json_depth(text)
-    try:
-        return json.loads(
-            text,
-            object_pairs_hook=_unique_keys,
-            parse_constant=_no_constant,
-            parse_int=_json_int,
-        )
-    except json.JSONDecodeError as err:
-        raise _fail(f"invalid JSON: {err.msg} (line {err.lineno}, column {err.colno})") from None
-
-
-def _not_text(value: object) -> NoReturn:
-    raise _fail(f"expected text (JSON or YAML), got {type(value).__name__}")
-
-
-def _where(mark: yaml.Mark | None) -> str:
-    return f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
-
-
-def _json_key(key: object, node: yaml.Node) -> str:
-    # kubectl turns YAML into JSON, where `0: 4Gi` has the key "0"; do the same.
-    if isinstance(key, bool):
-        return "true" if key else "false"
-    if isinstance(key, str | int | float):
-        return str(key)
-    raise _fail(f"invalid YAML: a key must be a string ({_where(node.start_mark)})", value=key)
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """A SafeLoader for untrusted text, which must read like JSON.
-
-    Beyond SafeLoader it rejects duplicate keys (PyYAML keeps the last one silently),
-    anchors and aliases (a few of them expand exponentially: "billion laughs"),
-    nesting deeper than ``MAX_DEPTH`` (composing recurses) and integers longer than
-    ``MAX_INTEGER_DIGITS``; explicit tags that do not fit their value (``!!int x``)
-    are YAML errors, and dates stay strings, as kubectl sends them.
-    """
-
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self._depth = 0
-
-    def fetch_flow_collection_start(self, TokenClass: type[yaml.Token]) -> None:  # noqa: N803
-        # The scanner looks ahead over every open "[" or "{" (its cost grows with their
-        # square), long before the composer sees the nesting: stop it at the limit.
-        if self.flow_level >= MAX_DEPTH:
-            raise _too_deep(f" ({_where(self.get_mark())})")
-        super().fetch_flow_collection_start(TokenClass)
-
-    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
-        event = self.peek_event()  # type: ignore[no-untyped-call]
-        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
-            raise _fail(
-                f"YAML anchors and aliases (&name, *name) are not allowed "
-                f"({_where(event.start_mark)}): write each value out"
-            )
-        nested = isinstance(event, yaml.CollectionStartEvent)
-        if nested:
-            self._depth += 1
-            if self._depth > MAX_DEPTH:
-                raise _too_deep(f" ({_where(event.start_mark)})")
-        try:
-            return super().compose_node(parent, index)
-        finally:
-            if nested:
-                self._depth -= 1
-
-    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
-        if not isinstance(node, yaml.MappingNode):
-            raise ConstructorError(None, None, "expected a mapping", node.start_mark)
-        self.flatten_mapping(node)  # "<<" merge keys: inline mappings only, no aliases
-        mapping: dict[str, Any] = {}
-        for key_node, value_node in node.value:
-            key = _json_key(self.construct_object(key_node, deep=deep), key_node)
-            if key in mapping:
-                where = _where(key_node.start_mark)
-                message = f'duplicate key "{key}" ({where}): each key may appear once'
-                raise _fail(message, value=key)
-            mapping[key] = self.construct_object(value_node, deep=deep)
-        return mapping
-
-    def _scalar(self, node: yaml.Node, what: str, construct: Any) -> Any:
-        """``construct(node)``, with a ConstructorError for a value its tag cannot read."""
-        try:
-            return construct(self, node)
-        except (ValueError, LookupError, TypeError, OverflowError):
-            text = self.construct_scalar(node)  # type: ignore[arg-type]
-            message = f"invalid {what} {text!r}"
-            raise ConstructorError(None, None, message, node.start_mark) from None
-
-    def construct_strict_int(self, node: yaml.Node) -> int:
-        text = str(self.construct_scalar(node))  # type: ignore[arg-type]
-        if len(text.lstrip("+-").replace("_", "")) > MAX_INTEGER_DIGITS:
-            raise _long_integer(text, f" ({_where(node.start_mark)})")
-        return int(self._scalar(node, "integer", yaml.SafeLoader.construct_yaml_int))
-
-    def construct_strict_float(self, node: yaml.Node) -> float:
-        return float(self._scalar(node, "number", yaml.SafeLoader.construct_yaml_float))
-
-    def construct_strict_bool(self, node: yaml.Node) -> bool:
-        return bool(self._scalar(node, "boolean", yaml.SafeLoader.construct_yaml_bool))
-
-    def construct_date_text(self, node: yaml.Node) -> str:
-        return str(self.construct_scalar(node))  # type: ignore[arg-type]
-
-
-_StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_strict_int)
-_StrictLoader.add_constructor("tag:yaml.org,2002:float", _StrictLoader.construct_strict_float)
-_StrictLoader.add_constructor("tag:yaml.org,2002:bool", _StrictLoader.construct_strict_bool)
-_StrictLoader.add_constructor("tag:yaml.org,2002:timestamp", _StrictLoader.construct_date_text)
-
-
-def load_documents(text: str | bytes) -> list[Any]:
-    """Parse JSON (text starting with ``{``) or YAML documents; empty documents are dropped.
-
-    Text over ``MAX_FILE_BYTES``, nested over ``MAX_DEPTH``, with integers over
-    ``MAX_INTEGER_DIGITS`` digits or YAML anchors is refused before it is built.
-    """
-    text = _text(text) if isinstance(text, str | bytes) else _not_text(text)
-    size = len(text.encode())
-    if size > MAX_FILE_BYTES:
-        message = f"text is too large ({size} bytes): at most {MAX_FILE_BYTES} bytes (1 MiB)"
-        raise _fail(message, value=size)
-    if text.lstrip().startswith("{"):
-        return [load_json(text)]
-    try:
-        documents = list(yaml.load_all(text, Loader=_StrictLoader))
-    except yaml.MarkedYAMLError as err:
-        mark = err.problem_mark or err.context_mark
-        where = f" ({_where(mark)})" if mark else ""
-        raise _fail(f"invalid YAML: {err.problem or err.context}{where}") from None
-    except yaml.YAMLError as err:
-        raise _fail(f"invalid YAML: {err}") from None
-    return [document for document in documents if document is not None]
-
-
 # --- decoding ----------------------------------------------------------------------
 
 
 def _check_size(size: int) -> None:
     if size > MAX_PARAMETERS_BYTES:
-        raise _fail(
+        raise fail(
             f"config is too large ({size} bytes or more): the API limits opaque parameters "
             f"to {MAX_PARAMETERS_BYTES} bytes (10 KiB); leave out settings that repeat defaults",
             value=size,
@@ -679,16 +394,16 @@ def _encoded_size(document: object) -> int:
 def _document(raw: object) -> object:
     if not isinstance(raw, str | bytes):
         document = dict(raw) if isinstance(raw, Mapping) else raw
-        _check_structure(document)
+        check_structure(document)
         _check_size(_encoded_size(document))
         return document
-    text = _text(raw)
+    text = valid_text(raw)
     # On the wire the API limit applies to the raw bytes.
     _check_size(len(text.encode()))
     documents = load_documents(text)
     if len(documents) != 1:
-        raise _fail(f"expected one config document, found {len(documents)}", value=len(documents))
-    _check_structure(documents[0])
+        raise fail(f"expected one config document, found {len(documents)}", value=len(documents))
+    check_structure(documents[0])
     return documents[0]
 
 
@@ -739,7 +454,7 @@ def decode_config(raw: bytes | str | Mapping[str, Any]) -> OpaqueConfig:
     document = _document(raw)
     if not isinstance(document, Mapping):
         message = f"a config must be an object with apiVersion and kind ({_quoted(KINDS)})"
-        raise _fail(f"{message}, got {_show(document)}", value=document)
+        raise fail(f"{message}, got {_show(document)}", value=document)
     if config_api_version(document) == NVIDIA_API_VERSION:
         # nvidiaconfig builds on this module's models and readers: imported when needed.
         from drasil.api.nvidiaconfig import decode_nvidia  # noqa: PLC0415
@@ -761,19 +476,6 @@ _TYPE_NAMES: Final = {
     "dict_type": "an object",
     "model_type": "an object",
 }
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-
-
-def _path(loc: Sequence[int | str]) -> str:
-    text = ""
-    for part in loc:
-        if isinstance(part, int):
-            text += f"[{part}]"
-        elif _IDENTIFIER.match(part):
-            text += f".{part}" if text else part
-        else:
-            text += f"[{json.dumps(part)}]"
-    return text
 
 
 def _model_at(model: type[BaseModel], loc: Sequence[int | str]) -> type[BaseModel] | None:
@@ -825,7 +527,7 @@ def _issue(error: ErrorDetails, model: type[BaseModel]) -> ConfigIssue:
         message = f"invalid {what} {_show(value)}: must be {_TYPE_NAMES[kind]}"
     else:
         message = f"invalid {what} {_show(value)}: {error['msg']}"
-    return ConfigIssue(path=_path(loc), value=value, message=message, allowed=allowed)
+    return ConfigIssue(path=json_path(loc), value=value, message=message, allowed=allowed)
 
 
 # --- JSON Schema -------------------------------------------------------------------

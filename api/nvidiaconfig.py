@@ -34,8 +34,6 @@ from pydantic_core import PydanticCustomError
 
 from drasil.api.config import (
     NVIDIA_API_VERSION,
-    ConfigError,
-    ConfigIssue,
     GpuConfig,
     GpuSharing,
     MigDeviceConfig,
@@ -46,7 +44,6 @@ from drasil.api.config import (
     TimeSlicingConfig,
     TimeSlicingInterval,
     _document,
-    _fail,
     _issue,
     _one_of,
     _quoted,
@@ -55,6 +52,7 @@ from drasil.api.config import (
     _Strict,
     _type_meta_issues,
 )
+from drasil.api.documents import ConfigError, ConfigIssue, fail
 
 __all__ = [
     "NVIDIA_API_VERSION",
@@ -232,7 +230,7 @@ def decode_nvidia(raw: bytes | str | Mapping[str, Any]) -> OpaqueConfig:
     document = _document(raw)
     if not isinstance(document, Mapping):
         message = f"a config must be an object with apiVersion and kind ({_quoted(NVIDIA_KINDS)})"
-        raise _fail(f"{message}, got {_show(document)}", value=document)
+        raise fail(f"{message}, got {_show(document)}", value=document)
     issues = _type_meta_issues(document)
     version = document.get("apiVersion")
     if not issues and version != NVIDIA_API_VERSION:

@@ -14,7 +14,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from drasil.api.config import ConfigError, load_documents
+from drasil.api.documents import ConfigError, load_documents
 from drasil.api.limits import MAX_FILE_BYTES, allow_nesting
 from drasil.driver.amd.partitions import PARTITION_MODES
 from drasil.driver.claims.configcheck import validate_config_document

@@ -24,13 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
-from drasil.api.config import (
-    API_VERSIONS,
-    KINDS,
-    ConfigError,
-    decode_config,
-    load_documents,
-)
+from drasil.api.config import API_VERSIONS, KINDS, decode_config
+from drasil.api.documents import ConfigError, load_documents
 from drasil.driver.claims.sharing import not_applied
 
 # Where each kind keeps its list of config entries.

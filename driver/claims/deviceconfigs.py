@@ -32,7 +32,8 @@ from decimal import Decimal
 from types import MappingProxyType
 from typing import Any, Final, Literal, cast, get_args
 
-from drasil.api.config import ConfigError, GpuConfig, MigDeviceConfig, OpaqueConfig, decode_config
+from drasil.api.config import GpuConfig, MigDeviceConfig, OpaqueConfig, decode_config
+from drasil.api.documents import ConfigError
 from drasil.api.quantity import QuantityError, parse_quantity
 from drasil.driver.claims.sharing import not_applied
 from drasil.driver.devices import Device, DeviceType

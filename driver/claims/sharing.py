@@ -16,12 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from drasil.api.config import (
-    ConfigIssue,
-    OpaqueConfig,
-    SharingStrategy,
-    TimeSlicingInterval,
-)
+from drasil.api.config import OpaqueConfig, SharingStrategy, TimeSlicingInterval
+from drasil.api.documents import ConfigIssue
 from drasil.driver.devices import Device
 
 ADMIN_ACCESS = "ADMIN_ACCESS"

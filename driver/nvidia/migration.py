@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from drasil.api.config import ConfigError, load_documents
+from drasil.api.documents import ConfigError, load_documents
 from drasil.driver.nvidia.nodelabels import GFD_NAMES, GFD_PREFIX
 from drasil.driver.objects import mapping, status_of, text
 from drasil.driver.objects import meta as meta_of

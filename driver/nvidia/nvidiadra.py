@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Final
 
-from drasil.api.config import ConfigError, OpaqueConfig, SharingStrategy, decode_config
+from drasil.api.config import OpaqueConfig, SharingStrategy, decode_config
+from drasil.api.documents import ConfigError
 from drasil.api.quantity import QuantityError, parse_quantity
 from drasil.driver.nvidia.migration import BLOCKED, CHANGE, ORDER, UNCHANGED
 from drasil.driver.objects import JsonObject, mapping, objects, text

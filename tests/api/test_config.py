@@ -13,7 +13,6 @@ from drasil.api.config import (
     API_VERSION,
     KINDS,
     MAX_PARAMETERS_BYTES,
-    ConfigError,
     GpuConfig,
     MigDeviceConfig,
     MpsConfig,
@@ -21,10 +20,10 @@ from drasil.api.config import (
     TimeSlicingInterval,
     config_json_schema,
     decode_config,
-    load_documents,
     main,
     schema_files,
 )
+from drasil.api.documents import ConfigError, load_documents
 
 STRATEGIES = ['"Exclusive"', '"TimeSlicing"', '"MPS"']
 GPU_FIELDS = ['"strategy"', '"mps"', '"timeSlicing"']

@@ -19,16 +19,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from drasil.api.config import (
-    API_VERSION,
-    ConfigError,
-    GpuConfig,
-    MigDeviceConfig,
-    OpaqueConfig,
-    decode_config,
-    load_documents,
-    load_json,
-)
+from drasil.api.config import API_VERSION, GpuConfig, MigDeviceConfig, OpaqueConfig, decode_config
+from drasil.api.documents import ConfigError, load_documents, load_json
 from drasil.api.limits import MAX_BYTES, QUANTITY_EXPONENTS
 from drasil.api.quantity import QuantityError, format_bytes, parse_quantity
 

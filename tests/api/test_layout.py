@@ -52,6 +52,7 @@ LAYOUT: dict[str, set[str]] = {
         "checkpoint",
         "config",
         "devicepool",
+        "documents",
         "limits",
         "nvidiaconfig",
         "quantity",

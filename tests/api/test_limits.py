@@ -15,14 +15,8 @@ from typing import Any
 
 import pytest
 
-from drasil.api.config import (
-    API_VERSION,
-    ConfigError,
-    GpuConfig,
-    decode_config,
-    load_documents,
-    load_json,
-)
+from drasil.api.config import API_VERSION, GpuConfig, decode_config
+from drasil.api.documents import ConfigError, load_documents, load_json
 from drasil.api.limits import (
     MAX_BYTES,
     MAX_DEPTH,

@@ -12,7 +12,6 @@ from drasil.api.config import (
     API_VERSION,
     API_VERSIONS,
     NVIDIA_API_VERSION,
-    ConfigError,
     GpuConfig,
     GpuSharing,
     MigDeviceConfig,
@@ -25,6 +24,7 @@ from drasil.api.config import (
     config_json_schema,
     decode_config,
 )
+from drasil.api.documents import ConfigError
 from drasil.api.nvidiaconfig import NVIDIA_KINDS, NvidiaGpuConfig, decode_nvidia
 
 NVIDIA_STRATEGIES = 'allowed values are "TimeSlicing", "MPS"'
