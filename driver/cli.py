@@ -20,9 +20,9 @@ from drasil.driver.amd.partitions import PARTITION_MODES
 from drasil.driver.claims.configcheck import validate_config_document
 from drasil.driver.devices import CapacityPolicy, Device, Version
 from drasil.driver.discovery.backends import BACKENDS, VendorError, discover_node, open_backends
-from drasil.driver.discovery.health import FAULT_FILE, read_faults, write_faults
 from drasil.driver.explain.claims import render_table
 from drasil.driver.explain.fromapi import ClaimNotFound, explain_from_api
+from drasil.driver.health import FAULT_FILE, read_faults, write_faults
 from drasil.driver.kubeapi import (
     InvalidName,
     KubeApi,

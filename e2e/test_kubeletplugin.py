@@ -346,7 +346,7 @@ def _exists(kube: Kube, ref: ClaimId, namespace: str) -> bool:
 def test_fault_taints_the_device_and_recovery_removes_the_taint(
     kube: Kube, node: str, plugin: PluginProcess
 ) -> None:
-    from drasil.driver.discovery.health import FAULT_FILE, write_faults
+    from drasil.driver.health import FAULT_FILE, write_faults
 
     wait_published(kube, node)
     faults = plugin.state_dir / FAULT_FILE

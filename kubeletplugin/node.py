@@ -30,8 +30,8 @@ from drasil.api.kubelet import names
 from drasil.driver.amd.health import AmdHealthWatcher
 from drasil.driver.devices import CounterSet, Device, Vendor
 from drasil.driver.discovery.backends import discover_node
-from drasil.driver.discovery.health import FAULT_FILE, FaultFileWatcher, HealthTracker
 from drasil.driver.endpoints import HealthCheck, serve_http
+from drasil.driver.health import FAULT_FILE, FaultFileWatcher, HealthTracker
 from drasil.driver.nvidia.nvml import NvmlError, NvmlLibrary
 from drasil.driver.nvidia.xid import XidWatcher
 from drasil.kubeletplugin.options import PluginOptions

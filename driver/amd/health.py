@@ -37,7 +37,7 @@ from typing import Final
 
 from drasil.driver.amd.sysfs import SysfsError, amdgpu_driver_dir, read_text
 from drasil.driver.devices import PCI_BUS_ID_ATTRIBUTE, Device
-from drasil.driver.discovery.health import HealthTracker
+from drasil.driver.health import HealthTracker
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from drasil.driver.devices import Device, DeviceType
-from drasil.driver.discovery.health import HealthTracker
+from drasil.driver.health import HealthTracker
 from drasil.driver.nvidia.nvml import (
     EVENT_TYPE_XID_CRITICAL_ERROR,
     NO_INSTANCE,

@@ -17,7 +17,7 @@ import grpc
 from drasil.api.kubelet import names
 from drasil.api.kubelet.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from drasil.api.kubelet.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
-from drasil.driver.discovery.health import HealthTracker
+from drasil.driver.health import HealthTracker
 from drasil.kubeletplugin.deviceplugin.allocation import (
     UnknownDeviceIds,
     container_response,

@@ -17,7 +17,7 @@ from drasil.api.kubelet.health.v1 import health_pb2 as v1
 from drasil.api.kubelet.health.v1 import health_pb2_grpc as v1_grpc
 from drasil.api.kubelet.health.v1alpha1 import health_pb2 as v1alpha1
 from drasil.api.kubelet.health.v1alpha1 import health_pb2_grpc as v1alpha1_grpc
-from drasil.driver.discovery.health import HealthTracker
+from drasil.driver.health import HealthTracker
 
 MAX_MESSAGE = 1024  # kubelet's limit on DeviceHealth.message
 WAIT_SLICE = 0.25

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from drasil.driver.devices import CounterSet, Device
-from drasil.driver.discovery.health import HealthTracker
+from drasil.driver.health import HealthTracker
 from drasil.driver.kubeapi import KubeApi
 from drasil.driver.objects import JsonDict
 from drasil.driver.slices.build import OwnerRef, Taint, build_slices

@@ -65,6 +65,7 @@ LAYOUT: dict[str, set[str]] = {
         "cli",
         "devicepools",
         "devices",
+        "health",
         "endpoints",
         "hostresources",
         "files",

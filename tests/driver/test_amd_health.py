@@ -11,7 +11,7 @@ from amdtrees import tree
 from drasil.driver.amd.devices import discover_amd
 from drasil.driver.amd.health import AmdHealthWatcher, read_counters
 from drasil.driver.amd.simulated import bump_ras_errors, layout, record_reset
-from drasil.driver.discovery.health import HealthTracker
+from drasil.driver.health import HealthTracker
 
 
 class Clock:

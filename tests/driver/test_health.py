@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from drasil.driver.devices import Device, DeviceType
-from drasil.driver.discovery.health import (
+from drasil.driver.health import (
     FaultFileWatcher,
     HealthTracker,
     read_faults,

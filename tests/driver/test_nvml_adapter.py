@@ -21,7 +21,7 @@ import pytest
 from mocknvml_fixture import MockNodeFactory, mock_node, mock_nvml_lib
 
 from drasil.driver.devices import Device, DeviceType, MigPlacement
-from drasil.driver.discovery.health import HealthTracker
+from drasil.driver.health import HealthTracker
 from drasil.driver.nvidia.nodedevices import discover
 from drasil.driver.nvidia.nvml import (
     COMPUTE_MODE_DEFAULT,

@@ -28,7 +28,7 @@ from kubelet_client import DEADLINE, wait_until
 
 from drasil.api.kubelet.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from drasil.api.kubelet.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
-from drasil.driver.discovery.health import FAULT_FILE, write_faults
+from drasil.driver.health import FAULT_FILE, write_faults
 from drasil.driver.nvidia.simulated import simulated_library
 from drasil.kubeletplugin.deviceplugin.plugin import DevicePluginIntervals, DevicePluginServer
 from drasil.kubeletplugin.options import PluginOptions, parse_options

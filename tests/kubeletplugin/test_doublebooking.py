@@ -12,7 +12,7 @@ import pytest
 from kubelet_client import NODE, simulated_node
 
 from drasil.driver.devices import Device, Vendor
-from drasil.driver.discovery.health import HealthTracker
+from drasil.driver.health import HealthTracker
 from drasil.kubeletplugin.dra.doublebooking import Conflict, DoubleBookingGuard, conflict
 from drasil.kubeletplugin.dra.nodeslices import NodeSlices
 from drasil.kubeletplugin.options import DEVICE_PLUGIN_RESOURCES, OptionsError, parse_options

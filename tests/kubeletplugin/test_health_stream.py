@@ -16,7 +16,7 @@ from drasil.api.kubelet.health.v1 import health_pb2 as v1
 from drasil.api.kubelet.health.v1 import health_pb2_grpc as v1_grpc
 from drasil.api.kubelet.health.v1alpha1 import health_pb2 as v1alpha1
 from drasil.api.kubelet.health.v1alpha1 import health_pb2_grpc as v1alpha1_grpc
-from drasil.driver.discovery.health import HealthTracker
+from drasil.driver.health import HealthTracker
 from drasil.kubeletplugin.dra.healthservice import (
     MAX_MESSAGE,
     HealthStreams,

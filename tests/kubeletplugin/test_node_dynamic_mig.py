@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kubelet_client import NODE, simulated_node
 
-from drasil.driver.discovery.health import HealthTracker
+from drasil.driver.health import HealthTracker
 from drasil.kubeletplugin.dra.nodeslices import NodeSlices
 
 

@@ -28,7 +28,7 @@ from test_deviceplugin_main import process
 
 from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore
 from drasil.driver.checkpointdisk import read_state
-from drasil.driver.discovery.health import FAULT_FILE, write_faults
+from drasil.driver.health import FAULT_FILE, write_faults
 from drasil.driver.nvidia.simulated import simulated_library
 from drasil.kubeletplugin.dra.prepare import Preparer
 from drasil.kubeletplugin.metrics import devices_gauge
