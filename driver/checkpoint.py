@@ -61,8 +61,8 @@ from drasil.driver.checkpointdisk import (
     LoadResult,
     key_file,
     key_of,
+    read_checkpoint_file,
     read_disk,
-    read_regular,
 )
 from drasil.driver.files import (
     fsync_directory,
@@ -476,7 +476,7 @@ class CheckpointStore:
         is removed by the stale-claim pass. Returns whether there was a file.
         """
         try:
-            legacy = decode_checkpoint(read_regular(self.legacy_path))
+            legacy = decode_checkpoint(read_checkpoint_file(self.legacy_path))
         except FileNotFoundError:
             return False
         except CheckpointError as err:

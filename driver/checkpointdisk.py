@@ -82,7 +82,7 @@ class Disk:
     unreadable: list[tuple[Path, CheckpointError]] = field(default_factory=list)
 
 
-def open_regular(path: Path, flags: int, mode: int = FILE_MODE) -> int:
+def open_checkpoint_file(path: Path, flags: int, mode: int = FILE_MODE) -> int:
     """Open the regular file at ``path`` (``drasil.driver.files.open_regular``);
     anything else is ``CorruptCheckpoint``, so that it is quarantined like a corrupt
     file, nothing at all ``FileNotFoundError`` (without ``O_CREAT``)."""
@@ -92,8 +92,8 @@ def open_regular(path: Path, flags: int, mode: int = FILE_MODE) -> int:
         raise CorruptCheckpoint(str(err)) from err
 
 
-def read_regular(path: Path) -> bytes:
-    """The content of the regular file at ``path`` (see ``open_regular``)."""
+def read_checkpoint_file(path: Path) -> bytes:
+    """The content of the regular file at ``path`` (see ``open_checkpoint_file``)."""
     try:
         return files.read_regular(path)
     except files.NotRegularFile as err:
@@ -120,7 +120,7 @@ def _decoded(
     (entries that are not regular files included) are added to ``unreadable``."""
     for path in _files(folder):
         try:
-            item = decode(read_regular(path))
+            item = decode(read_checkpoint_file(path))
             _check_name(path, key(item))
         except FileNotFoundError:  # removed between the listing and the read
             continue
@@ -190,7 +190,7 @@ class GenerationFile:
 
     A file that lost its name (deleted, or its directory removed) is opened again by
     name; that fails with ``FileNotFoundError`` when the directory is gone, and with
-    ``CorruptCheckpoint`` when the name is not a regular file (``open_regular``).
+    ``CorruptCheckpoint`` when the name is not a regular file (``open_checkpoint_file``).
     """
 
     def __init__(self, path: Path) -> None:
@@ -215,7 +215,7 @@ class GenerationFile:
             self.close()
         flags = os.O_RDWR | (os.O_CREAT if create else 0)
         try:
-            self._fd = open_regular(self.path, flags, FILE_MODE)
+            self._fd = open_checkpoint_file(self.path, flags, FILE_MODE)
         except FileNotFoundError:
             if create:
                 raise

@@ -65,6 +65,19 @@ AttributeValue = bool | int | str | Version
 """An attribute value; its Python type picks the ResourceSlice field it is written to."""
 
 
+def attribute_json(value: AttributeValue) -> dict[str, object]:
+    """A value in the API's form, as slices and device metadata carry it:
+    ``{"int": 3}``, ``{"version": "9.0.0"}``, ``{"bool": true}``, ``{"string": …}``."""
+    # bool before int: True is an int to Python, never to the API.
+    if isinstance(value, bool):
+        return {"bool": value}
+    if isinstance(value, int):
+        return {"int": value}
+    if isinstance(value, Version):
+        return {"version": value.value}
+    return {"string": value}
+
+
 @dataclass(frozen=True)
 class CounterSet:
     """A named set of shared counters (partitionable devices), values in their unit."""

@@ -128,8 +128,3 @@ MODELS: Final[dict[str, AmdModel]] = {
         ),
     )
 }
-
-
-def model_by_device_id(device_id: int) -> AmdModel | None:
-    """The first model with this PCI device id (mi300x before mi300x-cpx: same card)."""
-    return next((m for m in MODELS.values() if m.device_id == device_id), None)

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from drasil.driver.cdi.spec import DEVICE_NAME, CdiSpecError, Mount
-from drasil.driver.devices import AttributeValue, Version
+from drasil.driver.devices import AttributeValue, attribute_json
 from drasil.driver.files import (
     NotRegularFile,
     crash_point,
@@ -169,18 +169,6 @@ def metadata_mounts(claim: ClaimMetadata, *, driver: str, root: Path) -> tuple[M
 
 
 # --- the document --------------------------------------------------------------------
-
-
-def attribute_json(value: AttributeValue) -> dict[str, Any]:
-    """A value in ResourceSlice form: ``{"int": 3}``, ``{"version": "9.0.0"}``, …"""
-    # bool before int: True is an int to Python, never to the API.
-    if isinstance(value, bool):
-        return {"bool": value}
-    if isinstance(value, int):
-        return {"int": value}
-    if isinstance(value, Version):
-        return {"version": value.value}
-    return {"string": value}
 
 
 def _device_json(device: MetadataDevice, *, driver: str) -> dict[str, Any]:

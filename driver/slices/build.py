@@ -29,12 +29,11 @@ from typing import Any
 
 from drasil.api.quantity import format_bytes
 from drasil.driver.devices import (
-    AttributeValue,
     CapacityPolicy,
     CounterConsumption,
     CounterSet,
     Device,
-    Version,
+    attribute_json,
 )
 from drasil.driver.objects import JsonDict
 from drasil.driver.slices.validate import (
@@ -125,17 +124,6 @@ def quantity(value: int) -> str:
     return str(value)
 
 
-def _attribute(value: AttributeValue) -> JsonDict:
-    # bool before int: bool is an int subclass.
-    if isinstance(value, bool):
-        return {"bool": value}
-    if isinstance(value, int):
-        return {"int": value}
-    if isinstance(value, Version):
-        return {"version": value.value}
-    return {"string": str(value)}
-
-
 def _counters(counters: Mapping[str, int]) -> JsonDict:
     return {name: {"value": quantity(counters[name])} for name in sorted(counters)}
 
@@ -178,7 +166,7 @@ def _device(
     out: JsonDict = {"name": device.name}
     if device.attributes:
         attrs = device.attributes
-        out["attributes"] = {name: _attribute(attrs[name]) for name in sorted(attrs)}
+        out["attributes"] = {name: attribute_json(attrs[name]) for name in sorted(attrs)}
     if device.capacity:
         out["capacity"] = _capacity(device)
     if device.allow_multiple_allocations:

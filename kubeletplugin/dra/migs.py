@@ -110,17 +110,6 @@ def creating_record(placement: MigPlacement) -> MigRecord:
     )
 
 
-def placement_of(record: MigRecord, *, parent_minor: int) -> MigPlacement:
-    return MigPlacement(
-        parent_uuid=record.parent_uuid,
-        parent_minor=parent_minor,
-        profile=record.profile,
-        profile_id=record.profile_id,
-        start=record.placement_start,
-        size=record.placement_size,
-    )
-
-
 @dataclass(frozen=True)
 class ReconcileReport:
     """What ``reconcile`` did at start, for the log and a Node Event."""

@@ -17,7 +17,7 @@ from drasil.driver.checkpoint import (
     LEGACY_CHECKPOINT_FILE,
     CheckpointStore,
 )
-from drasil.driver.checkpointdisk import CLAIMS, GENERATION, GPUS, LoadOutcome, read_regular
+from drasil.driver.checkpointdisk import CLAIMS, GENERATION, GPUS, LoadOutcome, read_checkpoint_file
 
 UID = "0b7c3f2e-8d1a-4c55-9e0f-1a2b3c4d5e6f"
 UID2 = "1f2e3d4c-5b6a-4978-8695-a4b3c2d1e0f9"
@@ -205,14 +205,14 @@ def test_a_taken_quarantine_name_is_not_overwritten(
 
 
 @pytest.mark.timeout(20)
-def test_read_regular_refuses_without_blocking(tmp_path: Path) -> None:
+def test_read_checkpoint_file_refuses_without_blocking(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     with pytest.raises(CorruptCheckpoint, match="a FIFO"):
-        read_regular(fifo)
+        read_checkpoint_file(fifo)
     with pytest.raises(CorruptCheckpoint, match="a directory"):
-        read_regular(tmp_path)
+        read_checkpoint_file(tmp_path)
     with pytest.raises(FileNotFoundError):
-        read_regular(tmp_path / "missing")
+        read_checkpoint_file(tmp_path / "missing")
     (tmp_path / "file").write_bytes(b"data")
-    assert read_regular(tmp_path / "file") == b"data"
+    assert read_checkpoint_file(tmp_path / "file") == b"data"
