@@ -18,8 +18,8 @@ from drasil.api.documents import ConfigError, load_documents
 from drasil.api.limits import MAX_FILE_BYTES, allow_nesting
 from drasil.driver.amd.partitions import PARTITION_MODES
 from drasil.driver.claims.configcheck import validate_config_document
-from drasil.driver.devices import CapacityPolicy, Device, Version
-from drasil.driver.discovery.backends import BACKENDS, VendorError, discover_node, open_backends
+from drasil.driver.devices import CapacityPolicy, Device, VendorError, Version
+from drasil.driver.discovery.backends import BACKENDS, discover_node, open_backends
 from drasil.driver.explain.claims import render_table
 from drasil.driver.explain.fromapi import ClaimNotFound, explain_from_api
 from drasil.driver.health import FAULT_FILE, read_faults, write_faults

@@ -54,6 +54,19 @@ class Vendor(StrEnum):
     AMD = "amd"
 
 
+class HardwareError(Exception):
+    """A GPU, its driver or its tool refused a step of a claim's prepare or unprepare
+    (NVML would not cut a MIG instance, amdgpu would not switch a partition mode, the
+    driver's files cannot be read): the claim's answer, which kubelet shows in the
+    Pod's events and retries. Each vendor's errors of that kind derive from it, so the
+    vendor-neutral prepare path tells them from its own bugs without knowing vendors."""
+
+
+class VendorError(ValueError):
+    """Vendors that cannot be served here: ``--vendors auto`` found no GPU driver, a
+    vendor no backend is installed for, or a simulated profile no vendor has."""
+
+
 @dataclass(frozen=True)
 class Version:
     """A semantic version attribute (published as ``{version: "9.0.0"}``)."""

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
-from drasil.kubeletplugin.dra import mpsstandin
-from drasil.kubeletplugin.dra.mps import folder_key
+from drasil.kubeletplugin.vendors.nvidia.mps import standin as mpsstandin
+from drasil.kubeletplugin.vendors.nvidia.mps.daemons import folder_key
 from e2e.harness import versions
 from e2e.harness.chart import CHART, LocalNode, crd_exists, helm, local_node_values
 from e2e.harness.cluster.host import free_ports

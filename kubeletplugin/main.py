@@ -11,17 +11,15 @@ from dataclasses import replace
 
 from drasil.api.limits import allow_nesting
 from drasil.driver.checkpoint import use_boot_id_file
-from drasil.driver.discovery.backends import NodeBackends, VendorError, open_backends
+from drasil.driver.devices import HardwareError, VendorError
 from drasil.driver.kubeapi import KubeApi, KubeconfigError, load_api_client
 from drasil.driver.logs import setup_logging
-from drasil.driver.nvidia.nvml import NvmlError
-from drasil.driver.nvidia.simgpus import ProfileSpecError
 from drasil.kubeletplugin.deviceplugin.plugin import DevicePluginServer
 from drasil.kubeletplugin.deviceplugin.resources import DevicePluginConfigError
 from drasil.kubeletplugin.dra.plugin import KubeletPlugin
-from drasil.kubeletplugin.driverroot import preload_nvml
 from drasil.kubeletplugin.node import NodeDaemon, signals_for_the_main_thread, stop_on_signals
 from drasil.kubeletplugin.options import MIG_MODES, OptionsError, PluginOptions, parse_options
+from drasil.kubeletplugin.vendors.registry import open_vendors
 
 log = logging.getLogger("drasil.kubeletplugin")
 
@@ -66,8 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             daemon = _start(opts)
             stopped = stop_on_signals()
     except (
-        NvmlError,
-        ProfileSpecError,
+        HardwareError,
         DevicePluginConfigError,
         OSError,
         KubeconfigError,
@@ -114,36 +111,17 @@ def with_node_mig_mode(opts: PluginOptions, api: KubeApi) -> PluginOptions:
     return replace(opts, mig_mode=value)
 
 
-def open_node_backends(opts: PluginOptions) -> tuple[PluginOptions, NodeBackends]:
-    """The vendor backends of this node, and the options with the vendors found
-    (``auto``, or a simulated profile's) in place of the ones asked for."""
-    backends = open_backends(
-        opts.backend,
-        vendors=opts.vendors,
-        profile=opts.simulated_profile,
-        node_name=opts.node_name,
-        state_file=opts.simulated_state_file,
-        simulated_amd_root=opts.simulated_amd_root,
-        amd_sysfs_root=opts.amd_sysfs_root,
-        dev_root=opts.dev_root,
-        proc_root=opts.proc_root,
-    )
-    vendors = tuple(v.value for v in backends.vendors)
-    log.info("serving GPU vendors", extra={"vendors": vendors})
-    return replace(opts, vendors=vendors), backends
-
-
 def _start(opts: PluginOptions) -> NodeDaemon:
-    opts, backends = open_node_backends(opts)
-    preload_nvml(opts)
-    lib, amd = backends.nvml, backends.amd_sysfs
     # Device-plugin mode needs no API server: kubelet's socket is all it talks to.
     if opts.mode == "device-plugin":
-        server = DevicePluginServer(opts, lib=lib, amd_sysfs=amd)
+        opts, vendors = open_vendors(opts)
+        server = DevicePluginServer(opts, vendors=vendors)
         server.start()
         return server
     api = KubeApi(load_api_client(opts.kubeconfig))
-    plugin = KubeletPlugin(with_node_mig_mode(opts, api), lib=lib, api=api, amd_sysfs=amd)
+    # The vendors are opened with the options they serve under (the node's MIG mode).
+    opts, vendors = open_vendors(with_node_mig_mode(opts, api))
+    plugin = KubeletPlugin(opts, api=api, vendors=vendors)
     plugin.start()
     return plugin
 

@@ -1,5 +1,8 @@
 """What both node daemons share: discovery, device health, HTTP endpoints, threads, signals.
 
+The hardware is the vendors' (``kubeletplugin.vendors``): this module asks each for
+its devices, health sources, spec-wide edits and readiness, and names none of them.
+
 ``dra/plugin.py`` (``KubeletPlugin``, DRA mode) and ``deviceplugin/plugin.py``
 (``DevicePluginServer``, device-plugin mode) each own one ``NodeRuntime`` and put
 their kubelet sockets on top of it; ``main.py`` starts either under
@@ -27,14 +30,11 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry, Gauge
 
 from drasil.api.kubelet import names
-from drasil.driver.amd.health import AmdHealthWatcher
-from drasil.driver.devices import CounterSet, Device, Vendor
-from drasil.driver.discovery.backends import discover_node
+from drasil.driver.devices import CounterSet, Device, Vendor, VendorError
 from drasil.driver.endpoints import HealthCheck, serve_http
 from drasil.driver.health import FAULT_FILE, FaultFileWatcher, HealthTracker
-from drasil.driver.nvidia.nvml import NvmlError, NvmlLibrary
-from drasil.driver.nvidia.xid import XidWatcher
 from drasil.kubeletplugin.options import PluginOptions
+from drasil.kubeletplugin.vendors.seam import EditsSource, NodeVendor, ReadinessCheck
 
 log = logging.getLogger(__name__)
 
@@ -57,72 +57,46 @@ class NodeDaemon(Protocol):
 
 
 class NodeRuntime:
-    """Discovery, health sources, HTTP servers and background threads of one daemon."""
+    """Discovery, health sources, HTTP servers and background threads of one daemon,
+    over the node's vendors (``kubeletplugin.vendors``)."""
 
     def __init__(
         self,
         opts: PluginOptions,
         *,
-        lib: NvmlLibrary,
+        vendors: Sequence[NodeVendor],
         devices_gauge: Gauge,
-        amd_sysfs: Path | None = None,
     ) -> None:
         self.opts = opts
-        self.lib = lib  # NVIDIA's NVML: one with no GPUs where NVIDIA is not served
-        self.amd_sysfs = amd_sysfs  # amdgpu's sysfs tree; None where AMD is not served
+        self.vendors = tuple(vendors)
         self.stop_event = threading.Event()
         self._devices_gauge = devices_gauge
         # The shared counters the devices consume (``--mig-mode dynamic``), set by discover.
         self.counter_sets: tuple[CounterSet, ...] = ()
         self._threads: list[threading.Thread] = []
         self._http: list[ThreadingHTTPServer] = []
-        self._nvml_held = False
-
-    def hold_nvml(self) -> None:
-        """Take the daemon's own NVML reference, kept until ``stop``.
-
-        NVML counts inits; discovery, MIG changes and the XID thread each take theirs
-        around their calls, and with this one underneath the count never drops to zero
-        between them: re-initialising NVML from zero is slow (it opens every GPU) and
-        handles from before need not survive it. Raises ``NvmlUnavailable``.
-        """
-        if not self._nvml_held:
-            self.lib.init()
-            self._nvml_held = True
 
     def discover(self) -> list[Device]:
         """The node's devices; a device discovery could not read is logged and left out.
 
         With ``--mig-mode dynamic`` or ``--amd-partition-mode dynamic`` the shared
         counters they consume are kept in ``counter_sets``, to be published with them.
+        Raises ``HardwareError`` when a vendor's library cannot be used (NVML).
         """
-        self.hold_nvml()
-        # Only DRA mode can cut MIG devices on demand (prepare creates them); the
-        # device-plugin API has no counters, so it always sees the static layout.
-        mig_mode = self.opts.mig_mode if self.opts.mode == "dra" else "static"
-        # Sharing by capacity is a DRA feature too: kubelet's device-plugin API hands
-        # each device to one container, so that mode always sees exclusive GPUs.
-        sharing = self.opts.gpu_sharing if self.opts.mode == "dra" else "exclusive"
-        dra = self.opts.mode == "dra"
-        result = discover_node(
-            self.lib,
-            self.amd_sysfs,
-            node_name=self.opts.node_name,
-            mig_mode=mig_mode,
-            gpu_sharing=sharing,
-            amd_partition_mode=self.opts.amd_partition_mode if dra else "static",
-        )
-        self.counter_sets = result.counter_sets
-        for skipped in result.skipped:
+        found = [vendor.discover(dra=self.opts.mode == "dra") for vendor in self.vendors]
+        devices = [d for f in found for d in f.devices]
+        self.counter_sets = tuple(c for f in found for c in f.counter_sets)
+        for skipped in (s for f in found for s in f.skipped):
             log.error("device skipped: %s", skipped)
         log.info(
             "discovered devices",
-            extra={"count": len(result.devices), "devices": [d.name for d in result.devices]},
+            extra={"count": len(devices), "devices": [d.name for d in devices]},
         )
-        return list(result.devices)
+        return devices
 
     def watch_health(self, devices: Sequence[Device], *, fault_poll: float) -> HealthTracker:
-        """A tracker fed by XID events and the fault file, counted by the gauge."""
+        """A tracker fed by each vendor's health sources and the fault file, counted
+        by the gauge."""
         health = HealthTracker(devices)
         # The fault file sits in the DRA state dir, so `drasil fault` works in both modes
         # and on both backends: on a real node it takes a GPU out of scheduling by hand.
@@ -130,18 +104,40 @@ class NodeRuntime:
         watcher = FaultFileWatcher(self.opts.state_dir / FAULT_FILE, health, interval=fault_poll)
         watcher.poll()  # faults injected before start count from the first publish
         self.thread("faults", watcher.run)
-        # Each vendor's watcher sees its own devices only: an NVML "GPU lost" that
-        # names no GPU marks every device it watches, and none of those is AMD's.
-        nvidia = [d for d in devices if d.vendor is Vendor.NVIDIA]
-        self.thread("xid", XidWatcher(self.lib, nvidia, health).run)
-        if self.amd_sysfs is not None:
-            amd = [d for d in devices if d.vendor is Vendor.AMD]
-            self.thread("amd-health", AmdHealthWatcher(self.amd_sysfs, amd, health).run)
+        # Each vendor's sources see its own devices only.
+        for vendor in self.vendors:
+            own = [d for d in devices if d.vendor == vendor.vendor]
+            for name, loop in vendor.health_sources(own, health):
+                self.thread(name, loop)
         total = len(devices)
         gauge = self._devices_gauge
         gauge.labels(names.HEALTHY).set_function(lambda: total - len(health.unhealthy()))
         gauge.labels(names.UNHEALTHY).set_function(lambda: len(health.unhealthy()))
         return health
+
+    def common_edits(self, *, device_plugin: bool = False) -> tuple[Vendor, EditsSource] | None:
+        """The spec-wide edits specs of one vendor's devices get (NVIDIA's driver files),
+        and whose they are; None: no vendor has any. Two vendors with such edits are
+        refused (``VendorError``): a spec holds one vendor's."""
+        found = [
+            (v.vendor, edits)
+            for v in self.vendors
+            if (edits := v.container_edits(device_plugin=device_plugin)) is not None
+        ]
+        if len(found) > 1:
+            raise VendorError(
+                "two vendors' spec-wide container edits on one node: "
+                + ", ".join(vendor.value for vendor, _ in found)
+            )
+        return found[0] if found else None
+
+    def readiness(self) -> list[ReadinessCheck]:
+        """What a real GPU container would miss here, each check logged; the failed ones."""
+        checks = [c for v in self.vendors for c in v.readiness()]
+        for check in checks:
+            level = logging.INFO if check.ok else logging.ERROR
+            log.log(level, "node check %s: %s", check.name, check.detail)
+        return [c for c in checks if not c.ok]
 
     def thread(
         self, name: str, target: Callable[[threading.Event], None], *, join: bool = True
@@ -176,12 +172,8 @@ class NodeRuntime:
         self._http = []
         for thread in self._threads:
             thread.join(timeout=5)
-        if self._nvml_held:
-            self._nvml_held = False
-            try:
-                self.lib.shutdown()
-            except NvmlError as err:
-                log.warning("nvmlShutdown failed", extra={"error": str(err)})
+        for vendor in self.vendors:  # NVML's reference goes last: its threads are done
+            vendor.close()
 
 
 # ---- signals -----------------------------------------------------------------------------

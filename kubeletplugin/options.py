@@ -11,14 +11,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from drasil.driver.amd.partitions import PARTITION_MODES
 from drasil.driver.checkpoint import BOOT_ID_PATH
 from drasil.driver.endpoints import parse_addr
 from drasil.driver.hostresources import HostResourcesError, parse_host_resources
 from drasil.driver.logs import LOG_FORMATS, LogFormat
+from drasil.kubeletplugin.vendors.installed import installed
 
 DEFAULT_DRIVER = "gpu.drasil.dev"
 BACKENDS = ("nvml", "simulated")
+# --amd-partition-mode: drasil.driver.amd.partitions.PARTITION_MODES (options import no vendor).
+PARTITION_MODES = ("static", "dynamic")
 MODES = ("dra", "device-plugin")
 MIG_STRATEGIES = ("none", "single", "mixed")
 MIG_MODES = ("static", "dynamic")
@@ -503,8 +505,9 @@ def _resource_patterns(text: str) -> tuple[str, ...]:
 def _vendors(text: str) -> tuple[str, ...]:
     """``nvidia,amd`` → ``("nvidia", "amd")``; ``auto`` alone; nothing else."""
     names = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
-    allowed = (*VENDORS, AUTO_VENDORS)
-    bad = [n for n in names if n not in allowed]
+    bad = [n for n in names if n not in (*VENDORS, AUTO_VENDORS)]
+    if bad:  # a vendor another package installed (kubeletplugin.vendors.installed)
+        bad = [n for n in bad if n not in installed(built_in=VENDORS)]
     if not names or bad or (AUTO_VENDORS in names and len(names) > 1):
         raise OptionsError(
             f"--vendors: {text!r} is not a comma-separated list of {', '.join(VENDORS)}, "

@@ -56,6 +56,17 @@ class AmdDiscovery:
     # The shared counters of dynamically partitioned GPUs (``partitions``).
     counter_sets: tuple[CounterSet, ...] = ()
 
+    def driver(self) -> str:
+        """``amdgpu 6.8.5``, for people (the in-tree driver has no version)."""
+        versions = {d.attributes.get("driverVersion") for d in self.devices}
+        known = sorted(v.value for v in versions if isinstance(v, Version))
+        return f"amdgpu {', '.join(known) or '(in-tree, no version)'}"
+
+
+def skipped_text(skipped: AmdGpuError) -> str:
+    """``AMD GPU 0000:c1:00.0: <reason>``, for the log and ``drasil`` commands."""
+    return f"AMD GPU {skipped.bdf}: {skipped.reason}"
+
 
 def gpu_uuid(unique_id: int) -> str:
     return f"GPU-{unique_id:016x}"

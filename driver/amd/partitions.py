@@ -2,7 +2,7 @@
 
 The counterpart of dynamic MIG: an MI300-class GPU publishes every partition its
 compute modes can make, and prepare switches the GPU to the mode of the partition a
-claim was given (``drasil.kubeletplugin.dra.amdpartitions``). Unlike MIG, a mode is
+claim was given (``drasil.kubeletplugin.vendors.amd.modes``). Unlike MIG, a mode is
 the whole GPU's: all partitions of a GPU are in one mode at a time, so prepare
 refuses a partition of another mode while a claim holds the GPU.
 
@@ -57,6 +57,7 @@ from drasil.driver.devices import (
     CounterSet,
     Device,
     DeviceType,
+    HardwareError,
     PartitionSlot,
 )
 
@@ -73,7 +74,7 @@ MEMORY_MODES: Final[dict[str, frozenset[str]]] = {
 _FIXED_COUNTS: Final = {"SPX": 1, "DPX": 2, "TPX": 3, "QPX": 4}  # CPX: one per die
 
 
-class PartitionSwitchError(Exception):
+class PartitionSwitchError(HardwareError):
     """amdgpu did not switch a GPU's compute partition mode; the message says why."""
 
 

@@ -5,7 +5,7 @@ Each setting is one ``<SETTING>: value`` pair that the device's own CDI edits ca
 container holding devices with different settings reads each device's own. They say
 what was applied: the strategy, and a time-sliced device's interval. What a strategy
 does on the GPU (an MPS daemon per shared GPU, a time slice) is
-``drasil.kubeletplugin.dra.shares``. A strategy drasil would not apply to a device is
+``drasil.kubeletplugin.vendors.nvidia.mps.shares``. A strategy drasil would not apply to a device is
 refused (``not_applied``), never passed on as a variable that nothing enforces.
 """
 

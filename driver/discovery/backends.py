@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from drasil.driver.amd.devices import discover_amd
+from drasil.driver.amd.devices import skipped_text as amd_skipped_text
 from drasil.driver.amd.partitions import discover_dynamic
 from drasil.driver.amd.simulated import (
     AMD_MODELS,
@@ -35,9 +36,9 @@ from drasil.driver.amd.simulated import (
     parse_amd_profile,
     write_simulated_tree,
 )
-from drasil.driver.amd.sysfs import AmdGpuError, amdgpu_driver_dir
-from drasil.driver.devices import CounterSet, Device, Vendor, Version
-from drasil.driver.nvidia.nodedevices import SkippedDevice, discover
+from drasil.driver.amd.sysfs import amdgpu_driver_dir
+from drasil.driver.devices import CounterSet, Device, Vendor, VendorError
+from drasil.driver.nvidia.nodedevices import discover, driver_description, skipped_text
 from drasil.driver.nvidia.nvml import NvmlLibrary
 from drasil.driver.nvidia.nvmladapter import PynvmlLibrary
 from drasil.driver.nvidia.simgpus import ProfileSpecError
@@ -46,10 +47,6 @@ from drasil.driver.nvidia.simulated import FakeNvml, simulated_library
 BACKENDS = ("nvml", "simulated")
 AUTO = "auto"
 _BDF = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
-
-
-class VendorError(ValueError):
-    """``--vendors`` that cannot be served here: ``auto`` found no GPU driver."""
 
 
 @dataclass(frozen=True)
@@ -188,39 +185,18 @@ def discover_node(
     found = discover(nvml, node_name=node_name, mig_mode=mig_mode, gpu_sharing=gpu_sharing)
     devices = list(found.devices)
     counter_sets = list(found.counter_sets)
-    skipped = [_nvidia_skipped(s) for s in found.skipped]
-    drivers = []
-    if found.devices or found.skipped:
-        drivers.append(
-            f"NVIDIA driver {found.driver_version.value}, CUDA {found.cuda_driver_version.value}"
-        )
+    skipped = [skipped_text(s) for s in found.skipped]
+    drivers = [driver] if (driver := driver_description(found)) else []
     if amd_sysfs is not None:
         dynamic = amd_partition_mode == "dynamic"
         amd = discover_dynamic(amd_sysfs) if dynamic else discover_amd(amd_sysfs)
         devices.extend(amd.devices)
         counter_sets.extend(amd.counter_sets)
-        skipped.extend(_amd_skipped(s) for s in amd.skipped)
-        drivers.append(f"amdgpu {_amd_version(amd.devices)}")
+        skipped.extend(amd_skipped_text(s) for s in amd.skipped)
+        drivers.append(amd.driver())
     return NodeDiscovery(
         devices=tuple(devices),
         skipped=tuple(skipped),
         counter_sets=tuple(counter_sets),
         drivers=tuple(drivers),
     )
-
-
-def _amd_version(devices: Sequence[Device]) -> str:
-    versions = {d.attributes.get("driverVersion") for d in devices}
-    known = sorted(v.value for v in versions if isinstance(v, Version))
-    return ", ".join(known) or "(in-tree, no version)"
-
-
-def _nvidia_skipped(skipped: SkippedDevice) -> str:
-    where = f"NVIDIA GPU {skipped.index}"
-    if skipped.mig_index is not None:
-        where += f" MIG slot {skipped.mig_index}"
-    return f"{where}: {skipped.reason}"
-
-
-def _amd_skipped(skipped: AmdGpuError) -> str:
-    return f"AMD GPU {skipped.bdf}: {skipped.reason}"

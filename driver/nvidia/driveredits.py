@@ -149,6 +149,10 @@ class NodeEdits:
         """The driver files of the last scan."""
         return self._files
 
+    def files_version(self) -> str:
+        """The driver version of the files the edits name now ("unknown" before a scan)."""
+        return self._files.version if self._files is not None else "unknown"
+
     def current(self) -> ContainerEdits:
         """The edits to write now. Raises ``DriverFilesError`` when the root holds no
         driver of the expected version (the message names both)."""

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Final
 
+from drasil.driver.devices import HardwareError
 from drasil.driver.nvidia.ldcache import elf_soname, read_ld_cache
 
 LIBRARY_FOLDERS: Final = (
@@ -84,7 +85,7 @@ LEGACY_LIBRARIES: Final = ("libnvidia-nvvm70.so.*",)
 MAX_LINK_HOPS: Final = 40
 
 
-class DriverFilesError(Exception):
+class DriverFilesError(HardwareError):
     """The driver root holds no usable driver of the expected version."""
 
 

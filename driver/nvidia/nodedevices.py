@@ -112,6 +112,14 @@ class SkippedDevice:
     mig_index: int | None = None
 
 
+def skipped_text(skipped: SkippedDevice) -> str:
+    """``NVIDIA GPU 3 MIG slot 1: <reason>``, for the log and ``drasil`` commands."""
+    where = f"NVIDIA GPU {skipped.index}"
+    if skipped.mig_index is not None:
+        where += f" MIG slot {skipped.mig_index}"
+    return f"{where}: {skipped.reason}"
+
+
 @dataclass(frozen=True)
 class DiscoveryResult:
     """The devices of a node, the ones that could not be published, and the shared
@@ -122,6 +130,13 @@ class DiscoveryResult:
     driver_version: Version
     cuda_driver_version: Version
     counter_sets: tuple[CounterSet, ...] = ()
+
+
+def driver_description(found: DiscoveryResult) -> str:
+    """``NVIDIA driver 580.65.06, CUDA 13.0``; "" where discovery found no GPU."""
+    if not found.devices and not found.skipped:
+        return ""
+    return f"NVIDIA driver {found.driver_version.value}, CUDA {found.cuda_driver_version.value}"
 
 
 MIG_MODES = ("static", "dynamic")

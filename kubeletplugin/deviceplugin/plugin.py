@@ -32,17 +32,14 @@ import grpc
 from drasil.api.kubelet import names
 from drasil.api.kubelet.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from drasil.api.kubelet.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
-from drasil.driver.cdi.spec import ENV_NVIDIA_VISIBLE_DEVICES
 from drasil.driver.cdi.staticspec import write_device_specs
-from drasil.driver.nvidia.driveredits import without_env
-from drasil.driver.nvidia.nvml import NvmlLibrary
 from drasil.kubeletplugin.deviceplugin.resources import Resource, plan_resources, socket_name
 from drasil.kubeletplugin.deviceplugin.service import OPTIONS, DevicePluginService
-from drasil.kubeletplugin.driverroot import log_readiness, node_edits, readiness
 from drasil.kubeletplugin.metrics import DevicePluginMetrics
 from drasil.kubeletplugin.node import NodeRuntime
 from drasil.kubeletplugin.options import PluginOptions
 from drasil.kubeletplugin.sockets import UnixSocketServer
+from drasil.kubeletplugin.vendors.seam import NodeVendor
 
 log = logging.getLogger(__name__)
 
@@ -186,18 +183,14 @@ class DevicePluginServer:
         self,
         opts: PluginOptions,
         *,
-        lib: NvmlLibrary,
-        amd_sysfs: Path | None = None,
+        vendors: Sequence[NodeVendor],
         intervals: DevicePluginIntervals | None = None,
         metrics: DevicePluginMetrics | None = None,
     ) -> None:
         self.opts = opts
         self.intervals = intervals or DevicePluginIntervals()
         self.metrics = metrics or DevicePluginMetrics()
-        # amd_sysfs: amdgpu's sysfs tree where AMD GPUs are served (None elsewhere).
-        self.node = NodeRuntime(
-            opts, lib=lib, devices_gauge=self.metrics.devices, amd_sysfs=amd_sysfs
-        )
+        self.node = NodeRuntime(opts, vendors=vendors, devices_gauge=self.metrics.devices)
         self.endpoints: list[ResourceEndpoint] = []
 
     @property
@@ -216,20 +209,17 @@ class DevicePluginServer:
             replicas=self.opts.time_slicing_replicas,
             amd_resource_name=self.opts.amd_resource_name,
         )
-        # A node that serves no NVIDIA GPU has no driver root: no checks, no edits
-        # (driverroot.driver_root).
-        edits = node_edits(self.opts, self.node.lib)
-        log_readiness(readiness(self.opts, self.node.lib, edits))
-        # Allocate sets NVIDIA_VISIBLE_DEVICES to the container's GPUs; a spec-wide
-        # "void" would override it (CDI edits win over Allocate's env).
-        common = without_env(edits.current(), ENV_NVIDIA_VISIBLE_DEVICES)
-        # NVIDIA's driver edits are spec-wide in NVIDIA's spec only: AMD devices are in
-        # a spec of their own, which no spec-wide edit reaches (staticspec).
+        self.node.readiness()
+        # The vendor's edits as Allocate needs them (NVIDIA's without the "void" of
+        # NVIDIA_VISIBLE_DEVICES, which would override Allocate's env). They are
+        # spec-wide in NVIDIA's spec only: AMD devices are in a spec of their own,
+        # which no spec-wide edit reaches (staticspec).
+        edits = self.node.common_edits(device_plugin=True)
         write_device_specs(
             devices,
             cdi_root=self.opts.cdi_root,
             driver=self.opts.driver_name,
-            nvidia_common=common,
+            nvidia_common=edits[1].current() if edits is not None else None,
         )
         self.health = self.node.watch_health(devices, fault_poll=self.intervals.fault_poll)
         self._start_endpoints(resources)

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from drasil.driver.files import write_atomic
 from drasil.driver.kubeapi import KubeApi
-from drasil.driver.nvidia.nodelabels import OWN_KEY
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +33,14 @@ BACKOFF_MAX = 60.0
 NFD_FILE = "drasil-gpu"
 
 
-def label_patch(current: Mapping[str, str], wanted: Mapping[str, str]) -> dict[str, str | None]:
+def label_patch(
+    current: Mapping[str, str], wanted: Mapping[str, str], *, owned: Callable[[str], object]
+) -> dict[str, str | None]:
     """The merge patch from the Node's `current` labels to `wanted` (None removes one):
-    wanted keys set where they differ, own keys no longer wanted removed."""
+    wanted keys set where they differ, `owned` keys no longer wanted removed (the
+    vendors' own keys: the operator's labels are never touched)."""
     patch: dict[str, str | None] = {k: v for k, v in wanted.items() if current.get(k) != v}
-    patch.update({k: None for k in current if OWN_KEY.match(k) and k not in wanted})
+    patch.update({k: None for k in current if owned(k) and k not in wanted})
     return patch
 
 
@@ -58,11 +60,13 @@ class NodeLabels:
         *,
         node_name: str,
         wanted: Mapping[str, str],
+        owned: Callable[[str], object],
         nfd_dir: Path | None = None,
     ) -> None:
         self.api = api
         self.node_name = node_name
         self.wanted = dict(wanted)
+        self.owned = owned
         self.nfd_dir = nfd_dir
 
     def apply_once(self) -> int:
@@ -77,7 +81,7 @@ class NodeLabels:
         current = self.api.get_node_labels(self.node_name)
         if current is None:
             raise LookupError(f"Node {self.node_name} not found")
-        patch = label_patch(current, self.wanted)
+        patch = label_patch(current, self.wanted, owned=self.owned)
         if patch and not self.api.patch_node_labels(self.node_name, patch):
             raise LookupError(f"Node {self.node_name} not found")
         return len(patch)

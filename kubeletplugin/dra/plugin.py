@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 
-from drasil.api.checkpoint import ClaimRecord
 from drasil.api.kubelet.dra.v1 import dra_pb2_grpc as dra_v1_grpc
 from drasil.api.kubelet.dra.v1beta1 import dra_pb2_grpc as dra_v1beta1_grpc
 from drasil.api.kubelet.health.v1 import health_pb2_grpc as health_v1_grpc
@@ -23,46 +23,31 @@ from drasil.api.kubelet.pluginregistration import registration_pb2_grpc as reg_g
 from drasil.driver.cdi.claimspecs import delete_claim_spec
 from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore
 from drasil.driver.checkpointdisk import LoadOutcome, LoadResult
-from drasil.driver.devices import Device
+from drasil.driver.devices import Device, VendorError
 from drasil.driver.files import FileLock
 from drasil.driver.hostresources import with_host_resources
 from drasil.driver.kubeapi import KubeApi
-from drasil.driver.nvidia.driverfiles import DriverRoot, find_binary
-from drasil.driver.nvidia.nodelabels import node_labels
-from drasil.driver.nvidia.nvml import NvmlLibrary
+from drasil.driver.migrecords import held_by_dynamic_claims
 from drasil.driver.slices.publisher import PoolPublisher
 from drasil.kubeletplugin.dra import doublebooking, reconcile, specrefresh
-from drasil.kubeletplugin.dra.amdpartitions import PartitionModes
 from drasil.kubeletplugin.dra.healthservice import HealthStreams, HealthV1, HealthV1alpha1
-from drasil.kubeletplugin.dra.migs import MigInstances, held_by_dynamic_claims
-from drasil.kubeletplugin.dra.mps import (
-    CONTROL_PROGRAM,
-    DaemonLauncher,
-    DaemonProgram,
-    MpsDaemons,
-    ProcessLauncher,
-)
-from drasil.kubeletplugin.dra.mpspods import DaemonPods, KubePods, PodLauncher
 from drasil.kubeletplugin.dra.nodelabels import NodeLabels
 from drasil.kubeletplugin.dra.nodeslices import NodeSlices
-from drasil.kubeletplugin.dra.prepare import Preparer
+from drasil.kubeletplugin.dra.prepare import Preparer, StateLock
 from drasil.kubeletplugin.dra.registration import Registration
 from drasil.kubeletplugin.dra.service import ClaimWork, DRAPluginV1, DRAPluginV1beta1
-from drasil.kubeletplugin.dra.shares import GpuEffects
-from drasil.kubeletplugin.driverroot import (
-    NOT_READY_REASON,
-    log_readiness,
-    node_edits,
-    readiness,
-)
 from drasil.kubeletplugin.metrics import PluginMetrics
 from drasil.kubeletplugin.node import NodeRuntime
 from drasil.kubeletplugin.options import PluginOptions
 from drasil.kubeletplugin.sockets import UnixSocketServer, pod_tag
+from drasil.kubeletplugin.vendors.seam import NodeState, NodeVendor, PrepareSteps
 
 log = logging.getLogger(__name__)
 
+_T = TypeVar("_T")
+
 DRIVER_CHANGED_REASON = "DriverFilesChanged"
+NOT_READY_REASON = "GPUDriverNotReady"
 # Seconds a stopping plugin lets the calls kubelet already made finish (an MPS share's
 # prepare waits for its daemon): within the Pod's default 30 s termination grace.
 DRAIN_GRACE = 20.0
@@ -93,17 +78,14 @@ def socket_names(opts: PluginOptions) -> tuple[str, str]:
 @dataclass
 class KubeletPlugin:
     opts: PluginOptions
-    lib: NvmlLibrary
     api: KubeApi
+    # The node's vendors (kubeletplugin.vendors.registry.open_vendors).
+    vendors: tuple[NodeVendor, ...]
     metrics: PluginMetrics = field(default_factory=PluginMetrics)
     intervals: Intervals = field(default_factory=Intervals)
-    # amdgpu's sysfs tree where AMD GPUs are served (drasil.driver.discovery.backends).
-    amd_sysfs: Path | None = None
 
     def __post_init__(self) -> None:
-        self.node = NodeRuntime(
-            self.opts, lib=self.lib, devices_gauge=self.metrics.devices, amd_sysfs=self.amd_sysfs
-        )
+        self.node = NodeRuntime(self.opts, vendors=self.vendors, devices_gauge=self.metrics.devices)
         self._servers: list[UnixSocketServer] = []
         dra_name, reg_name = socket_names(self.opts)
         self.dra_socket = self.opts.state_dir / dra_name
@@ -119,47 +101,20 @@ class KubeletPlugin:
     def start(self) -> None:
         found = with_host_resources(self.node.discover(), self.opts.host_resources_per_gpu)
         self.devices = {d.name: d for d in found}
-        self.edits = node_edits(self.opts, self.lib)
         self._check_readiness()
         self.opts.state_dir.mkdir(parents=True, exist_ok=True)
         self.opts.cdi_root.mkdir(parents=True, exist_ok=True)
         self.store = CheckpointStore(self.opts.state_dir / CHECKPOINT_DIR)
-        self.preparer = Preparer(
-            driver=self.opts.driver_name,
-            pool=self.opts.node_name,
-            devices=self.devices,
-            claims=self.api,
-            store=self.store,
-            cdi_root=self.opts.cdi_root,
-            state_dir=self.opts.state_dir,
-            node_edits=self.edits,
-            migs=MigInstances(self.lib, state_dir=self.opts.state_dir),
-            pools=self.api,
+        self.guard = doublebooking.DoubleBookingGuard(
+            self.api,
+            node_name=self.opts.node_name,
+            patterns=self.opts.device_plugin_resources,
+            on_change=self._device_plugin_conflict,
         )
-        self.preparer.effects = GpuEffects(
-            self.lib,
-            MpsDaemons(
-                self.opts.state_dir,
-                program=mps_program(self.opts),
-                launcher=mps_launcher(self.opts, self.api),
-            ),
-            store=self.store,
-            state_lock=self.preparer.state_lock,
-            devices=self.devices,
-            pods=self.api,
-            whole_devices=self.opts.mps_whole_devices,
-        )
-        if self.amd_sysfs is not None:
-            self.preparer.partitions = PartitionModes(
-                self.amd_sysfs,
-                store=self.store,
-                state_lock=self.preparer.state_lock,
-                state_dir=self.opts.state_dir,
-            )
+        self.preparer = self._make_preparer()
         self._recover_checkpoint()
-        self._reconcile_migs()
-        self._resume_shares()
-        self._settle_partitions()
+        if self.steps.recover is not None:
+            self.steps.recover()
         self.health = self.node.watch_health(
             list(self.devices.values()), fault_poll=self.intervals.fault_poll
         )
@@ -168,6 +123,37 @@ class KubeletPlugin:
         self._start_servers()
         self._start_loops()
         self.node.serve_http(registry=self.metrics.registry, check=self.check_health)
+
+    def _make_preparer(self) -> Preparer:
+        """The Preparer, whole: the checkpoint's one lock, the vendors' steps built
+        on it, the node's spec-wide edits, and why a device may be withheld."""
+        lock = StateLock(self.store, self.opts.state_dir)
+        state = NodeState(
+            store=self.store,
+            state_lock=lock,
+            devices=self.devices,
+            api=self.api,
+            node_event=self._node_event,
+        )
+        self.steps = merged_steps([v.prepare_steps(state) for v in self.vendors])
+        edits = self.node.common_edits()
+        return Preparer(
+            driver=self.opts.driver_name,
+            pool=self.opts.node_name,
+            devices=self.devices,
+            claims=self.api,
+            store=self.store,
+            cdi_root=self.opts.cdi_root,
+            state_dir=self.opts.state_dir,
+            node_edits=edits[1] if edits is not None else None,
+            edits_vendor=edits[0] if edits is not None else None,
+            migs=self.steps.instances,
+            effects=self.steps.sharing,
+            partitions=self.steps.modes,
+            withheld=self._withheld if self.guard.patterns else None,
+            pools=self.api,
+            lock=lock,
+        )
 
     def _recover_checkpoint(self) -> None:
         with FileLock(self.opts.state_dir / "checkpoint.lock", timeout=60):
@@ -183,38 +169,9 @@ class KubeletPlugin:
             delete_claim_spec(self.opts.cdi_root, driver=self.opts.driver_name, claim_uid=uid)
         self.metrics.prepared_claims.set_function(lambda: len(self.store.claims()))
 
-    def _resume_shares(self) -> None:
-        """MPS daemons of prepared shares run again; what no claim needs is undone."""
-        assert self.preparer.effects is not None
-        try:
-            self.preparer.effects.resume()
-        except Exception as err:  # a GPU tool failing must not keep the plugin down
-            log.error("resuming GPU sharing state failed", extra={"error": str(err)})
-
-    def _settle_partitions(self) -> None:
-        """AMD GPUs no prepared claim holds go back to the mode they had before
-        (a crash, or claims unprepared while the plugin was away)."""
-        if self.preparer.partitions is None:
-            return
-        try:
-            done = self.preparer.partitions.settle()
-        except Exception as err:  # a refused switch must not keep the plugin down
-            log.error("settling AMD partition modes failed", extra={"error": str(err)})
-            return
-        if done:
-            self._node_event("PartitionModesRestored", "; ".join(done))
-
-    def _reconcile_migs(self) -> None:
-        """MIG instances against the checkpoint, before the sockets open (no prepare
-        races it); see ``reconcile_migs``."""
-        message = reconcile_migs(self.preparer, mig_mode=self.opts.mig_mode)
-        if message:
-            log.warning("MIG instances reconciled: %s", message)
-            self._node_event("MigInstancesReconciled", message)
-
     def _check_readiness(self) -> None:
         """Say at start what a real GPU container would miss here (log, one Event)."""
-        failed = log_readiness(readiness(self.opts, self.lib, self.edits))
+        failed = self.node.readiness()
         if failed:
             message = "; ".join(f"{c.name}: {c.detail}" for c in failed)
             self._node_event(NOT_READY_REASON, f"GPU containers will fail here: {message}")
@@ -304,15 +261,8 @@ class KubeletPlugin:
     def _guard_double_booking(self) -> None:
         """Withhold GPUs another device plugin advertises; the first look before the
         first publish, so that they are never offered twice even for a moment."""
-        self.guard = doublebooking.DoubleBookingGuard(
-            self.api,
-            node_name=self.opts.node_name,
-            patterns=self.opts.device_plugin_resources,
-            on_change=self._device_plugin_conflict,
-        )
         if not self.guard.patterns:
             return
-        self.preparer.withheld = self._withheld
         try:
             self.guard.check_once()
         except Exception as err:  # the API may be away: the loop looks again
@@ -378,21 +328,24 @@ class KubeletPlugin:
                 "device-plugins",
                 lambda stop: self.guard.run(stop, interval=self.intervals.device_plugins),
             )
-        if self.opts.node_labels != "off":
-            labeler = NodeLabels(
-                self.api,
-                node_name=self.opts.node_name,
-                wanted=node_labels(
-                    list(self.devices.values()),
-                    mig_mode=self.opts.mig_mode,
-                    gpu_sharing=self.opts.gpu_sharing,
-                    gfd=self.opts.node_labels == "gfd",
-                ),
-                nfd_dir=self.opts.nfd_features_dir,
-            )
-            self.node.thread(
-                "node-labels", lambda stop: labeler.run(stop, interval=self.intervals.node_labels)
-            )
+        self._start_labeler()
+
+    def _start_labeler(self) -> None:
+        """The vendors' Node labels kept on the Node (or in NFD's feature file)."""
+        devices = list(self.devices.values())
+        found = [s for v in self.vendors if (s := v.node_labels(devices)) is not None]
+        if self.opts.node_labels == "off" or not found:
+            return
+        labeler = NodeLabels(
+            self.api,
+            node_name=self.opts.node_name,
+            wanted={k: v for s in found for k, v in s.wanted.items()},
+            owned=lambda key: any(s.owned.match(key) for s in found),
+            nfd_dir=self.opts.nfd_features_dir,
+        )
+        self.node.thread(
+            "node-labels", lambda stop: labeler.run(stop, interval=self.intervals.node_labels)
+        )
 
     def _driver_changed(self, version: str, specs: int) -> None:
         self._node_event(
@@ -450,78 +403,26 @@ class _Drained:
         self.server.stop(grace=self.grace)
 
 
-def reconcile_migs(preparer: Preparer, *, mig_mode: str) -> str:
-    """MIG instances against the checkpoint at start; what was done, for a Node Event.
+def merged_steps(steps: Sequence[PrepareSteps]) -> PrepareSteps:
+    """The vendors' steps as one: each kind from the one vendor that has it (two
+    vendors cutting instances, say, is refused: ``VendorError``), the repairs run in
+    the vendors' order."""
+    repairs = [s.recover for s in steps if s.recover is not None]
 
-    Dynamic mode: instances no claim holds are destroyed, lost ones re-prepared, and
-    those of claims prepared in static mode (before a ``migMode`` change) are kept,
-    their records completed first where an earlier drasil wrote none. Static mode never
-    touches MIG instances (they are the operator's); instances claims cut in dynamic
-    mode stay until those claims' unprepare destroys them, and are only named here.
-    """
-    migs = preparer.migs
-    if migs is None:
-        return ""
-    if mig_mode != "dynamic":
-        with preparer.state_lock():
-            return _cut_in_dynamic_mode(preparer.store.claims())
-    gpus = [d for d in preparer.devices.values() if d.mig_placement is not None]
-    store = preparer.store
-    with preparer.state_lock():
-        for uid, devices in migs.static_records(store.claims()).items():
-            store.replace_devices(uid, devices)
-        report = migs.reconcile(gpus, store.claims())
-        for uid in report.missing:  # prepared again, instance and CDI spec, on the next call
-            record = store.get(uid)
-            if record is not None:
-                store.mark_started(
-                    uid, namespace=record.namespace, name=record.name, devices=record.devices
-                )
-    return report.message
+    def recover() -> None:
+        for repair in repairs:
+            repair()
 
-
-def _cut_in_dynamic_mode(records: Mapping[str, ClaimRecord]) -> str:
-    held = [
-        f"{r.namespace}/{r.name}: {d.mig.profile} at {d.mig.placement_start} on {d.mig.parent_uuid}"
-        for r in records.values()
-        for d in r.devices
-        if d.mig is not None
-    ]
-    if not held:
-        return ""
-    return (
-        f"{len(held)} MIG instance(s) cut in dynamic MIG mode are held by claims prepared "
-        "then; they are not offered again and are destroyed when those claims are "
-        "unprepared: " + "; ".join(held)
+    return PrepareSteps(
+        instances=_only([s.instances for s in steps], "instances"),
+        modes=_only([s.modes for s in steps], "modes"),
+        sharing=_only([s.sharing for s in steps], "sharing"),
+        recover=recover if repairs else None,
     )
 
 
-def mps_program(opts: PluginOptions) -> DaemonProgram:
-    """The MPS control program of the plugin's backend: the stand-in, or the driver's
-    ``nvidia-cuda-mps-control`` run chrooted into the driver root (by its path there)."""
-    root = DriverRoot(host=opts.driver_root_host, local=opts.driver_root_local)
-    control = find_binary(root, CONTROL_PROGRAM) if opts.backend == "nvml" else None
-    return DaemonProgram.for_backend(
-        opts.backend,
-        control=control,
-        driver_root=opts.driver_root_local,
-        multiuser=opts.mps_multiuser,
-    )
-
-
-def mps_launcher(opts: PluginOptions, api: KubeApi) -> DaemonLauncher:
-    """Daemons in Pods of their own where an image for them is given (the chart), so
-    they outlive the plugin's Pod; else processes of the plugin's host."""
-    if opts.mps_daemon_image is None or opts.pod_namespace is None:
-        return ProcessLauncher()
-    pods = DaemonPods(
-        namespace=opts.pod_namespace,
-        node=opts.node_name,
-        driver=opts.driver_name,
-        image=opts.mps_daemon_image,
-        state_dir=opts.state_dir,
-        driver_root_host=opts.driver_root_host,
-        driver_root_local=opts.driver_root_local,
-        overrides=opts.mps_daemon_pod,
-    )
-    return PodLauncher(KubePods(api), pods)
+def _only(found: Sequence[_T | None], kind: str) -> _T | None:
+    given = [f for f in found if f is not None]
+    if len(given) > 1:
+        raise VendorError(f"two vendors on this node have prepare steps of kind {kind}")
+    return given[0] if given else None

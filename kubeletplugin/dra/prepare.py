@@ -19,11 +19,12 @@ by the last share's unprepare, after its MPS daemon is stopped.
 The metadata files (KEP-5304, ``drasil.driver.cdi.metadata``) are written before the
 spec that mounts them and deleted after it, so a spec never names a missing file.
 
-The bracketed steps are those of dynamic MIG devices (``drasil.kubeletplugin.dra.migs``):
-the checkpoint names the placement before NVML is asked and the instance ids after,
+The bracketed steps are those of dynamic MIG devices (NVIDIA's ``migs``, reached
+through the vendor seam, ``drasil.kubeletplugin.vendors.seam``): the checkpoint
+names the placement before NVML is asked and the instance ids after,
 so a crash at any step is finished by the next call instead of leaking an instance.
 AMD dynamic partitions have their GPU's mode switched at the same point
-(``drasil.kubeletplugin.dra.amdpartitions``), the mode before recorded first, and put
+(AMD's ``modes``), the mode before recorded first, and put
 back by the settle after the last claim's unprepare.
 
 A PrepareStarted entry reserves its devices, so a crash never lets a second claim
@@ -45,7 +46,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from drasil.api.checkpoint import ClaimRecord, ClaimState, MigRecord, PreparedDevice
-from drasil.driver.amd.partitions import PartitionSwitchError
 from drasil.driver.apierrors import ApiUnavailable, InvalidName, http_answer
 from drasil.driver.cdi.claimspecs import (
     delete_claim_spec,
@@ -67,14 +67,16 @@ from drasil.driver.claims.plan import (
 )
 from drasil.driver.claims.pooldevices import foreign_pools, pool_devices
 from drasil.driver.claims.sharing import MPS
-from drasil.driver.devices import Device, MigPlacement
+from drasil.driver.devices import Device, HardwareError, MigPlacement, Vendor
 from drasil.driver.files import FileLock, LockTimeoutError, crash_point
-from drasil.driver.nvidia.driveredits import NodeEdits
-from drasil.driver.nvidia.driverfiles import DriverFilesError
+from drasil.driver.migrecords import creating_record
 from drasil.driver.objects import ResourceClaim
-from drasil.kubeletplugin.dra.amdpartitions import PartitionModes
-from drasil.kubeletplugin.dra.migs import MigError, MigInstances, creating_record
-from drasil.kubeletplugin.dra.shares import GpuEffects, ShareError
+from drasil.kubeletplugin.vendors.seam import (
+    EditsSource,
+    InstanceMaker,
+    ModeSwitcher,
+    SharingStep,
+)
 
 log = logging.getLogger(__name__)
 
@@ -112,11 +114,8 @@ _CLAIM_ERRORS = (
     PlanError,
     AllocationError,
     CdiSpecError,
-    DriverFilesError,
     LockTimeoutError,
-    MigError,
-    ShareError,
-    PartitionSwitchError,
+    HardwareError,  # the GPU, its driver or its tool refused (each vendor's errors)
 )
 
 # Faults that are not the claim's but expected, each told whole by its message: the API
@@ -131,6 +130,27 @@ _EXPECTED_FAULTS = (*_CLAIM_ERRORS, ApiUnavailable, InvalidName)
 class PrepareResult:
     devices: tuple[PreparedDevice, ...] = ()
     error: str = ""
+
+
+class StateLock:
+    """The checkpoint's lock: one per node daemon, taken around every read-modify-write
+    of the checkpoint by prepare, unprepare and the vendors' steps, across threads (a
+    lock) and plugin instances (a ``FileLock`` in the state dir, so that a second
+    instance during a rolling update waits). Each hold re-reads what another instance
+    may have written."""
+
+    def __init__(self, store: CheckpointStore, state_dir: Path) -> None:
+        self.store = store
+        self._thread_lock = threading.Lock()
+        self._file_lock = FileLock(
+            state_dir / "checkpoint.lock", timeout=STATE_LOCK_TIMEOUT, keep_open=True
+        )
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self._thread_lock, self._file_lock:
+            self.store.reload_if_changed()
+            yield
 
 
 class _KeyedLocks:
@@ -177,31 +197,34 @@ class Preparer:
     state_dir: Path
     common_edits: ContainerEdits = field(default_factory=ContainerEdits)
     # The node's driver files and control nodes, kept current; wins over common_edits.
-    node_edits: NodeEdits | None = None
+    node_edits: EditsSource | None = None
+    # Whose devices get the spec-wide edits (None: NodePool's default, NVIDIA's).
+    edits_vendor: Vendor | None = None
     api_readers: int = API_READERS
-    migs: MigInstances | None = None  # None: no NVML to cut MIG instances with
-    effects: GpuEffects | None = None  # None: sharing reaches containers as env only
-    partitions: PartitionModes | None = None  # None: no AMD GPUs to switch modes of
+    # The vendors' prepare steps (kubeletplugin.vendors.seam.PrepareSteps):
+    migs: InstanceMaker | None = None  # None: no vendor cuts instances (MIG) here
+    effects: SharingStep | None = None  # None: sharing reaches containers as env only
+    partitions: ModeSwitcher | None = None  # None: no vendor switches GPU modes here
     # Why a device may not be prepared now (None: it may), e.g. another device plugin
     # on the node hands it out (doublebooking.py); None: every device may.
     withheld: Callable[[str], str | None] | None = None
     # Where the DevicePools of claims holding pool devices are read; None: such claims
     # are refused as not this node's.
     pools: PoolReader | None = None
+    # The checkpoint's lock, shared with the vendors' steps; None: the Preparer's own.
+    lock: StateLock | None = None
 
     def __post_init__(self) -> None:
         self._api_slots = threading.BoundedSemaphore(self.api_readers)
         self._claim_locks = _KeyedLocks()
-        self._state_thread_lock = threading.Lock()
-        self._state_file_lock = FileLock(
-            self.state_dir / "checkpoint.lock", timeout=STATE_LOCK_TIMEOUT, keep_open=True
-        )
+        if self.lock is None:
+            self.lock = StateLock(self.store, self.state_dir)
         self.store.index_devices(self._gpu_key)
 
     @property
     def node(self) -> NodePool:
         """The devices claims are prepared with, as the prepare plan sees them."""
-        return NodePool(
+        node = NodePool(
             driver=self.driver,
             pool=self.pool,
             devices=self.devices,
@@ -210,18 +233,21 @@ class Preparer:
             else self.node_edits.current(),
             metadata_root=self.metadata_root,
         )
+        return (
+            node
+            if self.edits_vendor is None
+            else replace(node, common_edits_vendor=self.edits_vendor)
+        )
 
     @property
     def metadata_root(self) -> Path:
         """Where the claims' KEP-5304 metadata files are kept on the host."""
         return self.state_dir / METADATA_DIR
 
-    @contextmanager
-    def state_lock(self) -> Iterator[None]:
+    def state_lock(self) -> AbstractContextManager[None]:
         """Exclusive access to the checkpoint, across threads and plugin instances."""
-        with self._state_thread_lock, self._state_file_lock:
-            self.store.reload_if_changed()
-            yield
+        assert self.lock is not None
+        return self.lock()
 
     # ---- prepare -------------------------------------------------------------------
 
@@ -488,7 +514,7 @@ class Preparer:
         # The record stays until its instances are gone: it is what names them.
         migs = [d.mig for d in record.devices if d.mig is not None] if record else []
         if migs and self.migs is None:
-            raise MigError("this plugin has no NVML to destroy the claim's MIG instances with")
+            raise HardwareError("this plugin has no NVML to destroy the claim's MIG instances with")
         for held in record.devices if record else ():
             if held.mig is not None and held.share_id is not None:
                 self._release_shared_mig(uid, held.mig)
@@ -637,9 +663,7 @@ def fault_text(err: Exception, ref: ClaimRef, *, action: str) -> str:
         return f"{what}: {err}"
     if (answer := http_answer(err)) is not None:
         return f"{what}: the API server answered {answer[0]} {answer[1]}"
-    if isinstance(
-        err, CdiSpecError | MigError | ShareError | PartitionSwitchError
-    ):  # a UID that names no file; NVML or amdgpu refused
+    if isinstance(err, CdiSpecError | HardwareError):  # a UID that names no file; a GPU refused
         return f"{what}: {err}"
     if isinstance(err, OSError):
         where = f" ({err.filename})" if err.filename else ""

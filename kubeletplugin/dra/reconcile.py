@@ -35,7 +35,7 @@ from drasil.driver.cdi.metadata import (
 from drasil.driver.cdi.spec import CdiSpecError, device_env_name
 from drasil.driver.claims.plan import POOL_SETTING
 from drasil.driver.claims.sharing import MPS
-from drasil.kubeletplugin.dra.migs import creating_record
+from drasil.driver.migrecords import creating_record
 from drasil.kubeletplugin.dra.prepare import ClaimReader, Preparer
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from drasil.api.checkpoint import ClaimState
 from drasil.driver.cdi.claimspecs import list_claim_specs, rewrite_common_edits
 from drasil.driver.cdi.spec import CdiSpecError, ContainerEdits
-from drasil.driver.nvidia.driverfiles import DriverFilesError
+from drasil.driver.devices import HardwareError
 from drasil.kubeletplugin.dra.prepare import Preparer
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ class SpecRefresher:
             return 0
         try:
             edits = node_edits.current()  # the same object until the files change
-        except DriverFilesError as err:  # mid-upgrade, or no driver: the prepares say so too
+        except HardwareError as err:  # mid-upgrade, or no driver: the prepares say so too
             if str(err) != self._failed:
                 log.warning("driver files not usable", extra={"error": str(err)})
             self._failed = str(err)
@@ -85,7 +85,7 @@ class SpecRefresher:
         if not changed and not in_flight:
             self._done = edits
         if changed:
-            version = node_edits.files.version if node_edits.files else "unknown"
+            version = node_edits.files_version()
             log.info(
                 "claim specs given the driver's files", extra={"version": version, "specs": changed}
             )

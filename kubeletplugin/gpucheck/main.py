@@ -29,7 +29,6 @@ from drasil.driver.devices import Device, DeviceType
 from drasil.driver.nvidia.nodedevices import discover
 from drasil.driver.slices.build import build_slices
 from drasil.driver.slices.validate import validate_slice
-from drasil.kubeletplugin.dra.mps import CONTROL_PROGRAM
 from drasil.kubeletplugin.dra.prepare import Preparer
 from drasil.kubeletplugin.gpucheck import (
     cdicheck,
@@ -43,6 +42,7 @@ from drasil.kubeletplugin.gpucheck import (
 )
 from drasil.kubeletplugin.gpucheck.node import DRIVER, NodeUnderCheck, make_preparer, open_node
 from drasil.kubeletplugin.gpucheck.report import Report, fail, judged, ok, skipped, with_details
+from drasil.kubeletplugin.vendors.nvidia.mps.daemons import CONTROL_PROGRAM
 
 
 @dataclass

@@ -37,11 +37,12 @@ from drasil.driver.nvidia.nvml import (
     COMPUTE_MODE_NAMES,
     nvml_session,
 )
-from drasil.kubeletplugin.dra.mps import CONTROL_PROGRAM, DaemonProgram
 from drasil.kubeletplugin.dra.prepare import Preparer
 from drasil.kubeletplugin.gpucheck import claim, probe, runtime, sandbox
 from drasil.kubeletplugin.gpucheck.node import DRIVER, NodeUnderCheck, make_preparer
 from drasil.kubeletplugin.gpucheck.report import Step, judged, skipped, with_details
+from drasil.kubeletplugin.vendors.nvidia.mps.daemons import CONTROL_PROGRAM, DaemonProgram
+from drasil.kubeletplugin.vendors.nvidia.mps.shares import GpuEffects
 
 STEP: Final = "MPS share"
 WHOLE_STEP: Final = "MPS whole GPU"
@@ -223,7 +224,7 @@ def _unprepare(preparer: Preparer, share: Mapping[str, Any]) -> tuple[str, ...]:
     if preparer.store.get(share["metadata"]["uid"]) is not None:
         left.append("the checkpoint still records the share")
     effects = preparer.effects
-    if effects is not None:
+    if isinstance(effects, GpuEffects):
         left += [f"a daemon left running: GPU {g}" for g in effects.daemons.sweep(keep=())]
     return tuple(left)
 

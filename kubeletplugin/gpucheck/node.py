@@ -17,15 +17,15 @@ from drasil.driver.nvidia.driveredits import NodeEdits, control_edits
 from drasil.driver.nvidia.driverfiles import DriverRoot, load_nvml
 from drasil.driver.nvidia.nvml import NvmlLibrary
 from drasil.driver.nvidia.nvmladapter import PynvmlLibrary
-from drasil.kubeletplugin.dra.migs import MigInstances
-from drasil.kubeletplugin.dra.mps import DaemonProgram, MpsDaemons
-from drasil.kubeletplugin.dra.prepare import Preparer
-from drasil.kubeletplugin.dra.shares import GpuEffects
+from drasil.kubeletplugin.dra.prepare import Preparer, StateLock
 from drasil.kubeletplugin.gpucheck.claim import FileClaims
+from drasil.kubeletplugin.vendors.nvidia.migs import MigInstances
+from drasil.kubeletplugin.vendors.nvidia.mps.daemons import DaemonProgram, MpsDaemons
+from drasil.kubeletplugin.vendors.nvidia.mps.shares import GpuEffects
 
 DRIVER = "gpu.drasil.dev"
 HOOK = "nvidia-cdi-hook"
-# Where the kubelet plugin puts the image's hook on a node (kubeletplugin/driverroot.py's
+# Where the kubelet plugin puts the image's hook on a node (NVIDIA's driverroot.py's
 # install_hook into its state dir): the path its specs name when none is given.
 PLUGIN_HOOK = f"/var/lib/kubelet/plugins/{DRIVER}/{HOOK}"
 
@@ -99,7 +99,15 @@ def make_preparer(
     os.chmod(work, 0o755)  # the sandbox's bind sources (metadata files) live here
     store = CheckpointStore(state / CHECKPOINT_DIR)
     store.load()
-    preparer = Preparer(
+    lock = StateLock(store, state)
+    effects = (
+        GpuEffects(
+            node.lib, MpsDaemons(state, program=mps), store=store, state_lock=lock, devices=devices
+        )
+        if mps is not None
+        else None
+    )
+    return Preparer(
         driver=DRIVER,
         pool=node.name,
         devices=devices,
@@ -109,13 +117,6 @@ def make_preparer(
         state_dir=state,
         node_edits=node_edits(node),
         migs=MigInstances(node.lib, state_dir=state) if migs else None,
+        effects=effects,
+        lock=lock,
     )
-    if mps is not None:
-        preparer.effects = GpuEffects(
-            node.lib,
-            MpsDaemons(state, program=mps),
-            store=store,
-            state_lock=preparer.state_lock,
-            devices=devices,
-        )
-    return preparer

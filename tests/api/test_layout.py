@@ -70,6 +70,7 @@ LAYOUT: dict[str, set[str]] = {
         "hostresources",
         "files",
         "apierrors",
+        "migrecords",
         "kubeapi",
         "keptalive",
         "logs",
@@ -84,7 +85,6 @@ LAYOUT: dict[str, set[str]] = {
         "amd/",
     },
     "kubeletplugin": {
-        "driverroot",
         "main",
         "metrics",
         "node",
@@ -92,6 +92,7 @@ LAYOUT: dict[str, set[str]] = {
         "sockets",
         "dra/",
         "deviceplugin/",
+        "vendors/",
         "gpucheck/",
     },
     "controller": {

@@ -36,7 +36,7 @@ from drasil.driver.nvidia.nvml import (
 from drasil.driver.nvidia.nvmladapter import PynvmlLibrary
 from drasil.driver.nvidia.simulated import FakeNvml
 from drasil.driver.nvidia.xid import XidWatcher
-from drasil.kubeletplugin.dra.migs import MigError, MigInstances
+from drasil.kubeletplugin.vendors.nvidia.migs import MigError, MigInstances
 from e2e.harness import mocknvml
 from e2e.harness.mocknvml import MockNode
 

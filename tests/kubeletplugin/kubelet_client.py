@@ -38,6 +38,7 @@ from drasil.kubeletplugin.metrics import devices_gauge
 from drasil.kubeletplugin.node import NodeRuntime
 from drasil.kubeletplugin.options import parse_options
 from drasil.kubeletplugin.sockets import UnixSocketServer
+from drasil.kubeletplugin.vendors.registry import open_vendors
 
 DRIVER = "gpu.drasil.dev"
 NODE = "n1"
@@ -62,8 +63,9 @@ def simulated_node(tmp_path: Path, profile: str, *extra: str) -> NodeRuntime:
         *extra,
     ]
     opts = parse_options(flags, {})
-    lib = simulated_library(opts.simulated_profile, node_name=NODE)
-    return NodeRuntime(opts, lib=lib, devices_gauge=devices_gauge(CollectorRegistry()))
+    return NodeRuntime(
+        opts, vendors=open_vendors(opts)[1], devices_gauge=devices_gauge(CollectorRegistry())
+    )
 
 
 def node_devices(profile: str = PROFILE, *, node: str = NODE) -> dict[str, Device]:

@@ -31,8 +31,8 @@ from drasil.driver.amd.simulated import KFD_BUSY_FILE, write_simulated_tree
 from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore
 from drasil.driver.devices import Device
 from drasil.driver.discovery.backends import discover_node, no_nvidia_gpus
-from drasil.kubeletplugin.dra.amdpartitions import PartitionModes
 from drasil.kubeletplugin.dra.prepare import Preparer
+from drasil.kubeletplugin.vendors.amd.modes import PartitionModes
 
 BDF = "0000:03:00.0"
 WHOLE = "amdgpu-1"

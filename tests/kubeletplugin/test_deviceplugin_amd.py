@@ -41,8 +41,6 @@ from drasil.driver.cdi.staticspec import (
     write_device_specs,
 )
 from drasil.driver.devices import CharDevice, Device, DeviceType, Vendor
-from drasil.driver.discovery.backends import open_backends
-from drasil.driver.nvidia.simulated import simulated_library
 from drasil.kubeletplugin.deviceplugin.allocation import container_response, resolve
 from drasil.kubeletplugin.deviceplugin.plugin import DevicePluginServer
 from drasil.kubeletplugin.deviceplugin.resources import (
@@ -52,6 +50,7 @@ from drasil.kubeletplugin.deviceplugin.resources import (
     socket_name,
 )
 from drasil.kubeletplugin.options import parse_options
+from drasil.kubeletplugin.vendors.registry import open_vendors
 
 DRIVER = "gpu.drasil.dev"
 AMD = "amd.com/gpu"
@@ -317,9 +316,7 @@ def running_amd_node(
     with short_root() as root:
         opts = node_options(root, *flags, profile=profile)
         kubelet = FakeKubelet(opts.device_plugins_dir).start()
-        plugin = DevicePluginServer(
-            opts, lib=simulated_library(profile, node_name=NODE), intervals=FAST
-        )
+        plugin = DevicePluginServer(opts, vendors=open_vendors(opts)[1], intervals=FAST)
         plugin.node.discover = devices  # type: ignore[method-assign]
         plugin.start()
         try:
@@ -429,18 +426,8 @@ def test_the_simulated_backends_amd_gpus_are_served() -> None:
     profile = "h100-80gb:1,mi300x:1,mi300x-cpx:1"
     with short_root() as root:
         opts = node_options(root, profile=profile)
-        backends = open_backends(
-            "simulated",
-            vendors=opts.vendors,
-            profile=profile,
-            node_name=NODE,
-            state_file=opts.simulated_state_file,
-            simulated_amd_root=opts.simulated_amd_root,
-        )
         kubelet = FakeKubelet(opts.device_plugins_dir).start()
-        plugin = DevicePluginServer(
-            opts, lib=backends.nvml, amd_sysfs=backends.amd_sysfs, intervals=FAST
-        )
+        plugin = DevicePluginServer(opts, vendors=open_vendors(opts)[1], intervals=FAST)
         plugin.start()
         try:
             with kubelet.dial(AMD) as stub:

@@ -29,10 +29,10 @@ from kubelet_client import DEADLINE, wait_until
 from drasil.api.kubelet.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from drasil.api.kubelet.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
 from drasil.driver.health import FAULT_FILE, write_faults
-from drasil.driver.nvidia.simulated import simulated_library
 from drasil.kubeletplugin.deviceplugin.plugin import DevicePluginIntervals, DevicePluginServer
 from drasil.kubeletplugin.options import PluginOptions, parse_options
 from drasil.kubeletplugin.sockets import UnixSocketServer
+from drasil.kubeletplugin.vendors.registry import open_vendors
 
 NODE = "n1"
 GPU = "drasil.dev/gpu"
@@ -165,9 +165,7 @@ def running_node(
         kubelet = FakeKubelet(opts.device_plugins_dir, refuse=refuse)
         if kubelet_first:
             kubelet.start()
-        plugin = DevicePluginServer(
-            opts, lib=simulated_library(profile, node_name=NODE), intervals=FAST
-        )
+        plugin = DevicePluginServer(opts, vendors=open_vendors(opts)[1], intervals=FAST)
         plugin.start()
         try:
             yield Node(root=root, opts=opts, kubelet=kubelet, plugin=plugin)

@@ -26,9 +26,9 @@ from test_deviceplugin_kubelet import (
 
 from drasil.api.kubelet.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from drasil.driver.cdi.staticspec import device_spec_path
-from drasil.driver.nvidia.simulated import simulated_library
 from drasil.kubeletplugin.deviceplugin.plugin import DevicePluginServer
 from drasil.kubeletplugin.deviceplugin.resources import DevicePluginConfigError
+from drasil.kubeletplugin.vendors.registry import open_vendors
 
 GPUS = [f"gpu-{i}" for i in range(8)]
 UUIDS = {name: d.uuid for name, d in node_devices(PROFILE, node=NODE).items()}
@@ -265,7 +265,7 @@ def test_mixed_mig_serves_one_resource_per_profile() -> None:
 def test_single_mig_strategy_with_several_profiles_fails_at_start() -> None:
     with short_root() as root:
         opts = node_options(root, "--mig-strategy=single", profile="a100-40gb-mig:2")
-        plugin = DevicePluginServer(opts, lib=simulated_library("a100-40gb-mig:2", node_name=NODE))
+        plugin = DevicePluginServer(opts, vendors=open_vendors(opts)[1])
         with pytest.raises(DevicePluginConfigError, match=r"found 1g\.5gb, 2g\.10gb, 3g\.20gb"):
             plugin.start()
         assert not list(opts.device_plugins_dir.glob("*.sock"))

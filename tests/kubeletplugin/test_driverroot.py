@@ -13,14 +13,14 @@ import pytest
 
 from drasil.driver.cli import main as drasil
 from drasil.driver.nvidia.simulated import simulated_library
-from drasil.kubeletplugin.driverroot import (
+from drasil.kubeletplugin.options import OptionsError, PluginOptions, parse_options
+from drasil.kubeletplugin.vendors.nvidia.driverroot import (
     cdi_hook_path,
     driver_root,
     install_hook,
     node_edits,
     readiness,
 )
-from drasil.kubeletplugin.options import OptionsError, PluginOptions, parse_options
 
 VERSION = "580.95.05"
 LIBS = "usr/lib/x86_64-linux-gnu"

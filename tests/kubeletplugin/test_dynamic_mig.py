@@ -31,8 +31,8 @@ from drasil.driver.devices import Device
 from drasil.driver.nvidia.nodedevices import discover
 from drasil.driver.nvidia.nvml import NvmlLibrary, Placement
 from drasil.driver.nvidia.simulated import simulated_library
-from drasil.kubeletplugin.dra.migs import MigInstances
 from drasil.kubeletplugin.dra.prepare import Preparer
+from drasil.kubeletplugin.vendors.nvidia.migs import MigInstances
 
 PROFILE = "h100-80gb:1"
 HALF_0 = "gpu-0-mig-3g40gb-at-0"

@@ -19,12 +19,13 @@ from kubelet_client import DRIVER, NODE, FileClaims, claim_json, ref_of, result
 
 from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore
 from drasil.driver.devices import DeviceType
+from drasil.driver.migrecords import held_by_dynamic_claims
 from drasil.driver.nvidia.nodedevices import discover
 from drasil.driver.nvidia.nvml import NvmlLibrary, Placement
 from drasil.driver.nvidia.simulated import simulated_library
-from drasil.kubeletplugin.dra.migs import MigInstances, held_by_dynamic_claims
-from drasil.kubeletplugin.dra.plugin import reconcile_migs
 from drasil.kubeletplugin.dra.prepare import Preparer
+from drasil.kubeletplugin.vendors.nvidia.migs import MigInstances
+from drasil.kubeletplugin.vendors.nvidia.recovery import reconcile_migs
 
 HALF_PROFILE = 9  # 3g.40gb on an H100
 SMALL_PROFILE = 19  # 1g.10gb
@@ -66,7 +67,11 @@ def preparer(root: Path, mig_mode: str) -> Preparer:
 def started(root: Path, mig_mode: str) -> tuple[Preparer, str]:
     """A plugin started in ``mig_mode``: its Preparer and the reconcile's message."""
     p = preparer(root, mig_mode)
-    return p, reconcile_migs(p, mig_mode=mig_mode)
+    assert isinstance(p.migs, MigInstances)
+    message = reconcile_migs(
+        p.migs, store=p.store, state_lock=p.state_lock, devices=p.devices, mig_mode=mig_mode
+    )
+    return p, message
 
 
 def put_claim(root: Path, uid: str, device: str, *, name: str) -> Any:

@@ -33,11 +33,15 @@ from drasil.driver.devices import Device
 from drasil.driver.nvidia.nodedevices import discover
 from drasil.driver.nvidia.nvml import NvmlLibrary
 from drasil.driver.nvidia.simulated import simulated_library
-from drasil.kubeletplugin.dra import mpsstandin
-from drasil.kubeletplugin.dra.migs import MigInstances
-from drasil.kubeletplugin.dra.mps import DaemonProgram, MpsDaemons, process_start_time
 from drasil.kubeletplugin.dra.prepare import Preparer
-from drasil.kubeletplugin.dra.shares import GpuEffects
+from drasil.kubeletplugin.vendors.nvidia.migs import MigInstances
+from drasil.kubeletplugin.vendors.nvidia.mps import standin as mpsstandin
+from drasil.kubeletplugin.vendors.nvidia.mps.daemons import (
+    DaemonProgram,
+    MpsDaemons,
+    process_start_time,
+)
+from drasil.kubeletplugin.vendors.nvidia.mps.shares import GpuEffects
 
 CONFIG_API = "resource.drasil.dev/v1beta1"
 SMALL_0 = "gpu-0-mig-1g10gb-at-0"  # 9984 MiB

@@ -23,8 +23,8 @@ import pytest
 
 from drasil.driver.cdi.spec import Mount, edits_dict
 from drasil.driver.files import CRASH_ENV, CRASH_EXIT_CODE
-from drasil.kubeletplugin.dra import mpsstandin
-from drasil.kubeletplugin.dra.mps import (
+from drasil.kubeletplugin.vendors.nvidia.mps import standin as mpsstandin
+from drasil.kubeletplugin.vendors.nvidia.mps.daemons import (
     PID_FILE,
     RECORD_FILE,
     DaemonLimits,
@@ -66,7 +66,7 @@ fi
 CRASH_CHILD = """
 import sys
 from pathlib import Path
-from drasil.kubeletplugin.dra.mps import DaemonLimits, DaemonProgram, MpsDaemons
+from drasil.kubeletplugin.vendors.nvidia.mps.daemons import DaemonLimits, DaemonProgram, MpsDaemons
 daemons = MpsDaemons(Path(sys.argv[1]), program=DaemonProgram.for_backend("simulated"))
 if sys.argv[2] == "ensure":
     daemons.ensure(sys.argv[3], DaemonLimits(20480, 25))

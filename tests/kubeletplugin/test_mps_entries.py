@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_mps import started_under
 
-from drasil.kubeletplugin.dra.mps import (
+from drasil.kubeletplugin.vendors.nvidia.mps.daemons import (
     GPU_FILE,
     PID_FILE,
     RECORD_FILE,

@@ -18,8 +18,9 @@ import pytest
 
 from drasil.driver.files import CRASH_ENV
 from drasil.driver.kubeapi import ApiError
-from drasil.kubeletplugin.dra import mpsstandin
-from drasil.kubeletplugin.dra.mps import (
+from drasil.kubeletplugin.options import OptionsError, parse_options
+from drasil.kubeletplugin.vendors.nvidia.mps import standin as mpsstandin
+from drasil.kubeletplugin.vendors.nvidia.mps.daemons import (
     RECORD_FILE,
     DaemonLimits,
     DaemonProgram,
@@ -29,7 +30,7 @@ from drasil.kubeletplugin.dra.mps import (
     is_mount_point,
     process_start_time,
 )
-from drasil.kubeletplugin.dra.mpspods import (
+from drasil.kubeletplugin.vendors.nvidia.mps.pods import (
     COMPONENT,
     COMPONENT_LABEL,
     DRIVER_LABEL,
@@ -40,8 +41,7 @@ from drasil.kubeletplugin.dra.mpspods import (
     describe,
     pod_name,
 )
-from drasil.kubeletplugin.dra.plugin import mps_launcher
-from drasil.kubeletplugin.options import OptionsError, parse_options
+from drasil.kubeletplugin.vendors.nvidia.node import mps_launcher
 
 GPU_A = "GPU-5a1e9c1e-0000-4000-8000-00000000000a"
 GPU_B = "GPU-5a1e9c1e-0000-4000-8000-00000000000b"

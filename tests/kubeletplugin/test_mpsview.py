@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from drasil.driver.nvidia.ldcache import elf_interpreter
-from drasil.kubeletplugin.dra import mpsview
+from drasil.kubeletplugin.vendors.nvidia.mps import view as mpsview
 
 HOST_PROGRAM = Path(shutil.which("env") or "/usr/bin/env")  # dynamic, as the driver's are
 
@@ -54,7 +54,7 @@ def test_in_place_the_program_gets_our_directories_and_the_roots_libraries(
         [
             sys.executable,
             "-m",
-            "drasil.kubeletplugin.dra.mpsview",
+            "drasil.kubeletplugin.vendors.nvidia.mps.view",
             f"--pipe={pipe}",
             f"--log={log}",
             f"--root={root}",

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from drasil.driver.nvidia.nodelabels import OWN_KEY
 from drasil.kubeletplugin.dra.nodelabels import NFD_FILE, NodeLabels, label_patch
 
 WANTED = {"drasil.dev/gpu.product": "NVIDIA-L4", "drasil.dev/gpu.count": "2"}
@@ -20,12 +21,12 @@ def test_the_patch_sets_what_differs_and_removes_only_own_keys_no_longer_wanted(
         "drasil.dev/mig-1g.10gb.count": "7",  # a layout gone
         "nvidia.com/gpu.deploy.device-plugin": "false",  # the GPU Operator's
     }
-    assert label_patch(current, WANTED) == {
+    assert label_patch(current, WANTED, owned=OWN_KEY.match) == {
         "drasil.dev/gpu.count": "2",
         "drasil.dev/mig-1g.10gb.count": None,
     }
     current.pop("drasil.dev/mig-1g.10gb.count")
-    assert label_patch({**current, **WANTED}, WANTED) == {}
+    assert label_patch({**current, **WANTED}, WANTED, owned=OWN_KEY.match) == {}
 
 
 class _Api:
@@ -49,7 +50,7 @@ class _Api:
 
 def test_labels_are_patched_once_and_then_left_alone() -> None:
     api = _Api({"kubernetes.io/hostname": "n"})
-    labeler = NodeLabels(api, node_name="n", wanted=WANTED)  # type: ignore[arg-type]
+    labeler = NodeLabels(api, node_name="n", wanted=WANTED, owned=OWN_KEY.match)  # type: ignore[arg-type]
     assert labeler.apply_once() == 2
     assert labeler.apply_once() == 0
     assert api.patches == [WANTED]
@@ -58,7 +59,7 @@ def test_labels_are_patched_once_and_then_left_alone() -> None:
 
 
 def test_a_node_not_there_yet_is_an_error_to_retry() -> None:
-    labeler = NodeLabels(_Api(None), node_name="n", wanted=WANTED)  # type: ignore[arg-type]
+    labeler = NodeLabels(_Api(None), node_name="n", wanted=WANTED, owned=OWN_KEY.match)  # type: ignore[arg-type]
     with pytest.raises(LookupError, match="Node n not found"):
         labeler.apply_once()
 
@@ -67,7 +68,7 @@ def test_with_nfd_the_labels_go_to_its_feature_file_and_the_node_is_left_alone(
     tmp_path: Path,
 ) -> None:
     api = _Api({})
-    labeler = NodeLabels(api, node_name="n", wanted=WANTED, nfd_dir=tmp_path)  # type: ignore[arg-type]
+    labeler = NodeLabels(api, node_name="n", wanted=WANTED, owned=OWN_KEY.match, nfd_dir=tmp_path)  # type: ignore[arg-type]
     assert labeler.apply_once() == 2
     lines = (tmp_path / NFD_FILE).read_text().splitlines()
     assert lines[1:] == ["drasil.dev/gpu.count=2", "drasil.dev/gpu.product=NVIDIA-L4"]

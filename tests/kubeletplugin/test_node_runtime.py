@@ -29,11 +29,11 @@ from test_deviceplugin_main import process
 from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore
 from drasil.driver.checkpointdisk import read_state
 from drasil.driver.health import FAULT_FILE, write_faults
-from drasil.driver.nvidia.simulated import simulated_library
 from drasil.kubeletplugin.dra.prepare import Preparer
 from drasil.kubeletplugin.metrics import devices_gauge
 from drasil.kubeletplugin.node import NodeRuntime
 from drasil.kubeletplugin.options import PluginOptions, parse_options
+from drasil.kubeletplugin.vendors.registry import open_vendors
 
 UID = "5b0a1f0e-1c1d-4c55-9f4a-0d1e2f3a4b5c"
 
@@ -68,9 +68,7 @@ class Listener:
 def test_health_sources_feed_the_devices_gauge(tmp_path: Path) -> None:
     opts = options(tmp_path)
     registry = CollectorRegistry()
-    node = NodeRuntime(
-        opts, lib=simulated_library(PROFILE, node_name=NODE), devices_gauge=devices_gauge(registry)
-    )
+    node = NodeRuntime(opts, vendors=open_vendors(opts)[1], devices_gauge=devices_gauge(registry))
     write_faults(opts.state_dir / FAULT_FILE, {"gpu-1": "XID 79"})
     health = node.watch_health(node.discover(), fault_poll=0.01)
     try:
@@ -87,9 +85,7 @@ def test_health_sources_feed_the_devices_gauge(tmp_path: Path) -> None:
 def test_stop_ends_threads_listeners_and_http(tmp_path: Path) -> None:
     opts = options(tmp_path, "--metrics-addr=127.0.0.1:0", "--health-addr=127.0.0.1:0")
     registry = CollectorRegistry()
-    node = NodeRuntime(
-        opts, lib=simulated_library(PROFILE, node_name=NODE), devices_gauge=devices_gauge(registry)
-    )
+    node = NodeRuntime(opts, vendors=open_vendors(opts)[1], devices_gauge=devices_gauge(registry))
     node.serve_http(registry=registry, check=lambda: (True, "ok (test)"))
     (server,) = node._http  # one address serves metrics and probes
     url = f"http://127.0.0.1:{server.server_port}"

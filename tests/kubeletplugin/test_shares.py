@@ -33,10 +33,14 @@ from drasil.driver.devices import CapacityPolicy, Device
 from drasil.driver.nvidia.nodedevices import discover
 from drasil.driver.nvidia.nvml import NvmlLibrary
 from drasil.driver.nvidia.simulated import simulated_library
-from drasil.kubeletplugin.dra import mpsstandin
-from drasil.kubeletplugin.dra.mps import DaemonProgram, MpsDaemons, process_start_time
 from drasil.kubeletplugin.dra.prepare import Preparer
-from drasil.kubeletplugin.dra.shares import GpuEffects
+from drasil.kubeletplugin.vendors.nvidia.mps import standin as mpsstandin
+from drasil.kubeletplugin.vendors.nvidia.mps.daemons import (
+    DaemonProgram,
+    MpsDaemons,
+    process_start_time,
+)
+from drasil.kubeletplugin.vendors.nvidia.mps.shares import GpuEffects
 
 GIB = 2**30
 CONFIG_API = "resource.drasil.dev/v1beta1"

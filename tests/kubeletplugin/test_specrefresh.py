@@ -57,6 +57,9 @@ class DriverOnDisk:
             raise DriverFilesError(self.broken)
         return self.edits
 
+    def files_version(self) -> str:
+        return self.files.version
+
 
 def prepared(tmp_path: Path, disk: DriverOnDisk, *uids: str) -> Preparer:
     claims = [claim_json(uid, result(f"gpu-{i}")) for i, uid in enumerate(uids)]

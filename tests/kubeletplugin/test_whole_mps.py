@@ -30,8 +30,8 @@ from test_shares import (
 )
 
 from drasil.driver.claims.plan import ClaimRef
-from drasil.kubeletplugin.dra import mpsstandin
-from drasil.kubeletplugin.dra.mps import DaemonProgram, MpsDaemons
+from drasil.kubeletplugin.vendors.nvidia.mps import standin as mpsstandin
+from drasil.kubeletplugin.vendors.nvidia.mps.daemons import DaemonProgram, MpsDaemons
 
 GPU_1 = 1  # gpu-1 of test_shares' node is published whole
 __all__ = ["preparer"]  # the crash child's: ``test_whole_mps.preparer(root)``

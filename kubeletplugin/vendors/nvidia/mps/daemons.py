@@ -27,9 +27,9 @@ the SHA-256 of the GPU's UUID, short because a Unix socket's path, here the daem
 Where the daemon runs is the launcher's (``DaemonLauncher``): ``ProcessLauncher``
 starts a process of its own session, outside the plugin's process tree, which outlives
 a plugin process that is killed, restarted or upgraded; under the chart
-``drasil.kubeletplugin.dra.mpspods.PodLauncher`` starts a Pod of its own on the node,
+``drasil.kubeletplugin.vendors.nvidia.mps.pods.PodLauncher`` starts a Pod of its own on the node,
 which outlives the plugin's Pod. Either way it runs in a mount namespace of its own set
-up by ``drasil.kubeletplugin.dra.mpsview`` (the tmpfs over ``/dev/shm``; on a driver
+up by ``drasil.kubeletplugin.vendors.nvidia.mps.view`` (the tmpfs over ``/dev/shm``; on a driver
 root other than ``/``, chrooted into it so the driver's own binaries run against the
 driver's own libc and find ``nvidia-cuda-mps-server`` on ``PATH``).
 
@@ -49,7 +49,7 @@ process started for this GPU (``DRASIL_MPS_GPU`` in its environment), a Pod by i
 name.
 
 Backends: ``nvml`` runs the driver's ``nvidia-cuda-mps-control``; ``simulated`` runs
-``drasil.kubeletplugin.dra.mpsstandin``, which takes the same arguments, environment and
+``drasil.kubeletplugin.vendors.nvidia.mps.standin``, which takes the same arguments, environment and
 commands. Either way a stop is ``quit`` through the control program, and a daemon that
 does not obey within the stop timeout is killed (its Pod deleted).
 
@@ -83,7 +83,7 @@ from typing import Final, Protocol
 
 from drasil.driver.cdi.spec import ContainerEdits, Mount
 from drasil.driver.files import CRASH_ENV, FileLock, crash_point, read_regular, write_atomic
-from drasil.kubeletplugin.dra.mpsview import (
+from drasil.kubeletplugin.vendors.nvidia.mps.view import (
     MS_NODEV,
     MS_NOEXEC,
     MS_NOSUID,
@@ -104,8 +104,8 @@ CONTROL_PROGRAM: Final = "nvidia-cuda-mps-control"
 # The control daemon writes its pid here, in CUDA_MPS_PIPE_DIRECTORY (NVIDIA's MPS
 # documentation, "Appendix: Tools and Interface Reference").
 PID_FILE: Final = "nvidia-cuda-mps-control.pid"
-STANDIN_MODULE: Final = "drasil.kubeletplugin.dra.mpsstandin"
-VIEW_MODULE: Final = "drasil.kubeletplugin.dra.mpsview"
+STANDIN_MODULE: Final = "drasil.kubeletplugin.vendors.nvidia.mps.standin"
+VIEW_MODULE: Final = "drasil.kubeletplugin.vendors.nvidia.mps.view"
 RECORD_FILE: Final = "daemon.json"
 GPU_FILE: Final = "gpu"
 GPU_ENV: Final = "DRASIL_MPS_GPU"
@@ -176,7 +176,7 @@ class MpsDaemon:
     log_dir: Path
     shm_dir: Path
     limits: DaemonLimits | None = None
-    # The Pod it runs in (the Pod launcher, drasil.kubeletplugin.dra.mpspods); None for
+    # The Pod it runs in (the Pod launcher, drasil.kubeletplugin.vendors.nvidia.mps.pods); None for
     # a process of the plugin's host. Its start_time is then 0: the plugin does not
     # see the node's PID namespace, and the Pod's UID is what tells it apart.
     pod: str | None = None
@@ -280,7 +280,7 @@ class DaemonSpot:
 
 class DaemonLauncher(Protocol):
     """Where the daemons run: processes on the plugin's host (``ProcessLauncher``), or
-    Pods of their own (``drasil.kubeletplugin.dra.mpspods.PodLauncher``). ``MpsDaemons``
+    Pods of their own (``drasil.kubeletplugin.vendors.nvidia.mps.pods.PodLauncher``). ``MpsDaemons``
     keeps the directories, the tmpfs, the record and the limits either way.
     """
 

@@ -40,8 +40,14 @@ from typing import Any, Final, Protocol, TypeVar
 
 from drasil.driver.kubeapi import ApiError, KubeApi
 from drasil.driver.objects import Pod
-from drasil.kubeletplugin.dra.mps import PID_FILE, DaemonSpot, Launched, MpsError, read_pid
 from drasil.kubeletplugin.options import MPS_DAEMON_CONTAINER_FIELDS, MPS_DAEMON_POD_FIELDS
+from drasil.kubeletplugin.vendors.nvidia.mps.daemons import (
+    PID_FILE,
+    DaemonSpot,
+    Launched,
+    MpsError,
+    read_pid,
+)
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")

@@ -3,7 +3,7 @@
 ``MpsDaemons`` starts each MPS control daemon, and runs each control command, through
 this wrapper::
 
-    python -m drasil.kubeletplugin.dra.mpsview --pipe P --log L [--shm S] [--root R] \\
+    python -m drasil.kubeletplugin.vendors.nvidia.mps.view --pipe P --log L [--shm S] [--root R] \\
         -- nvidia-cuda-mps-control -d
 
 Two things must hold for an MPS client in a container to reach the daemon, and for the

@@ -1,9 +1,9 @@
 """What prepared claims change on GPUs: MPS daemons of shared GPUs and MIG instances, time slices.
 
 A share of a consumable GPU (``--gpu-sharing consumable``) is enforced by MPS: the GPU
-gets one MPS control daemon (``drasil.kubeletplugin.dra.mps``), started with its first
-share, holding limits that cover every share on it; each share's CDI device carries
-its own, narrower limits (pinned memory, active threads), the daemon's pipe directory
+gets one MPS control daemon (``daemons``), started with its first share, holding
+limits that cover every share on it; each share's CDI device carries its own,
+narrower limits (pinned memory, active threads), the daemon's pipe directory
 and its ``/dev/shm``. While the daemon runs the GPU is in compute mode
 EXCLUSIVE_PROCESS, so that only the MPS server can use it: a client that fails to
 reach MPS then fails ("all CUDA-capable devices are busy") instead of running without
@@ -44,7 +44,7 @@ from drasil.driver.cdi.spec import ContainerEdits
 from drasil.driver.checkpoint import CheckpointStore
 from drasil.driver.claims.plan import DevicePlan, PreparePlan
 from drasil.driver.claims.sharing import MPS, time_slice_of
-from drasil.driver.devices import Device, DeviceType
+from drasil.driver.devices import Device, DeviceType, HardwareError
 from drasil.driver.files import crash_point
 from drasil.driver.nvidia.nvml import (
     COMPUTE_MODE_EXCLUSIVE_PROCESS,
@@ -54,7 +54,7 @@ from drasil.driver.nvidia.nvml import (
     nvml_session,
 )
 from drasil.driver.objects import ResourceClaim
-from drasil.kubeletplugin.dra.mps import (
+from drasil.kubeletplugin.vendors.nvidia.mps.daemons import (
     CLIENT_LIMIT,
     CONTAINER_SHM_DIR,
     DaemonLimits,
@@ -71,7 +71,7 @@ MIG_UUID_PREFIX = "MIG-"  # NVML's MIG device UUIDs; a whole GPU's start with GP
 _T = TypeVar("_T")
 
 
-class ShareError(Exception):
+class ShareError(HardwareError):
     """A GPU change a claim needs that could not be made; the claim's error."""
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
@@ -26,7 +26,6 @@ from drasil.kubeletplugin.options import PluginOptions
 log = logging.getLogger(__name__)
 
 HOOK_NAME: Final = "nvidia-cdi-hook"
-NOT_READY_REASON: Final = "GPUDriverNotReady"
 
 
 def driver_root(opts: PluginOptions) -> DriverRoot | None:
@@ -160,12 +159,3 @@ def _host_to_local(opts: PluginOptions) -> Callable[[str], Path | None]:
         return path if opts.container_driver_root is None else None
 
     return local
-
-
-def log_readiness(checks: Sequence[Check]) -> list[Check]:
-    """Each check in the log; returns the failed ones."""
-    failed = [c for c in checks if not c.ok]
-    for check in checks:
-        level = logging.INFO if check.ok else logging.ERROR
-        log.log(level, "node check %s: %s", check.name, check.detail)
-    return failed

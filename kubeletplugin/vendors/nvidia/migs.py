@@ -41,8 +41,9 @@ from drasil.api.checkpoint import (
     PreparedDevice,
     StaticMigRecord,
 )
-from drasil.driver.devices import CharDevice, Device, MigPlacement
+from drasil.driver.devices import CharDevice, Device, HardwareError, MigPlacement
 from drasil.driver.files import FileLock, crash_point
+from drasil.driver.migrecords import mig_holders
 from drasil.driver.nvidia.nodedevices import parse_mig_device_name
 from drasil.driver.nvidia.nvml import (
     DeviceHandle,
@@ -63,7 +64,7 @@ log = logging.getLogger(__name__)
 MIG_LOCK_TIMEOUT = 30.0  # below kubelet's 45 s call timeout, like the checkpoint lock
 
 
-class MigError(Exception):
+class MigError(HardwareError):
     """A MIG instance that cannot be made or removed; the message goes to the claim."""
 
 
@@ -96,18 +97,6 @@ class MigInstance:
         return replace(
             planned, uuid=self.uuid, char_devices=self.char_devices, attributes=attributes
         )
-
-
-def creating_record(placement: MigPlacement) -> MigRecord:
-    """The record written before NVML is asked to create anything."""
-    return MigRecord(
-        parent_uuid=placement.parent_uuid,
-        profile=placement.profile,
-        profile_id=placement.profile_id,
-        placement_start=placement.start,
-        placement_size=placement.size,
-        state=MigState.CREATING,
-    )
 
 
 @dataclass(frozen=True)
@@ -346,7 +335,7 @@ class MigInstances:
         Instances on other GPUs (static MIG) are never touched, and neither are those
         claims prepared in static MIG mode hold (``staticMig``): the operator made them.
         """
-        held, kept = _held(records), _kept(records)
+        held, kept = mig_holders(records), _kept(records)
         destroyed: list[str] = []
         spared: list[str] = []
         present: set[tuple[str, int, int]] = set()
@@ -443,23 +432,6 @@ def partitionable_gpus(devices: Iterable[Device]) -> dict[str, str]:
     }
 
 
-def _held(records: Mapping[str, ClaimRecord]) -> dict[tuple[str, int, int], str]:
-    """(GPU, profile id, start) of every recorded instance → the claim holding it.
-
-    Claims still being prepared (``Creating``) hold their placement too, but their
-    instance may legitimately not exist yet, so they map to "" (never "missing").
-    """
-    held: dict[tuple[str, int, int], str] = {}
-    for uid, record in records.items():
-        for device in record.devices:
-            mig = device.mig
-            if mig is None:
-                continue
-            created = mig.state == MigState.CREATED
-            held[(mig.parent_uuid, mig.profile_id, mig.placement_start)] = uid if created else ""
-    return held
-
-
 def _kept(records: Mapping[str, ClaimRecord]) -> dict[tuple[str, int, int], str]:
     """(GPU, profile id, start) of every static MIG instance a claim holds → the
     claim (``namespace/name``). Never "missing": re-preparing cannot make one."""
@@ -470,22 +442,6 @@ def _kept(records: Mapping[str, ClaimRecord]) -> dict[tuple[str, int, int], str]
                 key = (static.parent_uuid, static.profile_id, static.placement_start)
                 kept[key] = f"{record.namespace}/{record.name}"
     return kept
-
-
-def held_by_dynamic_claims(
-    devices: Iterable[Device], records: Mapping[str, ClaimRecord]
-) -> set[str]:
-    """Names of static MIG devices that are instances claims cut in dynamic MIG mode
-    still hold: not published after a change to static mode, so the scheduler does
-    not hand them to a second claim (prepare refuses them too, naming the holder);
-    the instance goes with its claim's unprepare."""
-    cut = set(_held(records))
-    return {
-        d.name
-        for d in devices
-        if (site := d.mig_site) is not None
-        and (site.parent_uuid, site.profile_id, site.start) in cut
-    }
 
 
 def _find(instances: Iterable[GpuInstance], record: MigRecord) -> GpuInstance | None:
