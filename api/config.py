@@ -48,6 +48,7 @@ from drasil.api import limits
 from drasil.api.documents import (
     ConfigError,
     ConfigIssue,
+    StrictModel,
     check_structure,
     fail,
     json_path,
@@ -204,19 +205,7 @@ DeviceKey = Annotated[
 # --- models ------------------------------------------------------------------------
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid",
-        strict=True,
-        frozen=True,
-        validate_by_name=True,
-        validate_by_alias=True,
-        serialize_by_alias=True,
-        field_title_generator=lambda name, field: field.alias or name,
-    )
-
-
-class TimeSlicingConfig(_Strict):
+class TimeSlicingConfig(StrictModel):
     """Settings of strategy ``TimeSlicing``."""
 
     interval: Annotated[TimeSlicingInterval, _one_of(TimeSlicingInterval)] = (
@@ -224,7 +213,7 @@ class TimeSlicingConfig(_Strict):
     )
 
 
-class MpsConfig(_Strict):
+class MpsConfig(StrictModel):
     """Settings of strategy ``MPS``: the limits its daemon holds (docs/sharing.md).
 
     The fields of NVIDIA's ``mpsConfig``: ``defaultActiveThreadPercentage`` (0 to 100),
@@ -263,7 +252,7 @@ def _settings_rules(schema: dict[str, Any]) -> None:
     ]
 
 
-class _Sharing(_Strict):
+class _Sharing(StrictModel):
     """Shared by both kinds: the strategy, and one settings block that must match it.
 
     Invariant after validation: strategy ``TimeSlicing`` has ``time_slicing`` set (where
@@ -334,7 +323,7 @@ def _require_type_meta(schema: dict[str, Any]) -> None:
     schema["required"] = ["apiVersion", "kind"]
 
 
-class GpuConfig(_Strict):
+class GpuConfig(StrictModel):
     """Config for full GPUs (devices of type ``gpu``). Without ``sharing``: Exclusive."""
 
     model_config = ConfigDict(json_schema_extra=_require_type_meta)
@@ -344,7 +333,7 @@ class GpuConfig(_Strict):
     sharing: GpuSharing = Field(default_factory=GpuSharing)
 
 
-class MigDeviceConfig(_Strict):
+class MigDeviceConfig(StrictModel):
     """Config for MIG devices (type ``mig``); see ``MigDeviceSharing``. Default: Exclusive."""
 
     model_config = ConfigDict(json_schema_extra=_require_type_meta)

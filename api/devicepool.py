@@ -34,8 +34,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
+from drasil.api.documents import StrictModel
 from drasil.api.limits import (
     MAX_BINDING_CONDITIONS,
     MAX_BINDING_FAILURE_CONDITIONS,
@@ -57,19 +58,7 @@ MAX_DEVICES: Final = 1024
 """Devices per DevicePool (eight full slices); keeps the object well under etcd's limit."""
 
 
-class _Model(BaseModel):
-    # Strict like the API server's own types: "5" is not an integer.
-    model_config = ConfigDict(
-        extra="forbid",
-        strict=True,
-        frozen=True,
-        validate_by_name=True,
-        validate_by_alias=True,
-        serialize_by_alias=True,
-    )
-
-
-class DeviceAttribute(_Model):
+class DeviceAttribute(StrictModel):
     """One attribute value; exactly one field is set, as in a ResourceSlice."""
 
     model_config = ConfigDict(json_schema_extra={"minProperties": 1, "maxProperties": 1})
@@ -80,13 +69,13 @@ class DeviceAttribute(_Model):
     version: str | None = Field(None, description="A semantic version such as 12.4.0.")
 
 
-class DeviceCapacity(_Model):
+class DeviceCapacity(StrictModel):
     """A capacity value as a Kubernetes quantity (24Gi, 4)."""
 
     value: int | str
 
 
-class DeviceTaint(_Model):
+class DeviceTaint(StrictModel):
     """A device taint; claims that do not tolerate it are not allocated the device."""
 
     key: str
@@ -94,7 +83,7 @@ class DeviceTaint(_Model):
     effect: Literal["None", "NoSchedule", "NoExecute"]
 
 
-class PoolDevice(_Model):
+class PoolDevice(StrictModel):
     """One device: its name (a DNS label), attributes, capacity and taints.
 
     Attribute and capacity names are C identifiers (the driver's domain) or
@@ -127,7 +116,7 @@ class PoolDevice(_Model):
     )
 
 
-class SimulatedFabric(_Model):
+class SimulatedFabric(StrictModel):
     """SIMULATED: how the controller pretends to attach devices with binding conditions.
 
     drasil has no fabric manager. The controller plays one so that binding conditions
@@ -142,7 +131,7 @@ class SimulatedFabric(_Model):
     )
 
 
-class DevicePoolSpec(_Model):
+class DevicePoolSpec(StrictModel):
     """The devices and where they are reachable: nodeSelector or allNodes."""
 
     model_config = ConfigDict(
@@ -182,7 +171,7 @@ class DevicePoolSpec(_Model):
     )
 
 
-class Condition(_Model):
+class Condition(StrictModel):
     """A metav1.Condition."""
 
     type: str
@@ -195,7 +184,7 @@ class Condition(_Model):
     observed_generation: int | None = Field(None, alias="observedGeneration")
 
 
-class DevicePoolStatus(_Model):
+class DevicePoolStatus(StrictModel):
     """What the controller did: the Ready condition and the slices it published."""
 
     conditions: list[Condition] = Field(
@@ -206,7 +195,7 @@ class DevicePoolStatus(_Model):
     observed_generation: int | None = Field(None, alias="observedGeneration")
 
 
-class DevicePool(_Model):
+class DevicePool(StrictModel):
     """Devices that no single node owns, published by the controller as one pool of
     ResourceSlices named after the DevicePool."""
 

@@ -18,11 +18,29 @@ from dataclasses import dataclass
 from typing import Any, Final, NoReturn
 
 import yaml
+from pydantic import BaseModel, ConfigDict
 from yaml.constructor import ConstructorError
 
 from drasil.api.limits import MAX_DEPTH, MAX_FILE_BYTES, MAX_INTEGER_DIGITS, MAX_VALUES
 
 # --- errors ------------------------------------------------------------------------
+
+
+class StrictModel(BaseModel):
+    """The base of every model of an object users write (config kinds, DevicePools):
+    strict like the API server's own types ("5" is not an integer), no unknown field,
+    frozen, by the API's camelCase names or the Python ones; a schema's titles are the
+    API's names."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        frozen=True,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+        field_title_generator=lambda name, field: field.alias or name,
+    )
 
 
 @dataclass(frozen=True)

@@ -49,10 +49,9 @@ from drasil.api.config import (
     _quoted,
     _require_type_meta,
     _show,
-    _Strict,
     _type_meta_issues,
 )
-from drasil.api.documents import ConfigError, ConfigIssue, fail
+from drasil.api.documents import ConfigError, ConfigIssue, StrictModel, fail
 
 __all__ = [
     "NVIDIA_API_VERSION",
@@ -94,7 +93,7 @@ def _strategy(value: object) -> object:
 Strategy = Annotated[NvidiaSharingStrategy, BeforeValidator(_strategy)]
 
 
-class NvidiaTimeSlicingConfig(_Strict):
+class NvidiaTimeSlicingConfig(StrictModel):
     """NVIDIA's ``timeSlicingConfig``: ``interval``, ``Default`` when left out or null."""
 
     interval: Annotated[TimeSlicingInterval, _one_of(TimeSlicingInterval)] | None = None
@@ -123,7 +122,7 @@ def _sharing_schema(schema: dict[str, Any]) -> None:
     ]
 
 
-class _NvidiaSharing(_Strict):
+class _NvidiaSharing(StrictModel):
     """Shared by both of NVIDIA's kinds: a required strategy, and ``mpsConfig``."""
 
     model_config = ConfigDict(json_schema_extra=_sharing_schema)
@@ -179,7 +178,7 @@ class NvidiaMigDeviceSharing(_NvidiaSharing):
         return MigDeviceSharing(strategy=SharingStrategy.TIME_SLICING)
 
 
-class NvidiaGpuConfig(_Strict):
+class NvidiaGpuConfig(StrictModel):
     """NVIDIA's ``GpuConfig``; ``to_drasil`` gives drasil's. Without ``sharing``: not shared."""
 
     model_config = ConfigDict(title="GpuConfig", json_schema_extra=_require_type_meta)
@@ -196,7 +195,7 @@ class NvidiaGpuConfig(_Strict):
         return GpuConfig(sharing=self.sharing.to_drasil())
 
 
-class NvidiaMigDeviceConfig(_Strict):
+class NvidiaMigDeviceConfig(StrictModel):
     """NVIDIA's ``MigDeviceConfig``; ``to_drasil`` gives drasil's. Without ``sharing``:
     not shared."""
 

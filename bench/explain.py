@@ -42,8 +42,8 @@ from drasil.driver.cel.selectors import (
 )
 from drasil.driver.cel.values import Quantity, Semver
 from drasil.driver.nvidia.nodedevices import discover
-from drasil.driver.nvidia.simulated import simulated_library
 from drasil.driver.objects import JsonDict
+from drasil.driver.simulated.nvml import simulated_library
 from drasil.driver.slices.build import build_slices
 
 DRIVER = "gpu.drasil.dev"

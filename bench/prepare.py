@@ -63,7 +63,7 @@ from drasil.driver.kubeapi import KubeApi, load_api_client
 from drasil.driver.nvidia.driveredits import NodeEdits, control_edits
 from drasil.driver.nvidia.driverfiles import DriverRoot
 from drasil.driver.nvidia.nodedevices import DiscoveryResult, discover
-from drasil.driver.nvidia.simulated import simulated_library
+from drasil.driver.simulated.nvml import simulated_library
 from drasil.kubeletplugin.dra.prepare import Preparer
 from drasil.kubeletplugin.sockets import UnixSocketServer
 from e2e.harness import binaries

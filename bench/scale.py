@@ -54,7 +54,7 @@ from bench.stats import percentile
 from drasil.api.limits import allow_nesting
 from drasil.controller.heap import ENV as HEAP_ENV
 from drasil.driver.explain.fromapi import explain_fetched, fetch_inputs
-from drasil.driver.nvidia.simgpus import parse_profile_spec
+from drasil.driver.simulated.gpus import parse_profile_spec
 from e2e.harness import chart
 from e2e.harness.cluster.control_plane import Cluster
 from e2e.harness.cluster.fleet import DEFAULT_FLEET_PROFILE, DRIVER, KwokFleet

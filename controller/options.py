@@ -6,10 +6,12 @@ import argparse
 import os
 import socket
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from drasil.driver import flags
 from drasil.driver.endpoints import parse_addr
+from drasil.driver.flags import option, section
 from drasil.driver.logs import LOG_FORMATS, LogFormat
 
 DEFAULT_DRIVER = "gpu.drasil.dev"
@@ -20,88 +22,115 @@ class OptionsError(ValueError):
     """A flag or environment variable with a value the controller cannot run with."""
 
 
+def _positive(flag: str) -> Callable[[float], float]:
+    def check(value: float) -> float:
+        _check(value > 0, f"{flag}: {value:g} is not positive")
+        return value
+
+    return check
+
+
+def _addr(flag: str) -> Callable[[str], str]:
+    def check(value: str) -> str:
+        try:
+            parse_addr(value)
+        except ValueError as err:
+            raise OptionsError(f"{flag}: {err}") from None
+        return value
+
+    return check
+
+
+def _not_no(text: str) -> bool:
+    return text.lower() not in ("false", "0", "no")
+
+
+def _identity(value: str | None) -> str:
+    return value or _default_identity()
+
+
 @dataclass(frozen=True)
 class LeaderElection:
     """The Lease that picks the one replica that acts (client-go's defaults)."""
 
-    enabled: bool
-    name: str
-    namespace: str
-    identity: str
-    lease_duration: float = 15.0
-    renew_deadline: float = 10.0
-    retry_period: float = 2.0
+    enabled: bool = option(
+        "--leader-elect",
+        env="LEADER_ELECT",
+        default="true",
+        switch=True,
+        truth=_not_no,
+        help="run only while holding the Lease, so replicas never act twice (default on)",
+    )
+    name: str = option("--leader-elect-lease-name", default="drasil-controller")
+    namespace: str = option(
+        "--leader-elect-namespace",
+        env="POD_NAMESPACE",
+        default="kube-system",
+        help="namespace of the Lease (env POD_NAMESPACE, else kube-system)",
+    )
+    identity: str = option("--leader-elect-identity", env="POD_NAME", convert=_identity)
+    lease_duration: float = option("--leader-elect-lease-duration", default="15.0", kind=float)
+    renew_deadline: float = option("--leader-elect-renew-deadline", default="10.0", kind=float)
+    retry_period: float = option("--leader-elect-retry-period", default="2.0", kind=float)
 
 
 @dataclass(frozen=True)
 class ControllerOptions:
-    driver_name: str
-    kubeconfig: str | None
-    explain_after: float
-    metrics_addr: str
-    health_addr: str
-    log_format: LogFormat
-    verbosity: int
-    leader: LeaderElection
-    resync_period: float = 300.0
-    stall_after: float = 60.0
+    """The controller's settings, each declared once with its flag and environment
+    variable (``drasil.driver.flags``), in the order ``--help`` lists them."""
+
+    driver_name: str = option("--driver-name", env="DRIVER_NAME", default=DEFAULT_DRIVER)
+    kubeconfig: str | None = option("--kubeconfig", env="KUBECONFIG", help="in-cluster if absent")
+    explain_after: float = option(
+        "--explain-after",
+        env="EXPLAIN_AFTER",
+        default="10",
+        kind=float,
+        convert=_positive("--explain-after"),
+        help="seconds a claim may wait for allocation before it is explained, once "
+        "kube-scheduler has tried its Pod (default 10; a Pod only queued: --stall-after)",
+    )
+    stall_after: float = option(
+        "--stall-after",
+        env="STALL_AFTER",
+        default="60",
+        kind=float,
+        convert=_positive("--stall-after"),
+        help="seconds a pending claim may look satisfiable before a SchedulerNotRetried "
+        "Event says its wait is not capacity; also when a claim whose Pods are only queued "
+        "is first explained (default 60)",
+    )
+    metrics_addr: str = option(
+        "--metrics-addr", env="METRICS_ADDR", default=":9402", convert=_addr("--metrics-addr")
+    )
+    health_addr: str = option(
+        "--health-addr", env="HEALTH_ADDR", default=":9403", convert=_addr("--health-addr")
+    )
+    log_format: LogFormat = option(
+        "--log-format", env="LOG_FORMAT", default="text", choices=LOG_FORMATS
+    )
+    verbosity: int = option("--v", short="-v", dest="verbosity", env="V", default="0", kind=int)
+    resync_period: float = option(
+        "--resync-period",
+        env="RESYNC_PERIOD",
+        default="300",
+        kind=float,
+        convert=_positive("--resync-period"),
+        help="seconds between re-publishing every DevicePool (repairs edited slices)",
+    )
+    leader: LeaderElection = section(LeaderElection)
 
 
 def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    return flags.parser(
+        ControllerOptions,
+        env,
+        error=OptionsError,
         prog="drasil-controller",
         exit_on_error=False,
         description="drasil's cluster daemon: publishes DevicePools as ResourceSlices, checks "
         "the opaque configs of claims, explains claims that stay pending.",
     )
-    p.add_argument("--driver-name", default=env.get("DRIVER_NAME", DEFAULT_DRIVER))
-    p.add_argument("--kubeconfig", default=env.get("KUBECONFIG"), help="in-cluster if absent")
-    p.add_argument(
-        "--explain-after",
-        type=float,
-        default=env.get("EXPLAIN_AFTER", "10"),
-        help="seconds a claim may wait for allocation before it is explained, once "
-        "kube-scheduler has tried its Pod (default 10; a Pod only queued: --stall-after)",
-    )
-    p.add_argument(
-        "--stall-after",
-        type=float,
-        default=env.get("STALL_AFTER", "60"),
-        help="seconds a pending claim may look satisfiable before a SchedulerNotRetried "
-        "Event says its wait is not capacity; also when a claim whose Pods are only queued "
-        "is first explained (default 60)",
-    )
-    p.add_argument("--metrics-addr", default=env.get("METRICS_ADDR", ":9402"))
-    p.add_argument("--health-addr", default=env.get("HEALTH_ADDR", ":9403"))
-    p.add_argument("--log-format", choices=LOG_FORMATS, default=env.get("LOG_FORMAT", "text"))
-    p.add_argument("-v", "--v", dest="verbosity", type=int, default=env.get("V", "0"))
-    p.add_argument(
-        "--resync-period",
-        type=float,
-        default=env.get("RESYNC_PERIOD", "300"),
-        help="seconds between re-publishing every DevicePool (repairs edited slices)",
-    )
-    _leader_flags(p, env)
-    return p
-
-
-def _leader_flags(p: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
-    p.add_argument(
-        "--leader-elect",
-        action=argparse.BooleanOptionalAction,
-        default=env.get("LEADER_ELECT", "true").lower() not in ("false", "0", "no"),
-        help="run only while holding the Lease, so replicas never act twice (default on)",
-    )
-    p.add_argument("--leader-elect-lease-name", default="drasil-controller")
-    p.add_argument(
-        "--leader-elect-namespace",
-        default=env.get("POD_NAMESPACE", "kube-system"),
-        help="namespace of the Lease (env POD_NAMESPACE, else kube-system)",
-    )
-    p.add_argument("--leader-elect-identity", default=env.get("POD_NAME") or _default_identity())
-    p.add_argument("--leader-elect-lease-duration", type=float, default=15.0)
-    p.add_argument("--leader-elect-renew-deadline", type=float, default=10.0)
-    p.add_argument("--leader-elect-retry-period", type=float, default=2.0)
 
 
 def _default_identity() -> str:
@@ -114,12 +143,8 @@ def _check(condition: bool, message: str) -> None:
         raise OptionsError(message)
 
 
-def _check_leader(ns: argparse.Namespace) -> None:
-    duration, deadline, retry = (
-        ns.leader_elect_lease_duration,
-        ns.leader_elect_renew_deadline,
-        ns.leader_elect_retry_period,
-    )
+def _check_leader(leader: LeaderElection) -> None:
+    duration, deadline, retry = leader.lease_duration, leader.renew_deadline, leader.retry_period
     _check(retry > 0, "--leader-elect-retry-period must be positive")
     # As client-go: a leader must give up before anyone may take over.
     _check(
@@ -136,33 +161,6 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         ns = _parser(env).parse_args(list(argv))
     except (argparse.ArgumentError, ValueError) as err:  # also bad numbers in env defaults
         raise OptionsError(str(err)) from None
-    _check(ns.explain_after > 0, f"--explain-after: {ns.explain_after:g} is not positive")
-    _check(ns.stall_after > 0, f"--stall-after: {ns.stall_after:g} is not positive")
-    _check(ns.resync_period > 0, f"--resync-period: {ns.resync_period:g} is not positive")
-    _check(ns.log_format in LOG_FORMATS, f"--log-format: {ns.log_format!r} is not json or text")
-    for flag, value in (("--metrics-addr", ns.metrics_addr), ("--health-addr", ns.health_addr)):
-        try:
-            parse_addr(value)
-        except ValueError as err:
-            raise OptionsError(f"{flag}: {err}") from None
-    _check_leader(ns)
-    return ControllerOptions(
-        driver_name=ns.driver_name,
-        kubeconfig=ns.kubeconfig,
-        explain_after=ns.explain_after,
-        metrics_addr=ns.metrics_addr,
-        health_addr=ns.health_addr,
-        log_format=ns.log_format,
-        verbosity=int(ns.verbosity),
-        resync_period=ns.resync_period,
-        stall_after=ns.stall_after,
-        leader=LeaderElection(
-            enabled=ns.leader_elect,
-            name=ns.leader_elect_lease_name,
-            namespace=ns.leader_elect_namespace,
-            identity=ns.leader_elect_identity,
-            lease_duration=ns.leader_elect_lease_duration,
-            renew_deadline=ns.leader_elect_renew_deadline,
-            retry_period=ns.leader_elect_retry_period,
-        ),
-    )
+    opts = flags.settings(ControllerOptions, ns, env, error=OptionsError)
+    _check_leader(opts.leader)
+    return opts

@@ -36,7 +36,7 @@ from drasil.driver.nvidia.nodecheck import check_device_nodes, check_driver, che
 from drasil.driver.nvidia.nodedevices import GPU_SHARING, MIG_MODES
 from drasil.driver.nvidia.nvml import NvmlError, NvmlLibrary
 from drasil.driver.nvidia.partitions import ExistingMig, existing_mig_instances
-from drasil.driver.nvidia.simgpus import ProfileSpecError
+from drasil.driver.simulated.gpus import ProfileSpecError
 from drasil.driver.slices.build import build_slices, quantity
 
 DEFAULT_DRIVER = "gpu.drasil.dev"

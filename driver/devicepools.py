@@ -63,7 +63,7 @@ def _capacity(device: str, name: str, value: int | str) -> int:
 
 def _device_type(attributes: Mapping[str, AttributeValue]) -> DeviceType:
     value = attributes.get("type")
-    return DeviceType(value) if value in tuple(DeviceType) else DeviceType.GPU
+    return DeviceType(value) if value in DeviceType.known() else DeviceType.GPU
 
 
 def to_device(spec: PoolDevice) -> Device:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from types import MappingProxyType
-from typing import Final
+from typing import ClassVar, Final
+
+from drasil.api.checkpoint import PartitionRecord
 
 # The standard attributes every driver shares (k8s.io/dynamic-resource-allocation/
 # deviceattribute), whatever the vendor.
@@ -25,33 +26,112 @@ PCIE_ROOT_ATTRIBUTE: Final = "resource.kubernetes.io/pcieRoot"
 NUMA_NODE_ATTRIBUTE: Final = "resource.kubernetes.io/numaNode"
 
 
-class DeviceType(StrEnum):
+class Vendor(str):
+    """A GPU vendor (``--vendors``): drasil's own (``NVIDIA``, ``AMD``), or one a vendor
+    package declares (``Vendor.declare``, docs/design.md#vendor-backends).
+
+    One object per name, so ``is`` compares like an enum's members; ``Vendor(name)``
+    finds a declared one (``ValueError`` for any other name)."""
+
+    NVIDIA: ClassVar[Vendor]
+    AMD: ClassVar[Vendor]
+    _known: ClassVar[dict[str, Vendor]] = {}
+
+    def __new__(cls, name: str) -> Vendor:
+        known = cls._known.get(name)
+        if known is None:
+            raise ValueError(f"{name!r} is no vendor; known: {', '.join(cls._known)}")
+        return known
+
+    @classmethod
+    def declare(cls, name: str) -> Vendor:
+        """The vendor ``name``, declared on first use."""
+        if name not in cls._known:
+            cls._known[name] = str.__new__(cls, name)
+        return cls._known[name]
+
+    @classmethod
+    def known(cls) -> tuple[Vendor, ...]:
+        """Every declared vendor, in the order declared (drasil's first)."""
+        return tuple(cls._known.values())
+
+    @property
+    def value(self) -> str:
+        return str.__str__(self)
+
+    @property
+    def name(self) -> str:
+        """For people: ``NVIDIA``, ``AMD``."""
+        return self.value.upper()
+
+    def __repr__(self) -> str:
+        return f"Vendor({self.value!r})"
+
+    def __reduce__(self) -> tuple[type[Vendor], tuple[str]]:
+        return (Vendor, (self.value,))  # a copy is the same object
+
+
+Vendor.NVIDIA = Vendor.declare("nvidia")
+Vendor.AMD = Vendor.declare("amd")
+
+
+class DeviceType(str):
     """The value of the ``type`` attribute; DeviceClasses select on it.
 
     Each vendor has types of its own, so a class written for one vendor's type never
-    matches another vendor's device (``gpu`` has always meant an NVIDIA GPU).
+    matches another vendor's device (``gpu`` has always meant an NVIDIA GPU). drasil's
+    are below; a vendor package declares its own (``DeviceType.declare``). One object
+    per name, as with ``Vendor``.
     """
 
-    GPU = "gpu"
-    MIG = "mig"
-    AMDGPU = "amdgpu"
-    AMDGPU_PARTITION = "amdgpu-partition"
+    GPU: ClassVar[DeviceType]
+    MIG: ClassVar[DeviceType]
+    AMDGPU: ClassVar[DeviceType]
+    AMDGPU_PARTITION: ClassVar[DeviceType]
+    _known: ClassVar[dict[str, DeviceType]] = {}
+    _vendors: ClassVar[dict[str, Vendor]] = {}
+
+    def __new__(cls, name: str) -> DeviceType:
+        known = cls._known.get(name)
+        if known is None:
+            raise ValueError(f"{name!r} is no device type; known: {', '.join(cls._known)}")
+        return known
+
+    @classmethod
+    def declare(cls, name: str, *, vendor: Vendor) -> DeviceType:
+        """The type ``name`` of ``vendor``'s devices, declared on first use; a name
+        another vendor declared is refused (``ValueError``)."""
+        if name not in cls._known:
+            cls._known[name] = str.__new__(cls, name)
+            cls._vendors[name] = vendor
+        if cls._vendors[name] is not vendor:
+            raise ValueError(f"device type {name!r} is {cls._vendors[name].name}'s")
+        return cls._known[name]
+
+    @classmethod
+    def known(cls) -> tuple[DeviceType, ...]:
+        return tuple(cls._known.values())
+
+    @property
+    def value(self) -> str:
+        return str.__str__(self)
 
     @property
     def vendor(self) -> Vendor:
         """Whose device this type is."""
-        return (
-            Vendor.AMD
-            if self in (DeviceType.AMDGPU, DeviceType.AMDGPU_PARTITION)
-            else Vendor.NVIDIA
-        )
+        return DeviceType._vendors[self.value]
+
+    def __repr__(self) -> str:
+        return f"DeviceType({self.value!r})"
+
+    def __reduce__(self) -> tuple[type[DeviceType], tuple[str]]:
+        return (DeviceType, (self.value,))
 
 
-class Vendor(StrEnum):
-    """The GPU vendors drasil has a backend for (``--vendors``)."""
-
-    NVIDIA = "nvidia"
-    AMD = "amd"
+DeviceType.GPU = DeviceType.declare("gpu", vendor=Vendor.NVIDIA)
+DeviceType.MIG = DeviceType.declare("mig", vendor=Vendor.NVIDIA)
+DeviceType.AMDGPU = DeviceType.declare("amdgpu", vendor=Vendor.AMD)
+DeviceType.AMDGPU_PARTITION = DeviceType.declare("amdgpu-partition", vendor=Vendor.AMD)
 
 
 class HardwareError(Exception):
@@ -175,25 +255,6 @@ class MigSite:
 
 
 @dataclass(frozen=True)
-class PartitionSlot:
-    """A compute partition made by switching its GPU's partition mode (AMD's
-    ``--amd-partition-mode dynamic``): the GPU, the mode, the partition's index.
-
-    ``start`` and ``size`` are in the GPU's compute dies (XCCs), the counters its
-    partitions draw: partition ``index`` of a mode with ``size`` dies each sits at
-    ``index * size``; a whole GPU is the one partition of SPX. Prepare switches the GPU
-    to ``mode`` and then reads the partition's device nodes and UUID.
-    """
-
-    parent_uuid: str
-    parent_bus_id: str
-    mode: str
-    index: int
-    start: int
-    size: int
-
-
-@dataclass(frozen=True)
 class Device:
     """One allocatable device of a node: a full GPU or a MIG device.
 
@@ -223,7 +284,9 @@ class Device:
     # A static MIG device: the GPU instance it is (None where NVML did not list it).
     mig_site: MigSite | None = None
     # --amd-partition-mode dynamic: the partition prepare makes by switching the mode.
-    compute_partition: PartitionSlot | None = None
+    # (PartitionRecord: what the checkpoint records of it too; partition index, mode,
+    # and ``start``/``size`` in the GPU's compute dies, the counters it draws.)
+    compute_partition: PartitionRecord | None = None
     consumes_counters: tuple[CounterConsumption, ...] = ()
     # --gpu-sharing consumable: several claims may hold the device, each taking part
     # of the capacities that have a policy.

@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 
 from drasil.driver.amd.partitions import current_mode
-from drasil.driver.amd.simulated import DRM_MAJOR, KFD_MAJOR, bump_ras_errors
 from drasil.driver.devices import Vendor
+from drasil.driver.simulated.amdsysfs import DRM_MAJOR, KFD_MAJOR, bump_ras_errors
 from drasil.kubeletplugin.deviceplugin.resources import AMD_RESOURCE_NAME, socket_name
 from e2e.harness.chart import render
 from e2e.harness.cluster.node import Node

@@ -22,7 +22,7 @@ import pytest
 from drasil.controller.options import parse_options as controller_options
 from drasil.driver.cel.selectors import CelDevice, compile_selector
 from drasil.driver.nvidia.nodedevices import discover
-from drasil.driver.nvidia.simulated import simulated_library
+from drasil.driver.simulated.nvml import simulated_library
 from drasil.driver.slices.build import build_slices
 from drasil.kubeletplugin.options import parse_options
 from e2e.harness.chart import CHART, RELEASE, helm, render, values_args

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from drasil.driver.nvidia.simgpus import simulated_gpus
+from drasil.driver.simulated.gpus import simulated_gpus
 from e2e.harness import mocknvml, versions
 from e2e.harness.cluster.node import Node
 from e2e.harness.driverroot import DEFAULT_VERSION, MULTIARCH_LIB_DIR

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from drasil.driver.nvidia.simulated import simulated_library
+from drasil.driver.simulated.nvml import simulated_library
 from e2e.harness.mocknvml import smi
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mknod, namespaces)")

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from drasil.kubeletplugin.vendors.nvidia.mps import standin as mpsstandin
+from drasil.driver.simulated import mpsstandin
 from drasil.kubeletplugin.vendors.nvidia.mps.daemons import folder_key
 from e2e.harness import versions
 from e2e.harness.chart import CHART, LocalNode, crd_exists, helm, local_node_values

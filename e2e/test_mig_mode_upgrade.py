@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from drasil.driver.nvidia.nvml import Placement
-from drasil.driver.nvidia.simulated import simulated_library
+from drasil.driver.simulated.nvml import simulated_library
 from e2e.harness.chart import CHART
 from e2e.harness.cluster.node import Node
 from e2e.harness.kube import RESOURCE, Kube, NotYet, wait_for

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from drasil.kubeletplugin.vendors.nvidia.mps import standin as mpsstandin
+from drasil.driver.simulated import mpsstandin
 from e2e.harness import versions
 from e2e.harness.cluster.node import Node
 from e2e.harness.kube import RESOURCE, Kube, NotYet, wait_for

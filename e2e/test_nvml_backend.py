@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from drasil.driver.nvidia.simgpus import simulated_gpus
+from drasil.driver.simulated.gpus import simulated_gpus
 from e2e.harness.kube import RESOURCE, Kube, NotYet, wait_for
 from e2e.harness.mocknvml import CAPS_MAJOR, mig_cap_minor
 from e2e.harness.pluginproc import DRIVER, ClaimId, KubeletClient, PluginProcess

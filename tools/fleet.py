@@ -40,7 +40,7 @@ from kubernetes import client, config
 from drasil.driver.health import HealthTracker
 from drasil.driver.kubeapi import KubeApi
 from drasil.driver.nvidia.nodedevices import discover
-from drasil.driver.nvidia.simulated import simulated_library
+from drasil.driver.simulated.nvml import simulated_library
 from drasil.driver.slices.publisher import PoolPublisher
 from drasil.kubeletplugin.dra.nodeslices import NodeSlices
 

@@ -30,10 +30,12 @@ NPS1; DPX with NPS1 or NPS2; TPX with NPS1 or NPS3; QPX and CPX with NPS1 or NPS
 from __future__ import annotations
 
 import errno
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
 
+from drasil.api.checkpoint import PartitionRecord
 from drasil.driver.amd.devices import (
     AmdDiscovery,
     common_attributes,
@@ -42,14 +44,12 @@ from drasil.driver.amd.devices import (
     partition_device,
     whole_gpu_device,
 )
-from drasil.driver.amd.simulated import MANIFEST, set_partition_mode
 from drasil.driver.amd.sysfs import (
     AmdGpu,
     AmdSysfs,
     SysfsError,
     amdgpu_driver_dir,
     read_sysfs,
-    read_text,
 )
 from drasil.driver.devices import (
     PCI_BUS_ID_ATTRIBUTE,
@@ -58,7 +58,6 @@ from drasil.driver.devices import (
     Device,
     DeviceType,
     HardwareError,
-    PartitionSlot,
 )
 
 PARTITION_MODES: Final = ("static", "dynamic")
@@ -128,13 +127,20 @@ class _Gpu:
     def uuid(self) -> str:
         return gpu_uuid(self.gpu.unique_id)
 
-    def slot(self, mode: str, index: int) -> PartitionSlot:
+    def slot(self, mode: str, index: int) -> PartitionRecord:
         count = partition_count(mode, self.dies)
         assert count is not None
         size = self.dies // count
-        return PartitionSlot(self.uuid, self.gpu.bdf, mode, index, index * size, size)
+        return PartitionRecord(
+            parent_uuid=self.uuid,
+            parent_bus_id=self.gpu.bdf,
+            mode=mode,
+            index=index,
+            start=index * size,
+            size=size,
+        )
 
-    def draws(self, slot: PartitionSlot) -> tuple[CounterConsumption, ...]:
+    def draws(self, slot: PartitionRecord) -> tuple[CounterConsumption, ...]:
         dies = range(slot.start, slot.start + slot.size)
         name = counter_set_name(self.gpu.card.index)
         return (CounterConsumption(name, {die_counter(d): 1 for d in dies}),)
@@ -197,7 +203,7 @@ def _mode_attributes(gpu: AmdGpu, mode: str) -> dict[str, str]:
     }
 
 
-def _partition(entry: _Gpu, slot: PartitionSlot, count: int) -> Device:
+def _partition(entry: _Gpu, slot: PartitionRecord, count: int) -> Device:
     gpu = entry.gpu
     attributes = common_attributes(gpu, entry.snapshot) | _mode_attributes(gpu, slot.mode)
     attributes |= {
@@ -273,19 +279,24 @@ def current_mode(root: Path, bdf: str) -> str:
     return mode_of(read_sysfs(root), bdf)
 
 
-def switch_mode(root: Path, bdf: str, mode: str) -> None:
-    """Ask amdgpu to put the GPU in compute mode ``mode`` (the simulated tree: do it).
+ModeWriter = Callable[[Path, str, str], None]
+"""Writes a compute partition mode for GPU ``bdf`` under a sysfs root; OSError as the
+kernel answers (``write_mode`` on a host, the simulated tree's own on a fake one)."""
+
+
+def write_mode(root: Path, bdf: str, mode: str) -> None:
+    """amdgpu's sysfs file that switches the GPU's compute partition mode."""
+    (amdgpu_driver_dir(root) / bdf / "current_compute_partition").write_text(mode)
+
+
+def switch_mode(root: Path, bdf: str, mode: str, *, write: ModeWriter = write_mode) -> None:
+    """Ask amdgpu to put the GPU in compute mode ``mode`` (through ``write``).
 
     amdgpu answers EBUSY while a process uses the GPU through ``/dev/kfd`` (older
     releases: any GPU of the node) and EINVAL for a mode the memory mode rules out.
     """
     try:
-        if (root / MANIFEST).is_file():
-            # amdgpu never changes the memory mode with the compute mode: keep it.
-            memory = read_text(amdgpu_driver_dir(root) / bdf / "current_memory_partition")
-            set_partition_mode(root, bdf, mode, memory)
-        else:
-            (amdgpu_driver_dir(root) / bdf / "current_compute_partition").write_text(mode)
+        write(root, bdf, mode)
     except OSError as err:
         raise PartitionSwitchError(_switch_failure(bdf, mode, err)) from err
     except (ValueError, SysfsError) as err:  # the simulated tree's refusal of a mode

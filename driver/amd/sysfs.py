@@ -47,6 +47,8 @@ MAX_PARTITIONS: Final = 8
 MAX_KFD_NODES: Final = MAX_GPUS * MAX_PARTITIONS + 16  # and the CPU nodes
 MAX_MEM_BANKS: Final = 8
 MAX_XCP_DEVICES: Final = 64  # amdxcp's MAX_XCP_PLATFORM_DEVICE
+# The file a tree the simulated backend wrote carries (drasil.driver.simulated.amdsysfs).
+SIMULATED_MANIFEST: Final = "drasil-simulated.json"
 
 AMD_VENDOR_ID: Final = 0x1002
 COMPUTE_MODES: Final = ("SPX", "DPX", "QPX", "CPX")

@@ -144,5 +144,5 @@ def write_device_specs(
             common=nvidia_common if vendor == Vendor.NVIDIA else None,
             vendor=vendor,
         )
-        for vendor in Vendor
+        for vendor in Vendor.known()
     }

@@ -353,17 +353,7 @@ def _check_whole_mps(devices: Sequence[DevicePlan]) -> None:
 
 def _partition_record(device: Device) -> PartitionRecord | None:
     """The mode an AMD dynamic partition holds its GPU in, recorded with the claim."""
-    slot = device.compute_partition
-    if slot is None:
-        return None
-    return PartitionRecord(
-        parent_uuid=slot.parent_uuid,
-        parent_bus_id=slot.parent_bus_id,
-        mode=slot.mode,
-        index=slot.index,
-        start=slot.start,
-        size=slot.size,
-    )
+    return device.compute_partition  # the device's slot is the record
 
 
 def _static_mig_record(device: Device) -> StaticMigRecord | None:

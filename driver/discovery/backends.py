@@ -30,19 +30,19 @@ from pathlib import Path
 from drasil.driver.amd.devices import discover_amd
 from drasil.driver.amd.devices import skipped_text as amd_skipped_text
 from drasil.driver.amd.partitions import discover_dynamic
-from drasil.driver.amd.simulated import (
-    AMD_MODELS,
-    is_amd_model,
-    parse_amd_profile,
-    write_simulated_tree,
-)
 from drasil.driver.amd.sysfs import amdgpu_driver_dir
 from drasil.driver.devices import CounterSet, Device, Vendor, VendorError
 from drasil.driver.nvidia.nodedevices import discover, driver_description, skipped_text
 from drasil.driver.nvidia.nvml import NvmlLibrary
 from drasil.driver.nvidia.nvmladapter import PynvmlLibrary
-from drasil.driver.nvidia.simgpus import ProfileSpecError
-from drasil.driver.nvidia.simulated import FakeNvml, simulated_library
+from drasil.driver.simulated.amdsysfs import (
+    AMD_MODELS,
+    is_amd_model,
+    parse_amd_profile,
+    write_simulated_tree,
+)
+from drasil.driver.simulated.gpus import ProfileSpecError
+from drasil.driver.simulated.nvml import FakeNvml, simulated_library
 
 BACKENDS = ("nvml", "simulated")
 AUTO = "auto"

@@ -3,7 +3,7 @@
 Discovery and health talk to ``NvmlLibrary`` only. Two classes implement it: the
 ``PynvmlLibrary`` adapter over nvidia-ml-py (module ``pynvml``, in
 ``drasil.driver.nvidia.nvmladapter``) for real GPUs, and the fake in
-``drasil.driver.nvidia.simulated`` for demos and tests. Keeping the Protocol small and
+``drasil.driver.simulated.nvml`` for demos and tests. Keeping the Protocol small and
 typed (our own dataclasses, our own exceptions) is what lets the simulated backend run
 the very same discovery code path as real hardware. This module holds that shared
 vocabulary: the Protocol, its records, NVML's return codes and their exceptions, the

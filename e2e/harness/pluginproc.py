@@ -29,7 +29,7 @@ from drasil.api.kubelet.pluginregistration import registration_pb2, registration
 from drasil.driver.checkpoint import CHECKPOINT_DIR
 from drasil.driver.checkpointdisk import read_state
 from drasil.driver.nvidia.nvml import NO_INSTANCE
-from drasil.driver.nvidia.simgpus import simulated_gpus
+from drasil.driver.simulated.gpus import simulated_gpus
 from drasil.kubeletplugin.deviceplugin.resources import socket_name
 from e2e.harness import driverroot, mocknvml, procs
 from e2e.harness.kube import RESOURCE
@@ -143,7 +143,7 @@ class PluginProcess:
     @property
     def gpu_state_file(self) -> Path:
         """Where the GPUs' MIG state lives: the simulated backend's file, or the mock
-        NVML's (the same JSON format, ``drasil.driver.nvidia.simstate``)."""
+        NVML's (the same JSON format, ``drasil.driver.simulated.gpustate``)."""
         if self.backend == "nvml":
             return self.mock_root().node.state_file
         return self.state_dir / "simulated-gpus.json"

@@ -46,7 +46,7 @@ class Conflict:
         found: set[Vendor] = set()
         for name in self.resources:
             vendor = DOMAIN_VENDORS.get(name.split("/", 1)[0])
-            found.update([vendor] if vendor is not None else list(Vendor))
+            found.update([vendor] if vendor is not None else list(Vendor.known()))
         return frozenset(found)
 
     def message(self, node: str, withheld: int) -> str:

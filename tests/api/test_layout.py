@@ -69,6 +69,7 @@ LAYOUT: dict[str, set[str]] = {
         "endpoints",
         "hostresources",
         "files",
+        "flags",
         "apierrors",
         "migrecords",
         "kubeapi",
@@ -83,6 +84,7 @@ LAYOUT: dict[str, set[str]] = {
         "slices/",
         "nvidia/",
         "amd/",
+        "simulated/",
     },
     "kubeletplugin": {
         "main",

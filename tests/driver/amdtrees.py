@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from drasil.driver.amd.devices import AmdDiscovery, discover_amd
-from drasil.driver.amd.simulated import write_simulated_tree
+from drasil.driver.simulated.amdsysfs import write_simulated_tree
 
 NODE = "node-a"
 

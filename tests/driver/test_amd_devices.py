@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from amdtrees import discover, tree
 
-from drasil.driver.amd.catalog import GIB
 from drasil.driver.amd.devices import discover_amd
-from drasil.driver.amd.simulated import layout
 from drasil.driver.amd.sysfs import read_sysfs
 from drasil.driver.devices import CharDevice, DeviceType, Version
+from drasil.driver.simulated.amdcatalog import GIB
+from drasil.driver.simulated.amdsysfs import layout
 
 PCI = "resource.kubernetes.io/pciBusID"
 

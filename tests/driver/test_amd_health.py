@@ -10,8 +10,8 @@ from amdtrees import tree
 
 from drasil.driver.amd.devices import discover_amd
 from drasil.driver.amd.health import AmdHealthWatcher, read_counters
-from drasil.driver.amd.simulated import bump_ras_errors, layout, record_reset
 from drasil.driver.health import HealthTracker
+from drasil.driver.simulated.amdsysfs import bump_ras_errors, layout, record_reset
 
 
 class Clock:

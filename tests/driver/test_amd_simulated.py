@@ -8,7 +8,7 @@ import pytest
 from amdtrees import tree
 
 from drasil.driver.amd.devices import discover_amd
-from drasil.driver.amd.simulated import (
+from drasil.driver.simulated.amdsysfs import (
     bump_ras_errors,
     is_amd_model,
     layout,

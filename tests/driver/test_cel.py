@@ -29,7 +29,7 @@ from drasil.driver.cel.selectors import (
     slice_devices,
 )
 from drasil.driver.nvidia.nodedevices import discover
-from drasil.driver.nvidia.simulated import simulated_library
+from drasil.driver.simulated.nvml import simulated_library
 from drasil.driver.slices.build import build_slices
 
 DRIVER = "gpu.drasil.dev"

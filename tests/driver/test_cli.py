@@ -14,8 +14,8 @@ import yaml
 
 from drasil.driver.cli import main
 from drasil.driver.nvidia.nvml import Placement
-from drasil.driver.nvidia.simgpus import mig_uuid
-from drasil.driver.nvidia.simulated import simulated_library
+from drasil.driver.simulated.gpus import mig_uuid
+from drasil.driver.simulated.nvml import simulated_library
 from drasil.driver.slices.validate import validate_slice
 
 

@@ -28,10 +28,10 @@ from drasil.driver.nvidia.nvml import (
     check_compute_mode,
 )
 from drasil.driver.nvidia.nvmladapter import PynvmlLibrary
-from drasil.driver.nvidia.simcore import COMPUTE_MODE_CALLS
-from drasil.driver.nvidia.simgpus import simulated_gpus
-from drasil.driver.nvidia.simstate import StateFileError, parse_state
-from drasil.driver.nvidia.simulated import FakeNvml
+from drasil.driver.simulated.gpus import simulated_gpus
+from drasil.driver.simulated.gpustate import StateFileError, parse_state
+from drasil.driver.simulated.nvml import FakeNvml
+from drasil.driver.simulated.nvmlcore import COMPUTE_MODE_CALLS
 
 # ---- the values -------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from drasil.driver.cdi.claimspecs import build_claim_spec
 from drasil.driver.cdi.spec import CdiSpec
 from drasil.driver.claims.plan import ClaimRef, NodePool, plan_prepare
 from drasil.driver.nvidia.driveredits import control_edits
-from drasil.driver.nvidia.simulated import simulated_library
+from drasil.driver.simulated.nvml import simulated_library
 
 DRIVER = "gpu.drasil.dev"
 UIDS = [f"{i:08x}-0000-4000-8000-000000000000" for i in range(8)]

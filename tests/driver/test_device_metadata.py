@@ -29,7 +29,7 @@ from drasil.driver.claims.plan import (
 )
 from drasil.driver.devices import NUMA_NODE_ATTRIBUTE
 from drasil.driver.nvidia.nodedevices import discover
-from drasil.driver.nvidia.simulated import simulated_library
+from drasil.driver.simulated.nvml import simulated_library
 
 DRIVER = "gpu.drasil.dev"
 NODE = "node-a"

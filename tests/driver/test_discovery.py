@@ -32,8 +32,8 @@ from drasil.driver.nvidia.nvml import (
 )
 from drasil.driver.nvidia.nvmladapter import PynvmlLibrary
 from drasil.driver.nvidia.nvmlhost import sysfs_pcie_root
-from drasil.driver.nvidia.simgpus import simulated_gpus
-from drasil.driver.nvidia.simulated import FakeNvml, simulated_library
+from drasil.driver.simulated.gpus import simulated_gpus
+from drasil.driver.simulated.nvml import FakeNvml, simulated_library
 
 GiB = 2**30
 MiB = 2**20

@@ -30,7 +30,7 @@ from drasil.driver.nvidia.driverfiles import (
     root_driver_version,
 )
 from drasil.driver.nvidia.ldcache import elf_interpreter, elf_soname, parse_ld_cache, read_ld_cache
-from drasil.driver.nvidia.simulated import simulated_library
+from drasil.driver.simulated.nvml import simulated_library
 
 VERSION = "580.95.05"
 NEWER = "590.44.01"

@@ -28,8 +28,8 @@ from drasil.driver.nvidia.nvml import (
     Placement,
 )
 from drasil.driver.nvidia.partitions import placement_device_name
-from drasil.driver.nvidia.simgpus import simulated_gpus
-from drasil.driver.nvidia.simulated import FakeNvml, simulated_library
+from drasil.driver.simulated.gpus import simulated_gpus
+from drasil.driver.simulated.nvml import FakeNvml, simulated_library
 from drasil.driver.slices.build import build_slices
 from drasil.driver.slices.validate import (
     MAX_CONSUMED_COUNTER_SETS,

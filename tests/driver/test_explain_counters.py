@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from mig_slices import DRIVER, GPU_CLASS, MIG_CLASS, device_class, h100_slices, placement_name
 
-from drasil.driver.amd.simulated import write_simulated_tree
 from drasil.driver.discovery.backends import discover_node, no_nvidia_gpus
 from drasil.driver.explain import jointcounters
 from drasil.driver.explain.claims import ClaimExplanation, explain_claim, render_table
 from drasil.driver.explain.counters import CounterBook, listing
 from drasil.driver.explain.inventory import amount_text, build_inventory, build_usage
 from drasil.driver.explain.requests import CountersOutOfTime, check_counters
+from drasil.driver.simulated.amdsysfs import write_simulated_tree
 from drasil.driver.slices.build import build_slices
 
 PROFILE = f'device.attributes["{DRIVER}"].profile'

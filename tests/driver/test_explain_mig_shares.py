@@ -13,7 +13,7 @@ from mig_slices import DRIVER, GPU_CLASS, MIG_CLASS
 
 from drasil.driver.explain.claims import ClaimExplanation, explain_claim
 from drasil.driver.nvidia.nodedevices import discover
-from drasil.driver.nvidia.simulated import simulated_library
+from drasil.driver.simulated.nvml import simulated_library
 from drasil.driver.slices.build import build_slices
 
 NODE = "node-a"

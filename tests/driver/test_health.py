@@ -24,8 +24,8 @@ from drasil.driver.nvidia.nvml import (
     EventData,
     Placement,
 )
-from drasil.driver.nvidia.simulated import FakeNvml, simulated_library
 from drasil.driver.nvidia.xid import BENIGN_XIDS, XidWatcher
+from drasil.driver.simulated.nvml import FakeNvml, simulated_library
 
 NODE = "n1"
 DEADLINE = 20.0

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from drasil.driver.nvidia.gpucatalog import (
+from drasil.driver.nvidia.nodedevices import mig_profile_name
+from drasil.driver.nvidia.nvml import DeviceAttributes, Placement
+from drasil.driver.simulated.gpucatalog import (
     MEMORY_SLICES,
     PROFILES,
     GpuModel,
@@ -18,8 +20,6 @@ from drasil.driver.nvidia.gpucatalog import (
     MigProfile,
     gpu_instance_id_at,
 )
-from drasil.driver.nvidia.nodedevices import mig_profile_name
-from drasil.driver.nvidia.nvml import DeviceAttributes, Placement
 
 # nvidia-smi mig -lgipp, per profile id: "{0,1,2,3,4,5,6}:1" and so on.
 LGIPP = {

@@ -35,8 +35,8 @@ from drasil.driver.nvidia.nvml import (
     Placement,
 )
 from drasil.driver.nvidia.nvmladapter import PynvmlLibrary
-from drasil.driver.nvidia.simgpus import mig_uuid
-from drasil.driver.nvidia.simulated import FakeNvml
+from drasil.driver.simulated.gpus import mig_uuid
+from drasil.driver.simulated.nvml import FakeNvml
 from e2e.harness import mocknvml
 from e2e.harness.mocknvml import MockNode
 

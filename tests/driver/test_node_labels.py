@@ -10,7 +10,7 @@ import pytest
 from drasil.driver.devices import Device
 from drasil.driver.nvidia.nodedevices import discover
 from drasil.driver.nvidia.nodelabels import OWN_KEY, label_value, node_labels
-from drasil.driver.nvidia.simulated import simulated_library
+from drasil.driver.simulated.nvml import simulated_library
 
 
 def _devices(profile: str, *, mig_mode: str = "static") -> list[Device]:

@@ -24,7 +24,7 @@ import pytest
 from drasil.driver.cel.selectors import CelDevice, compile_selector
 from drasil.driver.cel.values import Semver
 from drasil.driver.nvidia.nodedevices import discover
-from drasil.driver.nvidia.simulated import simulated_library
+from drasil.driver.simulated.nvml import simulated_library
 from drasil.driver.slices.build import build_slices
 
 NVIDIA = "gpu.nvidia.com"

@@ -34,8 +34,8 @@ from drasil.driver.nvidia.nvml import (
     Placement,
 )
 from drasil.driver.nvidia.nvmladapter import PynvmlLibrary
-from drasil.driver.nvidia.simulated import FakeNvml
 from drasil.driver.nvidia.xid import XidWatcher
+from drasil.driver.simulated.nvml import FakeNvml
 from drasil.kubeletplugin.vendors.nvidia.migs import MigError, MigInstances
 from e2e.harness import mocknvml
 from e2e.harness.mocknvml import MockNode

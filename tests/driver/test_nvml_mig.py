@@ -28,7 +28,7 @@ from drasil.driver.nvidia.nvml import (
 )
 from drasil.driver.nvidia.nvmladapter import PynvmlLibrary
 from drasil.driver.nvidia.nvmlhost import read_mig_minors
-from drasil.driver.nvidia.simulated import FakeNvml, simulated_library
+from drasil.driver.simulated.nvml import FakeNvml, simulated_library
 
 # pynvml's NVML_GPU_INSTANCE_PROFILE_* index → the profile id NVML answers with.
 GI_PROFILE_IDS = {0: 19, 7: 20, 9: 15, 1: 14, 2: 9, 3: 5, 4: 0}

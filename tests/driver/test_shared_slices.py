@@ -15,8 +15,8 @@ from drasil.driver.nvidia.nodedevices import (
     discover,
     memory_policy,
 )
-from drasil.driver.nvidia.simulated import simulated_library
 from drasil.driver.objects import JsonDict
+from drasil.driver.simulated.nvml import simulated_library
 from drasil.driver.slices.build import build_slices
 from drasil.driver.slices.plan import plan_publish
 from drasil.driver.slices.validate import SliceValidationError, validate_device

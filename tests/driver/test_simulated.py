@@ -7,7 +7,6 @@ import re
 
 import pytest
 
-from drasil.driver.nvidia.gpucatalog import PROFILES, MiB
 from drasil.driver.nvidia.nodedevices import mig_profile_name
 from drasil.driver.nvidia.nvml import (
     EVENT_TYPE_XID_CRITICAL_ERROR,
@@ -20,8 +19,9 @@ from drasil.driver.nvidia.nvml import (
     NvmlUnavailable,
 )
 from drasil.driver.nvidia.nvmladapter import PynvmlLibrary
-from drasil.driver.nvidia.simgpus import ProfileSpecError, parse_profile_spec, simulated_gpus
-from drasil.driver.nvidia.simulated import FakeNvml, simulated_library
+from drasil.driver.simulated.gpucatalog import PROFILES, MiB
+from drasil.driver.simulated.gpus import ProfileSpecError, parse_profile_spec, simulated_gpus
+from drasil.driver.simulated.nvml import FakeNvml, simulated_library
 
 UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 

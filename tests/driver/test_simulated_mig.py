@@ -24,8 +24,8 @@ from drasil.driver.nvidia.nvml import (
     NvmlQueryError,
     Placement,
 )
-from drasil.driver.nvidia.simgpus import mig_uuid, simulated_gpus
-from drasil.driver.nvidia.simulated import FakeNvml, simulated_library
+from drasil.driver.simulated.gpus import mig_uuid, simulated_gpus
+from drasil.driver.simulated.nvml import FakeNvml, simulated_library
 
 P3G, P2G, P1G, P1G_ME, P1G_DOUBLE, P4G, P7G = 9, 14, 19, 20, 15, 5, 0
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from drasil.driver.nvidia.simgpus import simulated_gpus
-from drasil.driver.nvidia.simulated import FakeNvml
+from drasil.driver.simulated.gpus import simulated_gpus
+from drasil.driver.simulated.nvml import FakeNvml
 
 
 def h100(state_file: Path) -> FakeNvml:

@@ -21,8 +21,8 @@ from drasil.driver.devices import (
     Version,
 )
 from drasil.driver.nvidia.nodedevices import discover
-from drasil.driver.nvidia.simulated import simulated_library
 from drasil.driver.objects import JsonDict
+from drasil.driver.simulated.nvml import simulated_library
 from drasil.driver.slices.build import OwnerRef, Taint, build_slices, natural_key, slice_name
 from drasil.driver.slices.plan import PublishPlan, plan_publish
 from drasil.driver.slices.validate import (

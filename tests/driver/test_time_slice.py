@@ -19,8 +19,8 @@ from drasil.driver.nvidia.nvml import (
 )
 from drasil.driver.nvidia.nvmladapter import PynvmlLibrary
 from drasil.driver.nvidia.nvmlhost import parse_time_slice
-from drasil.driver.nvidia.simgpus import simulated_gpus
-from drasil.driver.nvidia.simulated import FakeNvml
+from drasil.driver.simulated.gpus import simulated_gpus
+from drasil.driver.simulated.nvml import FakeNvml
 
 UUID = "GPU-11111111-2222-3333-4444-555555555555"
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from drasil.driver.nvidia.simgpus import FakeGpu, FakeMig
+from drasil.driver.simulated.gpus import FakeGpu, FakeMig
 from e2e.harness import driverroot, mocknvml
 from e2e.harness.mocknvml import MockNode
 

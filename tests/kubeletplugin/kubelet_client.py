@@ -32,7 +32,7 @@ from drasil.driver.devices import Device
 from drasil.driver.files import CRASH_ENV, CRASH_EXIT_CODE
 from drasil.driver.kubeapi import checked_name
 from drasil.driver.nvidia.nodedevices import discover
-from drasil.driver.nvidia.simulated import simulated_library
+from drasil.driver.simulated.nvml import simulated_library
 from drasil.kubeletplugin.dra.prepare import Preparer
 from drasil.kubeletplugin.metrics import devices_gauge
 from drasil.kubeletplugin.node import NodeRuntime

@@ -27,10 +27,10 @@ from kubelet_client import (
 
 from drasil.api.checkpoint import ClaimState
 from drasil.driver.amd.partitions import current_mode
-from drasil.driver.amd.simulated import KFD_BUSY_FILE, write_simulated_tree
 from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore
 from drasil.driver.devices import Device
 from drasil.driver.discovery.backends import discover_node, no_nvidia_gpus
+from drasil.driver.simulated.amdsysfs import KFD_BUSY_FILE, write_mode, write_simulated_tree
 from drasil.kubeletplugin.dra.prepare import Preparer
 from drasil.kubeletplugin.vendors.amd.modes import PartitionModes
 
@@ -76,7 +76,7 @@ def preparer(root: Path) -> Preparer:
         state_dir=state,
     )
     p.partitions = PartitionModes(
-        sysfs(root), store=store, state_lock=p.state_lock, state_dir=state
+        sysfs(root), store=store, state_lock=p.state_lock, state_dir=state, write=write_mode
     )
     return p
 

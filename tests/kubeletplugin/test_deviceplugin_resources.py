@@ -19,8 +19,8 @@ from drasil.driver.cdi.staticspec import (
 )
 from drasil.driver.devices import Device, DeviceType
 from drasil.driver.nvidia.nodedevices import discover
-from drasil.driver.nvidia.simgpus import simulated_gpus
-from drasil.driver.nvidia.simulated import FakeNvml
+from drasil.driver.simulated.gpus import simulated_gpus
+from drasil.driver.simulated.nvml import FakeNvml
 from drasil.kubeletplugin.deviceplugin.resources import (
     DevicePluginConfigError,
     Resource,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from drasil.driver.cli import main as drasil
-from drasil.driver.nvidia.simulated import simulated_library
+from drasil.driver.simulated.nvml import simulated_library
 from drasil.kubeletplugin.options import OptionsError, PluginOptions, parse_options
 from drasil.kubeletplugin.vendors.nvidia.driverroot import (
     cdi_hook_path,

@@ -22,7 +22,7 @@ from drasil.driver.devices import DeviceType
 from drasil.driver.migrecords import held_by_dynamic_claims
 from drasil.driver.nvidia.nodedevices import discover
 from drasil.driver.nvidia.nvml import NvmlLibrary, Placement
-from drasil.driver.nvidia.simulated import simulated_library
+from drasil.driver.simulated.nvml import simulated_library
 from drasil.kubeletplugin.dra.prepare import Preparer
 from drasil.kubeletplugin.vendors.nvidia.migs import MigInstances
 from drasil.kubeletplugin.vendors.nvidia.recovery import reconcile_migs

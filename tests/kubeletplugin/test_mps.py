@@ -23,7 +23,7 @@ import pytest
 
 from drasil.driver.cdi.spec import Mount, edits_dict
 from drasil.driver.files import CRASH_ENV, CRASH_EXIT_CODE
-from drasil.kubeletplugin.vendors.nvidia.mps import standin as mpsstandin
+from drasil.driver.simulated import mpsstandin
 from drasil.kubeletplugin.vendors.nvidia.mps.daemons import (
     PID_FILE,
     RECORD_FILE,

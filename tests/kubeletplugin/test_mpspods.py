@@ -18,8 +18,8 @@ import pytest
 
 from drasil.driver.files import CRASH_ENV
 from drasil.driver.kubeapi import ApiError
+from drasil.driver.simulated import mpsstandin
 from drasil.kubeletplugin.options import OptionsError, parse_options
-from drasil.kubeletplugin.vendors.nvidia.mps import standin as mpsstandin
 from drasil.kubeletplugin.vendors.nvidia.mps.daemons import (
     RECORD_FILE,
     DaemonLimits,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from drasil.kubeletplugin.vendors.nvidia.mps.standin import (
+from drasil.driver.simulated.mpsstandin import (
     CLIENT_LIMIT,
     CONTROL_SOCKET,
     LOG_FILE,
@@ -35,7 +35,7 @@ from drasil.kubeletplugin.vendors.nvidia.mps.standin import (
 )
 from e2e.harness.cbuild import compile_c, compiler
 
-MODULE = "drasil.kubeletplugin.vendors.nvidia.mps.standin"
+MODULE = "drasil.driver.simulated.mpsstandin"
 GPU = "GPU-5a1e9c1e-0000-4000-8000-000000000001"
 NOBODY = 65534
 DEADLINE = 10.0

@@ -32,9 +32,9 @@ from drasil.driver.checkpointdisk import read_state
 from drasil.driver.devices import CapacityPolicy, Device
 from drasil.driver.nvidia.nodedevices import discover
 from drasil.driver.nvidia.nvml import NvmlLibrary
-from drasil.driver.nvidia.simulated import simulated_library
+from drasil.driver.simulated import mpsstandin
+from drasil.driver.simulated.nvml import simulated_library
 from drasil.kubeletplugin.dra.prepare import Preparer
-from drasil.kubeletplugin.vendors.nvidia.mps import standin as mpsstandin
 from drasil.kubeletplugin.vendors.nvidia.mps.daemons import (
     DaemonProgram,
     MpsDaemons,

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from drasil.driver.amd.partitions import PARTITION_MODES as AMD_PARTITION_MODES
-from drasil.driver.amd.simulated import write_simulated_tree
 from drasil.driver.devices import Vendor, VendorError
+from drasil.driver.simulated.amdsysfs import write_simulated_tree
 from drasil.kubeletplugin import options
 from drasil.kubeletplugin.dra.plugin import merged_steps
 from drasil.kubeletplugin.options import parse_options
@@ -117,3 +117,32 @@ def test_an_amd_only_node_loads_no_nvml(tmp_path: Path, backend: str) -> None:
         or m.startswith(("drasil.driver.nvidia", "drasil.kubeletplugin.vendors.nvidia"))
     ]
     assert nvidia == []
+
+
+# A vendor from another package: e2e/harness/thirdvendor, found through its entry point.
+THIRD_VENDOR = Path(__file__).parents[2] / "e2e" / "harness" / "thirdvendor"
+
+
+def test_an_installed_vendor_is_served_beside_drasils_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(THIRD_VENDOR))
+    profile = "--simulated-profile=h100-80gb:1,acme-npu:2"
+    opts = _opts(tmp_path, "--backend=simulated", profile)
+    served, vendors = open_vendors(opts)
+    assert served.vendors == ("nvidia", "acme")
+    found = [d for v in vendors for d in v.discover(dra=True).devices]
+    assert [(d.name, d.type.value, d.vendor.value) for d in found] == [
+        ("gpu-0", "gpu", "nvidia"),
+        ("acme-0", "acme-npu", "acme"),
+        ("acme-1", "acme-npu", "acme"),
+    ]
+    assert parse_options([f"--node-name={NODE}", "--vendors=nvidia,acme"], {}).vendors == (
+        "nvidia",
+        "acme",
+    )
+
+
+def test_a_vendor_nobody_installed_is_refused_naming_the_known_ones(tmp_path: Path) -> None:
+    with pytest.raises(options.OptionsError, match="--vendors: 'acme' is not"):
+        parse_options([f"--node-name={NODE}", "--vendors=acme"], {})

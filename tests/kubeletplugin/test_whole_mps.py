@@ -30,7 +30,7 @@ from test_shares import (
 )
 
 from drasil.driver.claims.plan import ClaimRef
-from drasil.kubeletplugin.vendors.nvidia.mps import standin as mpsstandin
+from drasil.driver.simulated import mpsstandin
 from drasil.kubeletplugin.vendors.nvidia.mps.daemons import DaemonProgram, MpsDaemons
 
 GPU_1 = 1  # gpu-1 of test_shares' node is published whole

@@ -3,7 +3,7 @@
 `compiled_mock()` builds `mock_nvml.c` with the system C compiler into a real shared
 object (SONAME `libnvidia-ml.so.1`) that NVIDIA's Python binding (pynvml), drasil's
 `PynvmlLibrary` and NVIDIA's Go tools (go-nvml, dlopen) use as they would the real
-library. It serves the GPUs `drasil.driver.nvidia.simgpus.simulated_gpus` makes of a
+library. It serves the GPUs `drasil.driver.simulated.gpus.simulated_gpus` makes of a
 profile spec and node name, with the same answers, MIG tables and MIG state, so that
 `discover()` over `PynvmlLibrary` + mock equals `discover()` over `FakeNvml`.
 
@@ -40,7 +40,7 @@ id> <start> <size> <GPU instance id>`, `mig_uuid <GPU instance id> <compute inst
 <profile id> <start> <size> <compute instance bit mask>` (the initial layout).
 
 State: MIG mode and instances, time slice and compute mode live in the simulated
-backend's state file (see `drasil.driver.nvidia.simstate`), read when it changed
+backend's state file (see `drasil.driver.simulated.gpustate`), read when it changed
 and written atomically under flock on `<file>.lock`; keys the library does not manage
 are kept. It adds one key of its own, `migPending`, only while an Ampere GPU's pending
 MIG mode differs from the current one (the simulated backend ignores it); a "reboot"
@@ -66,7 +66,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from drasil.driver.nvidia.gpucatalog import (
+from drasil.driver.nvidia.nvml import NO_INSTANCE
+from drasil.driver.simulated.gpucatalog import (
     PROFILE_ID_1G,
     PROFILE_ID_1G_DOUBLE_MEMORY,
     PROFILE_ID_1G_ME,
@@ -76,8 +77,7 @@ from drasil.driver.nvidia.gpucatalog import (
     PROFILE_ID_7G,
     gpu_instance_id_at,
 )
-from drasil.driver.nvidia.nvml import NO_INSTANCE
-from drasil.driver.nvidia.simgpus import (
+from drasil.driver.simulated.gpus import (
     CUDA_DRIVER_VERSION,
     DRIVER_VERSION,
     FakeGpu,

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from drasil.driver.nvidia.simgpus import (
+from drasil.driver.simulated.gpus import (
     CUDA_DRIVER_VERSION,
     DRIVER_VERSION,
     FakeGpu,

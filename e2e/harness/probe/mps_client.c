@@ -1,6 +1,6 @@
 /*
  * mps-client: connect to an MPS control daemon as a CUDA process does, for the
- * simulated backend's stand-in (drasil.kubeletplugin.vendors.nvidia.mps.standin), and say what
+ * simulated backend's stand-in (drasil.driver.simulated.mpsstandin), and say what
  * it granted. It needs the same things real CUDA needs from a container: the pipe
  * directory's control socket and the daemon's shared memory under /dev/shm.
  *

@@ -33,10 +33,12 @@ from pathlib import Path
 from drasil.api.checkpoint import GpuRecord
 from drasil.driver.amd.devices import gpu_uuid
 from drasil.driver.amd.partitions import (
+    ModeWriter,
     PartitionSwitchError,
     mode_of,
     realize,
     switch_mode,
+    write_mode,
 )
 from drasil.driver.amd.sysfs import AmdSysfs, read_sysfs
 from drasil.driver.checkpoint import CheckpointStore
@@ -58,8 +60,11 @@ class PartitionModes:
         store: CheckpointStore,
         state_lock: Callable[[], AbstractContextManager[None]],
         state_dir: Path,
+        write: ModeWriter = write_mode,
     ) -> None:
         self.root = sysfs_root
+        # How a mode is written: amdgpu's sysfs file, or the simulated tree's answer.
+        self.write = write
         self.store = store
         self.state_lock = state_lock
         self._thread_lock = threading.Lock()
@@ -98,7 +103,7 @@ class PartitionModes:
                 self.store.set_gpu(uuid, record)
         crash_point("partition-after-previous")
         if now != mode:
-            switch_mode(self.root, bdf, mode)
+            switch_mode(self.root, bdf, mode, write=self.write)
             log.info("compute partition mode switched", extra={"gpu": bdf, "mode": mode})
         crash_point("partition-after-switch")
         with self.state_lock():
@@ -142,7 +147,7 @@ class PartitionModes:
         if bdf is None:
             done.append(f"forgot the partition mode of GPU {uuid}, which is not here any more")
         elif previous is not None and mode_of(snapshot, bdf) != previous:
-            switch_mode(self.root, bdf, previous)
+            switch_mode(self.root, bdf, previous, write=self.write)
             done.append(f"restored compute partition mode {previous} of GPU {bdf}")
         with self.state_lock():
             current = self.store.gpus().get(uuid) or GpuRecord()

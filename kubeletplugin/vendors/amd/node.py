@@ -17,14 +17,8 @@ from pathlib import Path
 
 from drasil.driver.amd.devices import discover_amd, skipped_text
 from drasil.driver.amd.health import AmdHealthWatcher
-from drasil.driver.amd.partitions import discover_dynamic
-from drasil.driver.amd.simulated import (
-    AMD_MODELS,
-    is_amd_model,
-    parse_amd_profile,
-    write_simulated_tree,
-)
-from drasil.driver.amd.sysfs import amdgpu_driver_dir
+from drasil.driver.amd.partitions import ModeWriter, discover_dynamic, write_mode
+from drasil.driver.amd.sysfs import SIMULATED_MANIFEST, amdgpu_driver_dir
 from drasil.driver.devices import Device, Vendor
 from drasil.driver.health import HealthTracker
 from drasil.kubeletplugin.options import PluginOptions
@@ -47,9 +41,10 @@ class AmdNode:
 
     vendor = Vendor.AMD
 
-    def __init__(self, opts: PluginOptions, sysfs: Path) -> None:
+    def __init__(self, opts: PluginOptions, sysfs: Path, *, write: ModeWriter = write_mode) -> None:
         self.opts = opts
         self.sysfs = sysfs
+        self.write = write  # amdgpu's mode file, or the simulated tree's answer to it
 
     def discover(self, *, dra: bool) -> VendorDevices:
         # Only DRA mode switches modes at prepare; the device-plugin API sees the
@@ -83,6 +78,7 @@ class AmdNode:
             store=node.store,
             state_lock=node.state_lock,
             state_dir=self.opts.state_dir,
+            write=self.write,
         )
 
         def recover() -> None:
@@ -115,18 +111,32 @@ class AmdSource:
         return f"no PCI device bound to amdgpu in {amdgpu_driver_dir(opts.amd_sysfs_root)}"
 
     def simulates(self, model: str) -> bool:
-        return is_amd_model(model)
+        return model in self.simulated_models()
 
     def simulated_models(self) -> tuple[str, ...]:
+        # Asked only of a simulated profile: the simulator's own models.
+        from drasil.driver.simulated.amdsysfs import AMD_MODELS  # noqa: PLC0415
+
         return AMD_MODELS
 
     def open(self, opts: PluginOptions, *, simulated: str | None) -> AmdNode:
         """Raises ``ValueError`` for simulated entries naming no AMD model."""
-        if simulated is None:
+        if simulated is None and not _simulated_tree(opts.amd_sysfs_root):
             return AmdNode(opts, opts.amd_sysfs_root)
-        root = opts.simulated_amd_root
-        write_simulated_tree(parse_amd_profile(simulated), root, node_name=opts.node_name)
-        return AmdNode(opts, root)
+        # The simulated backend's tree (or one a test rig points --amd-sysfs-root at):
+        # the only place the simulator is imported (drasil.driver.simulated).
+        from drasil.driver.simulated import amdsysfs  # noqa: PLC0415
+
+        root = opts.simulated_amd_root if simulated is not None else opts.amd_sysfs_root
+        if simulated is not None:
+            entries = amdsysfs.parse_amd_profile(simulated)
+            amdsysfs.write_simulated_tree(entries, root, node_name=opts.node_name)
+        return AmdNode(opts, root, write=amdsysfs.write_mode)
+
+
+def _simulated_tree(root: Path) -> bool:
+    """A tree the simulated backend wrote (it carries the manifest)."""
+    return (root / SIMULATED_MANIFEST).is_file()
 
 
 SOURCE = AmdSource()

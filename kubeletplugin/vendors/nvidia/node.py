@@ -23,12 +23,10 @@ from drasil.driver.health import HealthTracker
 from drasil.driver.kubeapi import KubeApi
 from drasil.driver.nvidia.driveredits import NodeEdits, without_env
 from drasil.driver.nvidia.driverfiles import DriverRoot, find_binary
-from drasil.driver.nvidia.gpucatalog import PROFILES
 from drasil.driver.nvidia.nodedevices import discover, driver_description, skipped_text
 from drasil.driver.nvidia.nodelabels import OWN_KEY, node_labels
 from drasil.driver.nvidia.nvml import NvmlError, NvmlLibrary
 from drasil.driver.nvidia.nvmladapter import PynvmlLibrary
-from drasil.driver.nvidia.simulated import simulated_library
 from drasil.driver.nvidia.xid import XidWatcher
 from drasil.kubeletplugin.options import PluginOptions
 from drasil.kubeletplugin.vendors.nvidia import driverroot
@@ -230,14 +228,21 @@ class NvidiaSource:
         return f"no {opts.proc_root}/driver/nvidia/version (NVIDIA's kernel module)"
 
     def simulates(self, model: str) -> bool:
-        return model in PROFILES
+        return model in self.simulated_models()
 
     def simulated_models(self) -> tuple[str, ...]:
+        # Asked only of a simulated profile: the simulator's own models.
+        from drasil.driver.simulated.gpucatalog import PROFILES  # noqa: PLC0415
+
         return tuple(sorted(PROFILES))
 
     def open(self, opts: PluginOptions, *, simulated: str | None) -> NvidiaNode:
-        """Raises ``ProfileSpecError`` for a simulated profile naming no known model."""
+        """Raises ``ProfileSpecError`` (a ValueError) for a simulated profile naming no
+        known model."""
         if simulated is not None:
+            # The only place the fake NVML is imported (drasil.driver.simulated).
+            from drasil.driver.simulated.nvml import simulated_library  # noqa: PLC0415
+
             lib: NvmlLibrary = simulated_library(
                 simulated, node_name=opts.node_name, state_file=opts.simulated_state_file
             )

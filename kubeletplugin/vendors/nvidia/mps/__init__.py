@@ -5,6 +5,7 @@ shares or ask for MPS; the Preparer (``kubeletplugin.dra.prepare``) hands the pl
 ``shares.GpuEffects`` (through the vendor seam's ``SharingStep``), which sets the GPU's
 compute mode and time slice and asks ``daemons.MpsDaemons`` for the GPU's MPS control
 daemon: a host process, or a Pod of its own on the node (``pods``, the chart's way),
-run in the mount namespace of ``view``; the simulated backend runs ``standin`` in
-place of ``nvidia-cuda-mps-control``. Unprepare and start settle what no claim needs.
+run in the mount namespace of ``view``; the simulated backend runs
+``drasil.driver.simulated.mpsstandin`` in place of ``nvidia-cuda-mps-control``.
+Unprepare and start settle what no claim needs.
 """

@@ -49,7 +49,7 @@ process started for this GPU (``DRASIL_MPS_GPU`` in its environment), a Pod by i
 name.
 
 Backends: ``nvml`` runs the driver's ``nvidia-cuda-mps-control``; ``simulated`` runs
-``drasil.kubeletplugin.vendors.nvidia.mps.standin``, which takes the same arguments, environment and
+``drasil.driver.simulated.mpsstandin``, which takes the same arguments, environment and
 commands. Either way a stop is ``quit`` through the control program, and a daemon that
 does not obey within the stop timeout is killed (its Pod deleted).
 
@@ -104,7 +104,7 @@ CONTROL_PROGRAM: Final = "nvidia-cuda-mps-control"
 # The control daemon writes its pid here, in CUDA_MPS_PIPE_DIRECTORY (NVIDIA's MPS
 # documentation, "Appendix: Tools and Interface Reference").
 PID_FILE: Final = "nvidia-cuda-mps-control.pid"
-STANDIN_MODULE: Final = "drasil.kubeletplugin.vendors.nvidia.mps.standin"
+STANDIN_MODULE: Final = "drasil.driver.simulated.mpsstandin"
 VIEW_MODULE: Final = "drasil.kubeletplugin.vendors.nvidia.mps.view"
 RECORD_FILE: Final = "daemon.json"
 GPU_FILE: Final = "gpu"

@@ -1,6 +1,6 @@
 """The simulated NVML's machinery: handles, fault injection, locking, the state file.
 
-``FakeNvmlCore`` is the part of ``drasil.driver.nvidia.simulated.FakeNvml`` that is
+``FakeNvmlCore`` is the part of ``drasil.driver.simulated.nvml.FakeNvml`` that is
 not an NVML answer: it checks handles, keeps the GPUs' ``MigState`` fresh from the
 state file and writes it back (``_query``, ``_change``), and injects faults.
 
@@ -25,7 +25,6 @@ from typing import TypeVar
 
 from drasil.driver.checkpoint import read_boot_id
 from drasil.driver.files import FileLock, read_regular, write_atomic
-from drasil.driver.nvidia.gpucatalog import MigProfile
 from drasil.driver.nvidia.nvml import (
     EVENT_TYPE_XID_CRITICAL_ERROR,
     NO_INSTANCE,
@@ -41,8 +40,9 @@ from drasil.driver.nvidia.nvml import (
     NvmlNotSupported,
     NvmlQueryError,
 )
-from drasil.driver.nvidia.simgpus import CUDA_DRIVER_VERSION, DRIVER_VERSION, FakeGpu, mig_uuid
-from drasil.driver.nvidia.simstate import (
+from drasil.driver.simulated.gpucatalog import MigProfile
+from drasil.driver.simulated.gpus import CUDA_DRIVER_VERSION, DRIVER_VERSION, FakeGpu, mig_uuid
+from drasil.driver.simulated.gpustate import (
     MigState,
     SimGpuInstance,
     StateFileError,

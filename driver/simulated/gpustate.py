@@ -2,7 +2,7 @@
 mode; the MIG rules NVML enforces on it; and the JSON state file it persists in.
 
 ``MigState`` is what survives the plugin on real hardware, one per GPU; ``FakeNvml``
-(``drasil.driver.nvidia.simulated``) changes it only through the rules here
+(``drasil.driver.simulated.nvml``) changes it only through the rules here
 (``check_room``, ``mig_profile``) and writes it with ``state_json``.
 
 State file. With ``state_file``, MIG mode, instances, time slices and compute modes live
@@ -34,7 +34,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from drasil.driver.nvidia.gpucatalog import MigProfile, gpu_instance_id_at
 from drasil.driver.nvidia.nvml import (
     COMPUTE_MODE_DEFAULT,
     COMPUTE_MODE_NAMES,
@@ -48,7 +47,8 @@ from drasil.driver.nvidia.nvml import (
     Placement,
     error_for_code,
 )
-from drasil.driver.nvidia.simgpus import FakeGpu
+from drasil.driver.simulated.gpucatalog import MigProfile, gpu_instance_id_at
+from drasil.driver.simulated.gpus import FakeGpu
 
 STATE_VERSION = 1
 

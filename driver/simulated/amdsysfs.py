@@ -41,12 +41,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from drasil.driver.amd.catalog import MODELS, AmdModel
-from drasil.driver.amd.sysfs import amdgpu_driver_dir, kfd_dir, read_text
+from drasil.driver.amd.sysfs import SIMULATED_MANIFEST, amdgpu_driver_dir, kfd_dir, read_text
 from drasil.driver.files import write_atomic
+from drasil.driver.simulated.amdcatalog import MODELS, AmdModel
 
 AMD_MODELS: Final = tuple(MODELS)
-MANIFEST: Final = "drasil-simulated.json"
+MANIFEST: Final = SIMULATED_MANIFEST
 DRIVER_VERSION: Final = "6.10.5"
 DRM_MAJOR: Final = 226
 KFD_MAJOR: Final = 235
@@ -321,6 +321,19 @@ def _find(gpus: Sequence[SimGpu], bdf: str) -> SimGpu:
         if gpu.bdf == bdf:
             return gpu
     raise ValueError(f"no simulated GPU {bdf} (there are {', '.join(g.bdf for g in gpus)})")
+
+
+def write_mode(root: Path, bdf: str, mode: str) -> None:
+    """The simulated tree's answer to amdgpu's mode file being written
+    (``drasil.driver.amd.partitions.ModeWriter``): the switch, done as the kernel does
+    it; amdgpu never changes the memory mode with the compute mode, so it is kept."""
+    memory = read_text(amdgpu_driver_dir(root) / bdf / "current_memory_partition")
+    set_partition_mode(root, bdf, mode, memory)
+
+
+def is_simulated(root: Path) -> bool:
+    """Whether ``root`` is a tree this module wrote (it carries ``MANIFEST``)."""
+    return (root / MANIFEST).is_file()
 
 
 def set_partition_mode(root: Path, bdf: str, compute: str, memory: str | None = None) -> None:

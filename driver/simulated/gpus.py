@@ -1,6 +1,6 @@
 """The simulated GPUs: profile specs and the ``FakeGpu`` records made of them.
 
-Profile specs are ``name:count`` entries of ``drasil.driver.nvidia.gpucatalog``'s
+Profile specs are ``name:count`` entries of ``drasil.driver.simulated.gpucatalog``'s
 profiles, comma separated: ``h100-80gb:8``, ``a100-40gb-mig:2``, ``h100-80gb:4,l4:2``
 (a bare name means one GPU). GPUs are numbered across entries in order.
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from drasil.driver.nvidia.gpucatalog import PROFILES, GpuModel, MigLayoutEntry
+from drasil.driver.simulated.gpucatalog import PROFILES, GpuModel, MigLayoutEntry
 
 MAX_SIMULATED_GPUS = 64
 DRIVER_VERSION = "580.95.05"

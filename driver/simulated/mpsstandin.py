@@ -3,9 +3,9 @@
 The plugin runs it exactly as it runs the real program, with the same arguments and
 environment, so a simulated node enforces GPU shares the way a real one does::
 
-    python -m drasil.kubeletplugin.vendors.nvidia.mps.standin -d [-multiuser-server]  # daemonize
-    python -m drasil.kubeletplugin.vendors.nvidia.mps.standin -f [-multiuser-server]  # foreground
-    python -m drasil.kubeletplugin.vendors.nvidia.mps.standin  # client: commands on stdin
+    python -m drasil.driver.simulated.mpsstandin -d [-multiuser-server]  # daemonize
+    python -m drasil.driver.simulated.mpsstandin -f [-multiuser-server]  # foreground
+    python -m drasil.driver.simulated.mpsstandin  # client: commands on stdin
 
 Environment, as the real one reads it: ``CUDA_MPS_PIPE_DIRECTORY`` (default
 /tmp/nvidia-mps), ``CUDA_MPS_LOG_DIRECTORY`` (default /var/log/nvidia-mps) and

@@ -2,10 +2,10 @@
 
 The fake implements ``NvmlLibrary``, so a simulated node goes through the same
 ``discover()`` as a real one; only the numbers come from
-``drasil.driver.nvidia.gpucatalog``, through the profile specs and ``FakeGpu`` records of
-``drasil.driver.nvidia.simgpus``. The fake's state (MIG, time slice, compute mode) and
-its state file are ``drasil.driver.nvidia.simstate``'s; its handles, locking and fault
-injection ``drasil.driver.nvidia.simcore``'s. This module holds the NVML answers.
+``drasil.driver.simulated.gpucatalog``, through the profile specs and ``FakeGpu`` records of
+``drasil.driver.simulated.gpus``. The fake's state (MIG, time slice, compute mode) and
+its state file are ``drasil.driver.simulated.gpustate``'s; its handles, locking and fault
+injection ``drasil.driver.simulated.nvmlcore``'s. This module holds the NVML answers.
 
 MIG is simulated as NVML does it, from the catalogue's profile and placement tables
 alone: MIG mode can be switched, GPU instances created at a placement and destroyed,
@@ -37,7 +37,6 @@ import queue
 from pathlib import Path
 
 from drasil.driver.devices import CharDevice
-from drasil.driver.nvidia.gpucatalog import gpu_instance_id_at
 from drasil.driver.nvidia.nvml import (
     ARCH_AMPERE,
     NVML_DEVICE_ADDRESSING_MODE_NONE,
@@ -61,9 +60,9 @@ from drasil.driver.nvidia.nvml import (
     check_compute_mode,
     check_time_slice,
 )
-from drasil.driver.nvidia.simcore import FakeEventSet, FakeHandle, FakeNvmlCore
-from drasil.driver.nvidia.simgpus import simulated_gpus
-from drasil.driver.nvidia.simstate import (
+from drasil.driver.simulated.gpucatalog import gpu_instance_id_at
+from drasil.driver.simulated.gpus import simulated_gpus
+from drasil.driver.simulated.gpustate import (
     COMPUTE_PROFILE_IDS,
     SimGpuInstance,
     check_room,
@@ -71,6 +70,7 @@ from drasil.driver.nvidia.simstate import (
     mig_profile,
     nvml_fail,
 )
+from drasil.driver.simulated.nvmlcore import FakeEventSet, FakeHandle, FakeNvmlCore
 
 
 def simulated_library(
