@@ -45,11 +45,11 @@ MAX_CONSUMED: Final = Decimal(2) ** 63  # no capacity of ours comes near; bounds
 _DEFAULTS: Final[Mapping[DeviceType, OpaqueConfig]] = {
     DeviceType.GPU: GpuConfig(),
     DeviceType.MIG: MigDeviceConfig(),
-    # Exclusive: what an AMD device is prepared with (no sharing settings to apply).
-    DeviceType.AMDGPU: GpuConfig(),
-    DeviceType.AMDGPU_PARTITION: GpuConfig(),
 }
 """The config of a device that no entry applies to."""
+_EXCLUSIVE: Final = GpuConfig()
+"""The config of a device of any other type (AMD's, a vendor package's): exclusive,
+with no sharing settings to apply."""
 
 _FITTING: Final[Mapping[DeviceType, str]] = {
     DeviceType.GPU: GpuConfig().kind,
@@ -289,7 +289,7 @@ def _resolve_one(
 ) -> ResolvedConfig | None:
     winner = next(_candidates(result, device, decoded=decoded), None)
     if winner is None:
-        return ResolvedConfig(result=result, config=_DEFAULTS[device.type], entry=None)
+        return ResolvedConfig(result=result, config=_DEFAULTS.get(device.type, _EXCLUSIVE), entry=None)
     entry, config = winner
     fitting_kind = _FITTING.get(device.type)
     if config.kind == fitting_kind:

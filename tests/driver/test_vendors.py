@@ -186,3 +186,20 @@ def test_a_config_the_scheduler_made_claim_wide_is_refused_for_an_amd_only_claim
     (problem,) = err.value.problems
     assert 'device "amdgpu-1" of type amdgpu' in problem
     assert "AMD GPU, which takes no opaque config" in problem
+
+
+def test_a_vendor_packages_device_is_planned_exclusive_with_its_nodes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The third vendor of e2e/harness/thirdvendor: a type no config kind fits.
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[2] / "e2e" / "harness" / "thirdvendor"))
+    import acme_vendor
+
+    npus = {d.name: d for d in acme_vendor.AcmeNode(1).discover(dra=True).devices}
+    pool = NodePool(driver="gpu.drasil.dev", pool=NODE, devices={**DEVICES, **npus})
+    (device,) = plan_prepare(claim(result("acme-0")), ref=REF, node=pool).devices
+    assert device.cdi.settings == {"SHARING_STRATEGY": "Exclusive"}
+    assert [(c.path, c.major, c.minor) for c in device.cdi.device.char_devices] == [
+        ("/dev/acme0", 1, 3)
+    ]
+    assert device.cdi.device.vendor.value == "acme"
