@@ -289,7 +289,8 @@ def _resolve_one(
 ) -> ResolvedConfig | None:
     winner = next(_candidates(result, device, decoded=decoded), None)
     if winner is None:
-        return ResolvedConfig(result=result, config=_DEFAULTS.get(device.type, _EXCLUSIVE), entry=None)
+        default = _DEFAULTS.get(device.type, _EXCLUSIVE)
+        return ResolvedConfig(result=result, config=default, entry=None)
     entry, config = winner
     fitting_kind = _FITTING.get(device.type)
     if config.kind == fitting_kind:
