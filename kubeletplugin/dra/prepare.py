@@ -339,7 +339,8 @@ class Preparer:
                 devices=_with_migs(plan.prepared, {n: creating_record(p) for n, p in placements}),
             )
         crash_point("prepare-after-started")
-        plan, prepared = self._cut_migs(plan, claim, node, self._switch_partitions(plan))
+        switched = self._switch_partitions(plan)
+        plan, prepared = self._cut_migs(plan, claim, node, placements, switched)
         if self.effects is not None:
             plan = self.effects.apply(plan)
         if resumed:
@@ -399,15 +400,16 @@ class Preparer:
         plan: PreparePlan,
         claim: Mapping[str, Any],
         node: NodePool,
+        placements: Sequence[tuple[str, MigPlacement]],
         switched: Mapping[str, Device],
     ) -> tuple[PreparePlan, tuple[PreparedDevice, ...]]:
-        """Create the claim's MIG instances; the plan again, with their UUIDs and nodes
-        and those of the ``switched`` AMD partitions.
+        """Create the claim's MIG instances at ``placements`` (the plan's, found once);
+        the plan again, with their UUIDs and nodes and those of the ``switched`` AMD
+        partitions.
 
         Whole partitionable GPUs get MIG mode switched off (if no instance is left),
         so that they work as whole GPUs. Plans without any come back unchanged.
         """
-        placements = _placements(plan)
         wholes = _whole_partitionable(plan)
         if not placements and not wholes and not switched:
             return plan, plan.prepared
