@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from drasil.driver.devices import Device
 from drasil.driver.files import write_atomic
@@ -28,6 +29,7 @@ from drasil.driver.files import write_atomic
 log = logging.getLogger(__name__)
 
 FAULT_FILE = "simulated-faults.json"
+FAULTS_SOURCE: Final = "faults"  # the fault file's health source name
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,7 @@ class FaultFileWatcher:
             signature = None
         if signature != self._seen:
             self._seen = signature
-            self.tracker.report("faults", read_faults(self.path))
+            self.tracker.report(FAULTS_SOURCE, read_faults(self.path))
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():

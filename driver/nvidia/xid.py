@@ -14,6 +14,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Final
 
 from drasil.driver.devices import Device, DeviceType
 from drasil.driver.health import HealthTracker
@@ -32,6 +33,8 @@ from drasil.driver.nvidia.nvml import (
 log = logging.getLogger(__name__)
 
 BENIGN_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+
+SOURCE: Final = "xid"  # the health source name (docs/design.md#health)
 
 
 def _is_lost(lib: NvmlLibrary, handle: DeviceHandle) -> bool:
@@ -137,7 +140,7 @@ class XidWatcher:
         return True
 
     def _report(self) -> None:
-        self.tracker.report("xid", {n: why for n, (_, why) in self._hit.items()})
+        self.tracker.report(SOURCE, {n: why for n, (_, why) in self._hit.items()})
 
     def run(self, stop: threading.Event) -> None:
         """Wait for events until ``stop``; any NVML failure disables XID watching only.
