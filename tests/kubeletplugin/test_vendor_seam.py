@@ -119,14 +119,10 @@ def test_an_amd_only_node_loads_no_nvml(tmp_path: Path, backend: str) -> None:
     assert nvidia == []
 
 
-# A vendor from another package: e2e/harness/thirdvendor, found through its entry point.
-THIRD_VENDOR = Path(__file__).parents[2] / "e2e" / "harness" / "thirdvendor"
-
-
 def test_an_installed_vendor_is_served_beside_drasils_own(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, third_vendor: Path
 ) -> None:
-    monkeypatch.syspath_prepend(str(THIRD_VENDOR))
+    # A vendor from another package (tests/conftest.py), found through its entry point.
     profile = "--simulated-profile=h100-80gb:1,acme-npu:2"
     opts = _opts(tmp_path, "--backend=simulated", profile)
     served, vendors = open_vendors(opts)
