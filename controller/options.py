@@ -10,7 +10,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from drasil.driver import flags
-from drasil.driver.endpoints import parse_addr
 from drasil.driver.flags import option, section
 from drasil.driver.logs import LOG_FORMATS, LogFormat
 
@@ -25,17 +24,6 @@ class OptionsError(ValueError):
 def _positive(flag: str) -> Callable[[float], float]:
     def check(value: float) -> float:
         _check(value > 0, f"{flag}: {value:g} is not positive")
-        return value
-
-    return check
-
-
-def _addr(flag: str) -> Callable[[str], str]:
-    def check(value: str) -> str:
-        try:
-            parse_addr(value)
-        except ValueError as err:
-            raise OptionsError(f"{flag}: {err}") from None
         return value
 
     return check
@@ -57,7 +45,6 @@ class LeaderElection:
         "--leader-elect",
         env="LEADER_ELECT",
         default="true",
-        switch=True,
         truth=_not_no,
         help="run only while holding the Lease, so replicas never act twice (default on)",
     )
@@ -101,10 +88,16 @@ class ControllerOptions:
         "is first explained (default 60)",
     )
     metrics_addr: str = option(
-        "--metrics-addr", env="METRICS_ADDR", default=":9402", convert=_addr("--metrics-addr")
+        "--metrics-addr",
+        env="METRICS_ADDR",
+        default=":9402",
+        convert=flags.address("--metrics-addr"),
     )
     health_addr: str = option(
-        "--health-addr", env="HEALTH_ADDR", default=":9403", convert=_addr("--health-addr")
+        "--health-addr",
+        env="HEALTH_ADDR",
+        default=":9403",
+        convert=flags.address("--health-addr"),
     )
     log_format: LogFormat = option(
         "--log-format", env="LOG_FORMAT", default="text", choices=LOG_FORMATS

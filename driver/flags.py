@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
+from drasil.driver.endpoints import parse_addr
+
 _META = "drasil.flag"
 _SECTION = "drasil.flag-section"
 _T = TypeVar("_T")
@@ -36,10 +38,11 @@ class Flag:
     """How one settings field is given: ``flag`` (None: by ``env`` only), ``env``,
     ``default`` (the text ``env`` would hold; None: unset), ``choices``, ``help``,
     ``short`` (``-v``), ``dest`` (the name argparse shows in upper case; the flag's by
-    default), ``kind`` (int and float are converted by argparse, defaults included, so a
-    bad value is a usage error), ``switch`` (``--x/--no-x``, its default ``truth`` of the
-    text), ``convert`` (text to the field's value) and ``absolute`` (a given path must be
-    absolute)."""
+    default), ``kind`` (int or float: converted by argparse, a bad number in ``env`` is
+    the daemon's error naming the variable), ``truth`` (given: a switch ``--x/--no-x``,
+    its default the truth of the text), ``convert`` (text to the field's value; a
+    ``FlagError`` it raises becomes the daemon's error) and ``absolute`` (a given path
+    must be absolute)."""
 
     flag: str | None
     env: str | None = None
@@ -49,7 +52,6 @@ class Flag:
     short: str | None = None
     dest: str | None = None
     kind: Callable[[str], Any] | None = None
-    switch: bool = False
     truth: Callable[[str], bool] | None = None
     convert: Callable[[Any], Any] = text
     absolute: bool = False
@@ -117,8 +119,7 @@ def _add(
         if flag.kind is not None and flag.env is not None and flag.env in env:
             default = _number(flag, env[flag.env], error)
         extra: dict[str, Any] = {}
-        if flag.switch:
-            assert flag.truth is not None
+        if flag.truth is not None:
             extra["action"] = argparse.BooleanOptionalAction
             default = flag.truth(default or "")
         if flag.choices is not None:
@@ -128,6 +129,19 @@ def _add(
         if flag.kind is not None:
             extra["type"] = flag.kind
         p.add_argument(*names, dest=flag.name, default=default, **extra)
+
+
+def address(flag: str) -> Callable[[str], str]:
+    """A converter of a listen address (``:9400``, ``127.0.0.1:0``, ``0`` for none)."""
+
+    def check(value: str) -> str:
+        try:
+            parse_addr(value)
+        except ValueError as err:
+            raise FlagError(f"{flag}: {err}") from None
+        return value
+
+    return check
 
 
 def _number(flag: Flag, value: str, error: Callable[[str], Exception]) -> Any:
@@ -157,7 +171,10 @@ def settings(
         assert flag is not None
         raw = getattr(ns, flag.name) if flag.flag is not None else flag.default_text(env)
         _check(flag, raw, error)
-        values[name] = flag.convert(raw)
+        try:
+            values[name] = flag.convert(raw)
+        except FlagError as err:
+            raise error(str(err)) from None
     return cls(**values)
 
 

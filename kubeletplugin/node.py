@@ -128,6 +128,7 @@ class NodeRuntime:
             raise VendorError(
                 "two vendors' spec-wide container edits on one node: "
                 + ", ".join(vendor.value for vendor, _ in found)
+                + "; serve them on different nodes (--vendors)"
             )
         return found[0] if found else None
 

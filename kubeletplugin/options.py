@@ -6,14 +6,13 @@ import argparse
 import json
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from drasil.driver import flags
 from drasil.driver.checkpoint import BOOT_ID_PATH
-from drasil.driver.endpoints import parse_addr
 from drasil.driver.flags import option
 from drasil.driver.hostresources import HostResourcesError, parse_host_resources
 from drasil.driver.logs import LOG_FORMATS, LogFormat
@@ -76,17 +75,6 @@ def _path_or_none(text: str | None) -> Path | None:
 
 def _or_none(text: str | None) -> str | None:
     return text or None
-
-
-def _addr(flag: str) -> Callable[[str], str]:
-    def check(value: str) -> str:
-        try:
-            parse_addr(value)
-        except ValueError as err:
-            raise OptionsError(f"{flag}: {err}") from None
-        return value
-
-    return check
 
 
 def _replicas(value: int) -> int:
@@ -208,10 +196,16 @@ class PluginOptions:
     cdi_root: Path = option("--cdi-root", default="/var/run/cdi", convert=_path)
     pod_uid: str | None = option("--pod-uid", env="POD_UID", help="env POD_UID")
     metrics_addr: str = option(
-        "--metrics-addr", env="METRICS_ADDR", default=":9400", convert=_addr("--metrics-addr")
+        "--metrics-addr",
+        env="METRICS_ADDR",
+        default=":9400",
+        convert=flags.address("--metrics-addr"),
     )
     health_addr: str = option(
-        "--health-addr", env="HEALTH_ADDR", default=":9401", convert=_addr("--health-addr")
+        "--health-addr",
+        env="HEALTH_ADDR",
+        default=":9401",
+        convert=flags.address("--health-addr"),
     )
     log_format: LogFormat = option(
         "--log-format", env="LOG_FORMAT", default="text", choices=LOG_FORMATS
@@ -270,7 +264,6 @@ class PluginOptions:
         "--mps-whole-devices",
         env="MPS_WHOLE_DEVICES",
         default="true",
-        switch=True,
         truth=_yes,
         help="env MPS_WHOLE_DEVICES; run an MPS daemon for a GPU or MIG device allocated "
         "whole whose config says strategy MPS (the plugin needs CAP_SYS_ADMIN for the "
@@ -282,7 +275,6 @@ class PluginOptions:
         "--mps-multiuser",
         env="MPS_MULTIUSER",
         default="",
-        switch=True,
         truth=_yes,
         help="env MPS_MULTIUSER; start each MPS daemon with -multiuser-server, so that "
         "shares whose containers run as different users use the GPU at once (Volta "

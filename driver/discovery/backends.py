@@ -22,7 +22,6 @@ containers need more than the devices' nodes, the spec-wide CDI edits.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +29,9 @@ from pathlib import Path
 from drasil.driver.amd.devices import discover_amd
 from drasil.driver.amd.devices import skipped_text as amd_skipped_text
 from drasil.driver.amd.partitions import discover_dynamic
-from drasil.driver.amd.sysfs import amdgpu_driver_dir
+from drasil.driver.amd.sysfs import amdgpu_driver_dir, gpu_links
 from drasil.driver.devices import CounterSet, Device, Vendor, VendorError
+from drasil.driver.nvidia.nodecheck import kernel_module_loaded
 from drasil.driver.nvidia.nodedevices import discover, driver_description, skipped_text
 from drasil.driver.nvidia.nvml import NvmlLibrary
 from drasil.driver.nvidia.nvmladapter import PynvmlLibrary
@@ -46,7 +46,6 @@ from drasil.driver.simulated.nvml import FakeNvml, simulated_library
 
 BACKENDS = ("nvml", "simulated")
 AUTO = "auto"
-_BDF = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 
 
 @dataclass(frozen=True)
@@ -93,10 +92,10 @@ def detect_vendors(*, proc_root: Path, amd_sysfs_root: Path) -> tuple[Vendor, ..
     bound to amdgpu. Neither: ``VendorError`` naming both places looked at.
     """
     found: list[Vendor] = []
-    if (proc_root / "driver/nvidia/version").is_file():
+    if kernel_module_loaded(proc_root):
         found.append(Vendor.NVIDIA)
     amd_dir = amdgpu_driver_dir(amd_sysfs_root)
-    if amd_dir.is_dir() and any(_BDF.fullmatch(p.name) for p in amd_dir.iterdir()):
+    if any(gpu_links(amd_sysfs_root)):
         found.append(Vendor.AMD)
     if not found:
         raise VendorError(

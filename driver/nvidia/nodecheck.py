@@ -25,6 +25,13 @@ from drasil.driver.nvidia.driverfiles import (
 )
 
 HOOK_TIMEOUT: Final = 10.0
+# What NVIDIA's kernel module writes under /proc once it is loaded (--vendors auto).
+KERNEL_VERSION_FILE: Final = "driver/nvidia/version"
+
+
+def kernel_module_loaded(proc_root: Path) -> bool:
+    """Whether NVIDIA's kernel module is loaded (its version file under ``proc_root``)."""
+    return (proc_root / KERNEL_VERSION_FILE).is_file()
 
 
 @dataclass(frozen=True)

@@ -331,11 +331,6 @@ def write_mode(root: Path, bdf: str, mode: str) -> None:
     set_partition_mode(root, bdf, mode, memory)
 
 
-def is_simulated(root: Path) -> bool:
-    """Whether ``root`` is a tree this module wrote (it carries ``MANIFEST``)."""
-    return (root / MANIFEST).is_file()
-
-
 def set_partition_mode(root: Path, bdf: str, compute: str, memory: str | None = None) -> None:
     """Switch a simulated GPU to another compute (and memory) partition mode.
 

@@ -424,5 +424,8 @@ def merged_steps(steps: Sequence[PrepareSteps]) -> PrepareSteps:
 def _only(found: Sequence[_T | None], kind: str) -> _T | None:
     given = [f for f in found if f is not None]
     if len(given) > 1:
-        raise VendorError(f"two vendors on this node have prepare steps of kind {kind}")
+        raise VendorError(
+            f"two vendors on this node have prepare steps of kind {kind}; serve them on "
+            "different nodes (--vendors)"
+        )
     return given[0] if given else None

@@ -219,24 +219,22 @@ class Preparer:
         self._claim_locks = _KeyedLocks()
         if self.lock is None:
             self.lock = StateLock(self.store, self.state_dir)
+        # Whose devices the spec-wide edits go to: the vendor given, else NodePool's own.
+        self._edits_vendor = self.edits_vendor or NodePool.common_edits_vendor
         self.store.index_devices(self._gpu_key)
 
     @property
     def node(self) -> NodePool:
         """The devices claims are prepared with, as the prepare plan sees them."""
-        node = NodePool(
+        return NodePool(
             driver=self.driver,
             pool=self.pool,
             devices=self.devices,
             common_edits=self.common_edits
             if self.node_edits is None
             else self.node_edits.current(),
+            common_edits_vendor=self._edits_vendor,
             metadata_root=self.metadata_root,
-        )
-        return (
-            node
-            if self.edits_vendor is None
-            else replace(node, common_edits_vendor=self.edits_vendor)
         )
 
     @property

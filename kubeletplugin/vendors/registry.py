@@ -68,7 +68,10 @@ def open_vendors(opts: PluginOptions) -> tuple[PluginOptions, tuple[NodeVendor, 
         )
     else:
         names = _detected(opts) if opts.vendors == (AUTO_VENDORS,) else opts.vendors
-        opened = tuple(source(name).open(opts, simulated=None) for name in names)
+        # Each vendor is opened with the vendors served, not ``auto``: what it reads of
+        # the options (NVIDIA's driver root) must see itself served.
+        served_opts = replace(opts, vendors=tuple(names))
+        opened = tuple(source(name).open(served_opts, simulated=None) for name in names)
     served = tuple(v.vendor.value for v in opened)
     log.info("serving GPU vendors", extra={"vendors": served})
     return replace(opts, vendors=served), opened
@@ -105,8 +108,11 @@ def _simulated(opts: PluginOptions) -> tuple[NodeVendor, ...]:
         given.setdefault(owner or DEFAULT_SIMULATED, []).append(entry)
     if not entries:  # an empty profile gets the default vendor's error, naming its models
         given[DEFAULT_SIMULATED] = []
-    order = [*(n for n in BUILT_IN if n in given), *(n for n in given if n not in BUILT_IN)]
-    return tuple(_open_simulated(name, loaded, ",".join(given[name]), opts) for name in order)
+    order = (*(n for n in BUILT_IN if n in given), *(n for n in given if n not in BUILT_IN))
+    served_opts = replace(opts, vendors=order)  # the profile's vendors, as with ``auto``
+    return tuple(
+        _open_simulated(name, loaded, ",".join(given[name]), served_opts) for name in order
+    )
 
 
 def _owner(entry: str, loaded: dict[str, VendorSource]) -> str | None:

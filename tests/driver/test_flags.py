@@ -13,7 +13,7 @@ from drasil.driver.flags import FlagError, flags_of, option, parser, section, se
 
 @dataclass(frozen=True)
 class Inner:
-    on: bool = option("--on", env="ON", default="", switch=True, truth=lambda t: t == "yes")
+    on: bool = option("--on", env="ON", default="", truth=lambda t: t == "yes")
 
 
 @dataclass(frozen=True)

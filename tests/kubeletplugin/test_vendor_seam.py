@@ -142,3 +142,29 @@ def test_an_installed_vendor_is_served_beside_drasils_own(
 def test_a_vendor_nobody_installed_is_refused_naming_the_known_ones(tmp_path: Path) -> None:
     with pytest.raises(options.OptionsError, match="--vendors: 'acme' is not"):
         parse_options([f"--node-name={NODE}", "--vendors=acme"], {})
+
+
+def test_a_vendor_auto_finds_is_opened_as_served(tmp_path: Path) -> None:
+    # With --vendors auto, NVIDIA's node must see itself served: its driver root (the
+    # driver's files in every spec) is read from the options it was opened with.
+    from drasil.kubeletplugin.vendors.nvidia.driverroot import driver_root
+    from drasil.kubeletplugin.vendors.nvidia.node import NvidiaNode
+
+    proc = tmp_path / "proc"
+    (proc / "driver" / "nvidia").mkdir(parents=True)
+    (proc / "driver" / "nvidia" / "version").write_text("NVRM version: 580.95.05\n")
+    root = tmp_path / "driver-root"
+    root.mkdir()
+    opts = _opts(
+        tmp_path,
+        "--backend=nvml",
+        "--vendors=auto",
+        f"--proc-root={proc}",
+        f"--amd-sysfs-root={tmp_path / 'sys'}",
+        f"--nvidia-driver-root={root}",
+    )
+    served, (nvidia,) = open_vendors(opts)
+    assert served.vendors == ("nvidia",)
+    assert isinstance(nvidia, NvidiaNode)
+    assert nvidia.opts.vendors == ("nvidia",)
+    assert driver_root(nvidia.opts) is not None

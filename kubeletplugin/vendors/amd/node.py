@@ -11,14 +11,13 @@ user space is in the image): no spec-wide edits, no readiness checks, no labels.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Sequence
 from pathlib import Path
 
 from drasil.driver.amd.devices import discover_amd, skipped_text
 from drasil.driver.amd.health import AmdHealthWatcher
 from drasil.driver.amd.partitions import ModeWriter, discover_dynamic, write_mode
-from drasil.driver.amd.sysfs import SIMULATED_MANIFEST, amdgpu_driver_dir
+from drasil.driver.amd.sysfs import SIMULATED_MANIFEST, amdgpu_driver_dir, gpu_links
 from drasil.driver.devices import Device, Vendor
 from drasil.driver.health import HealthTracker
 from drasil.kubeletplugin.options import PluginOptions
@@ -32,8 +31,6 @@ from drasil.kubeletplugin.vendors.seam import (
 )
 
 log = logging.getLogger(__name__)
-
-_BDF = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 
 
 class AmdNode:
@@ -104,8 +101,7 @@ class AmdSource:
     vendor = Vendor.AMD
 
     def detect(self, opts: PluginOptions) -> bool:
-        found = amdgpu_driver_dir(opts.amd_sysfs_root)
-        return found.is_dir() and any(_BDF.fullmatch(p.name) for p in found.iterdir())
+        return any(gpu_links(opts.amd_sysfs_root))
 
     def where_detected(self, opts: PluginOptions) -> str:
         return f"no PCI device bound to amdgpu in {amdgpu_driver_dir(opts.amd_sysfs_root)}"

@@ -23,6 +23,7 @@ from drasil.driver.health import HealthTracker
 from drasil.driver.kubeapi import KubeApi
 from drasil.driver.nvidia.driveredits import NodeEdits, without_env
 from drasil.driver.nvidia.driverfiles import DriverRoot, find_binary
+from drasil.driver.nvidia.nodecheck import KERNEL_VERSION_FILE, kernel_module_loaded
 from drasil.driver.nvidia.nodedevices import discover, driver_description, skipped_text
 from drasil.driver.nvidia.nodelabels import OWN_KEY, node_labels
 from drasil.driver.nvidia.nvml import NvmlError, NvmlLibrary
@@ -222,10 +223,10 @@ class NvidiaSource:
     vendor = Vendor.NVIDIA
 
     def detect(self, opts: PluginOptions) -> bool:
-        return (opts.proc_root / "driver/nvidia/version").is_file()
+        return kernel_module_loaded(opts.proc_root)
 
     def where_detected(self, opts: PluginOptions) -> str:
-        return f"no {opts.proc_root}/driver/nvidia/version (NVIDIA's kernel module)"
+        return f"no {opts.proc_root / KERNEL_VERSION_FILE} (NVIDIA's kernel module)"
 
     def simulates(self, model: str) -> bool:
         return model in self.simulated_models()
