@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from bench import explain, mig, prepare
+from bench import explain, mig, mps, prepare
 
 if __name__ == "__main__":
     explain.main()
     prepare.main()
     mig.main()
+    mps.main()

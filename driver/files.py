@@ -320,7 +320,7 @@ def _move_aside_non_regular(path: Path) -> Path | None:
 
 
 class FileLock:
-    """An exclusive ``flock`` on a lock file, held across processes.
+    """An exclusive ``flock`` on a lock file (shared with ``shared``), held across processes.
 
     Serializes prepare/unprepare between plugin instances during a rolling update
     (docs/design.md#two-instances-on-one-node). The lock belongs to the open file, so a crashed
@@ -336,11 +336,19 @@ class FileLock:
     _POLL_MAX: Final = 0.05
 
     def __init__(
-        self, path: Path, *, timeout: float | None = None, keep_open: bool = False
+        self,
+        path: Path,
+        *,
+        timeout: float | None = None,
+        keep_open: bool = False,
+        shared: bool = False,
     ) -> None:
         self.path = path
         self.timeout = timeout
         self.keep_open = keep_open
+        # Shared holders exclude an exclusive one, not each other (a node-wide lock that
+        # per-GPU work takes shared, and an older release took exclusive).
+        self._mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
         self._fd: int | None = None
         self._kept: int | None = None  # keep_open: the lock file, open between holds
 
@@ -391,14 +399,14 @@ class FileLock:
 
     def _wait_for_lock(self, fd: int) -> None:
         if self.timeout is None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            fcntl.flock(fd, self._mode)
             return
         # flock has no timeout of its own; poll with a growing pause.
         deadline = time.monotonic() + self.timeout
         pause = self._POLL_START
         while True:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, self._mode | fcntl.LOCK_NB)
                 return
             except OSError as err:
                 if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):

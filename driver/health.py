@@ -7,7 +7,11 @@ unhealthy while any source says so. The sources:
 - ``amd``: amdgpu's RAS error counters and GPU resets (``drasil.driver.amd.health``);
 - ``faults``: a JSON file of injected faults (``drasil fault inject gpu-3``), vendor
   neutral, so tests and demos can break and mend devices and an operator can take a
-  device out of scheduling by hand.
+  device out of scheduling by hand;
+- ``mps``: the devices of claims whose MPS daemon died under them
+  (``drasil.kubeletplugin.vendors.nvidia.mps.watch``). The GPU itself is sound and a
+  new claim gets a new daemon, so this source reports without tainting: its devices
+  are unhealthy in the Pods' status, not kept from the scheduler.
 
 Consumers (the slice publisher, the kubelet health stream) wait on ``version``.
 """
@@ -47,12 +51,19 @@ class HealthTracker:
         now = clock()
         self._devices = {d.name: DeviceHealth(True, "", now) for d in devices}
         self._sources: dict[str, dict[str, str]] = {}
+        self._untainted: set[str] = set()  # sources whose devices stay schedulable
         self._changed = threading.Condition()
         self.version = 0
 
-    def report(self, source: str, unhealthy: Mapping[str, str]) -> bool:
-        """Set the devices ``source`` considers unhealthy (name -> why); True on change."""
+    def report(self, source: str, unhealthy: Mapping[str, str], *, taint: bool = True) -> bool:
+        """Set the devices ``source`` considers unhealthy (name -> why); True on change.
+        ``taint`` False: the devices are unhealthy for the Pods that hold them, but
+        stay schedulable (not in ``tainted``)."""
         with self._changed:
+            if taint:
+                self._untainted.discard(source)
+            else:
+                self._untainted.add(source)
             self._sources[source] = {k: v for k, v in unhealthy.items() if k in self._devices}
             changed = self._recompute()
             if changed:
@@ -81,6 +92,16 @@ class HealthTracker:
 
     def unhealthy(self) -> dict[str, str]:
         return {n: h.message for n, h in self.snapshot().items() if not h.healthy}
+
+    def tainted(self) -> set[str]:
+        """The devices a tainting source considers unhealthy: kept from new claims."""
+        with self._changed:
+            return {
+                name
+                for source, found in self._sources.items()
+                if source not in self._untainted
+                for name in found
+            }
 
     def wait_for_change(self, seen: int, timeout: float) -> int:
         """Block until ``version`` differs from ``seen`` or ``timeout`` passes."""

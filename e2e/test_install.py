@@ -31,7 +31,15 @@ from e2e.harness.chart import CHART, LocalNode, crd_exists, helm, local_node_val
 from e2e.harness.cluster.host import free_ports
 from e2e.harness.cluster.node import Node
 from e2e.harness.kube import RESOURCE, Kube, NotYet, gone, wait_for
-from e2e.harness.pods import container_env, events, pod, template, visible_uuids, wait_running
+from e2e.harness.pods import (
+    container_env,
+    events,
+    node_events,
+    pod,
+    template,
+    visible_uuids,
+    wait_running,
+)
 from e2e.test_controller import pod_claim
 from tools.image import LocalImage, build_image, import_image
 
@@ -716,5 +724,116 @@ def test_shares_of_a_mig_device_cut_it_once_and_destroy_it_after_the_last(
             timeout=TIMEOUT,
             what="the MIG instance destroyed after the last share",
         )
+    finally:
+        _helm(kubeconfig, "uninstall", release, f"--namespace={namespace}", "--wait")
+
+
+# --- MPS daemons at node scale: a burst of shares, a daemon killed under its clients -----
+
+BURST_PROFILE = "l4:8"  # 8 GPUs, so 8 daemon Pods start and stop at once
+DEATH_TIMEOUT = 30  # the issue's bound: the claims' Pods see Unhealthy within it
+
+
+def _share_of(minor: int, memory: str = "4Gi") -> dict[str, Any]:
+    return {
+        "deviceClassName": SHARED_CLASS,
+        "selectors": [{"cel": {"expression": f'device.attributes["{DRIVER}"].minor == {minor}'}}],
+        "capacity": {"requests": {"memory": memory}},
+    }
+
+
+def _retried(kube: Kube, namespace: str, names: list[str]) -> list[str]:
+    """kubelet's retries of a prepare the plugin failed, as it tells the Pods. Not its
+    own read of the claim refused before the node authorizer saw the Pod's claim ("no
+    relationship found between node ... and this object"): the plugin was not asked."""
+    return [
+        f"{name}: {said}"
+        for name in names
+        for said in events(kube, namespace, name)
+        if said.startswith("FailedPrepareDynamicResources") and "fetch ResourceClaim" not in said
+    ]
+
+
+def _claim_health(kube: Kube, namespace: str, name: str) -> str | None:
+    """The health kubelet shows for the Pod's one claim device (``claim:gpu``)."""
+    status = kube.get("v1", "Pod", name, namespace).get("status") or {}
+    for container in status.get("containerStatuses") or []:
+        for entry in container.get("allocatedResourcesStatus") or []:
+            if entry.get("name") == "claim:gpu":
+                for resource in entry.get("resources") or []:
+                    return str(resource.get("health"))
+    return None
+
+
+def test_mps_daemon_pods_start_and_stop_in_parallel_and_a_dead_one_is_said(
+    kube: Kube,
+    kubeconfig: Path,
+    namespace: str,
+    node: Node,
+    local_image: LocalImage,
+    shared_class: str,
+    tmp_path: Path,
+) -> None:
+    """gpuSharing consumable under the chart, eight GPUs: eight shares created at once
+    (one per GPU: eight daemon Pods started in parallel) all run with no prepare retried
+    by kubelet, and go at once; then a daemon Pod deleted under two clients: both Pods'
+    status shows the claim Unhealthy within 30 s, a Node Event names the GPU, and a new
+    Pod on that GPU gets a new daemon and connects."""
+    release = f"mpsn{secrets.token_hex(2)}"
+    values, _ = _values(node, local_image, kubeconfig)
+    values.update(gpuSharing="consumable", controller={"enabled": False})
+    values["simulatedProfile"] = BURST_PROFILE
+    _install(kubeconfig, release, namespace, values, tmp_path)
+    try:
+        hold = "mps-client --hold"
+        burst = [_mps_client(kube, namespace, node, hold, _share_of(i)) for i in range(8)]
+        for name in burst:
+            _connected(kube, namespace, name)
+        assert len(_daemon_pods(kube, namespace)) == 8
+        assert _retried(kube, namespace, burst) == []
+        for name in burst:
+            kube.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        wait_for(
+            lambda: not _daemon_pods(kube, namespace) or NotYet(len(_daemon_pods(kube, namespace))),
+            timeout=TIMEOUT,
+            what="every MPS daemon Pod deleted after the burst's shares",
+        )
+
+        # Two clients of gpu-0's daemon (one after the other: see test_node_sharing).
+        clients = []
+        for _ in range(2):
+            clients.append(_mps_client(kube, namespace, node, hold, _share_of(0)))
+            _connected(kube, namespace, clients[-1])
+        (daemon,) = _daemon_pods(kube, namespace)
+        gpu = daemon.metadata.annotations["drasil.dev/gpu"]
+        kube.core.delete_namespaced_pod(daemon.metadata.name, namespace, grace_period_seconds=0)
+        for name in clients:
+            wait_for(
+                lambda name=name: (  # type: ignore[misc]
+                    _claim_health(kube, namespace, name) == "Unhealthy"
+                    or NotYet(_claim_health(kube, namespace, name))
+                ),
+                timeout=DEATH_TIMEOUT,
+                interval=1.0,
+                what=f"Pod {name}'s claim Unhealthy after its MPS daemon died",
+            )
+        (said,) = node_events(kube, node.name, "MpsDaemonDied", containing=gpu)[-1:]
+        assert "restart the Pod" in said
+        told = [e for name in clients for e in events(kube, namespace, name)]
+        assert sum(e.startswith("MpsDaemonDied") for e in told) == 2, told
+
+        fresh = _mps_client(kube, namespace, node, hold, _share_of(0))
+        _connected(kube, namespace, fresh)
+        (new,) = _daemon_pods(kube, namespace)
+        assert new.metadata.uid != daemon.metadata.uid
+        assert new.metadata.annotations["drasil.dev/gpu"] == gpu
+        for name in [*clients, fresh]:
+            _delete_pod(kube, namespace, name)
+        wait_for(
+            lambda: not _daemon_pods(kube, namespace) or NotYet("the MPS daemon Pod is left"),
+            timeout=TIMEOUT,
+            what="the new MPS daemon Pod deleted after the last share",
+        )
+        assert _compute_mode(node.plugins_dir / DRIVER, gpu) == 0
     finally:
         _helm(kubeconfig, "uninstall", release, f"--namespace={namespace}", "--wait")

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from bench import mps as mps_bench
 from drasil.driver.simulated import mpsstandin
 from e2e.harness import versions
 from e2e.harness.cluster.node import Node
@@ -430,3 +431,15 @@ def test_an_mps_share_reaches_its_daemon_only_through_its_mounts_and_keeps_its_l
         what="the MPS daemon stopped after the last share",
     )
     assert _compute_mode(consumable, gpu) == before
+
+
+def test_the_mps_burst_benchmark_runs(kubeconfig: Path, plugin_kubeconfig: Path) -> None:
+    """A smoke of ``make bench``'s MPS figure: a burst of 8 shares of 2 GPUs prepared and
+    unprepared at once through the grpc-go client (the plugin with the chart's RBAC)."""
+    result = mps_bench.run(
+        shares=8, gpus=2, kubeconfig=kubeconfig, plugin_kubeconfig=plugin_kubeconfig
+    )
+    figures = result["client"]
+    assert (figures["failed_prepares"], figures["failed_unprepares"]) == (0, 0), figures
+    assert result["daemons_left"] == 0
+    assert result["mounts_left"] == 0

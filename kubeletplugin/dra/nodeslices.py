@@ -83,7 +83,7 @@ class NodeSlices:
         taint = unhealthy_taint_key(self.driver)
         taints = {
             name: [Taint(key=taint, value="true", effect=TaintEffect.NO_SCHEDULE)]
-            for name in self.health.unhealthy()
+            for name in self.health.tainted()
         }
         return build_slices(
             driver=self.driver,

@@ -40,8 +40,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -137,7 +138,8 @@ class StateLock:
     of the checkpoint by prepare, unprepare and the vendors' steps, across threads (a
     lock) and plugin instances (a ``FileLock`` in the state dir, so that a second
     instance during a rolling update waits). Each hold re-reads what another instance
-    may have written."""
+    may have written. Reentrant in one thread: a vendor step that takes it may be
+    called by one that holds it (a GPU's MPS lock is always taken before it)."""
 
     def __init__(self, store: CheckpointStore, state_dir: Path) -> None:
         self.store = store
@@ -145,12 +147,20 @@ class StateLock:
         self._file_lock = FileLock(
             state_dir / "checkpoint.lock", timeout=STATE_LOCK_TIMEOUT, keep_open=True
         )
+        self._owner: int | None = None
 
     @contextmanager
     def __call__(self) -> Iterator[None]:
-        with self._thread_lock, self._file_lock:
-            self.store.reload_if_changed()
+        if self._owner == threading.get_ident():
             yield
+            return
+        with self._thread_lock, self._file_lock:
+            self._owner = threading.get_ident()
+            try:
+                self.store.reload_if_changed()
+                yield
+            finally:
+                self._owner = None
 
 
 class _KeyedLocks:
@@ -340,7 +350,7 @@ class Preparer:
         switched = self._switch_partitions(plan)
         plan, prepared = self._cut_migs(plan, claim, node, placements, switched)
         if self.effects is not None:
-            plan = self.effects.apply(plan)
+            plan = self.effects.apply(plan, claim)
         if resumed:
             # A crash mid-write left a temp file; this claim's lock makes it ours to
             # remove. Only a prepare that got past PrepareStarted writes one, so a claim
@@ -522,8 +532,7 @@ class Preparer:
                 assert self.migs is not None
                 if held.sharing == MPS and self.effects is not None and held.mig.uuid:
                     # Its own daemon's server holds the instance: stopped first.
-                    with self.state_lock():
-                        self.effects.stop_daemon(held.mig.uuid)
+                    self.effects.stop_daemon(held.mig.uuid)
                     crash_point("unprepare-after-mps-stop")
                 self.migs.destroy(held.mig)
         crash_point("unprepare-after-mig")
@@ -531,7 +540,7 @@ class Preparer:
             self.store.remove(uid)
         crash_point("unprepare-after-removed")
         if self._may_need_settling(record):
-            self._settle()
+            self._settle(record.devices if record is not None else ())
 
     def _release_shared_mig(self, uid: str, mig: MigRecord) -> None:
         """The MIG instance of a share: destroyed by the last share's unprepare, its MPS
@@ -544,7 +553,8 @@ class Preparer:
         reconcile takes them.
         """
         assert self.migs is not None
-        with self.state_lock():
+        daemon = self.effects.holding(mig.uuid) if self.effects and mig.uuid else nullcontext()
+        with daemon, self.state_lock():
             others = [
                 other
                 for other_uid, other in self.store.holding({mig.parent_uuid}).items()
@@ -574,14 +584,17 @@ class Preparer:
             return True
         return bool(self.store.gpus())
 
-    def _settle(self) -> None:
+    def _settle(self, released: Sequence[PreparedDevice]) -> None:
         # The claim is gone from the checkpoint: what is left to undo on its GPUs is
         # node state, settled again by the next unprepare and at start if this fails.
-        for settler in (self.effects, self.partitions):
-            if settler is None:
-                continue
+        settles: list[Callable[[], list[str]]] = []
+        if self.effects is not None:
+            settles.append(partial(self.effects.settle, released))
+        if self.partitions is not None:
+            settles.append(self.partitions.settle)
+        for settle in settles:
             try:
-                settler.settle()
+                settle()
             except Exception as err:
                 log.error("settling GPU state failed", extra={"error": str(err)})
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from re import Pattern
 from typing import TYPE_CHECKING, Any, Protocol
 
-from drasil.api.checkpoint import MigRecord
+from drasil.api.checkpoint import MigRecord, PreparedDevice
 from drasil.driver.cdi.spec import ContainerEdits
 from drasil.driver.checkpoint import CheckpointStore
 from drasil.driver.claims.plan import PreparePlan
@@ -137,11 +137,22 @@ class SharingStep(Protocol):
 
     def check(self, plan: PreparePlan, claim: Mapping[str, Any]) -> None: ...
 
-    def apply(self, plan: PreparePlan) -> PreparePlan: ...
+    def apply(self, plan: PreparePlan, claim: Mapping[str, Any]) -> PreparePlan:
+        """The plan with what sharing gives its containers; ``claim`` is the claim
+        object (whose Pods an error may be told to)."""
+        ...
+
+    def holding(self, uuid: str) -> AbstractContextManager[None]:
+        """The lock of one GPU's (or instance's) sharing state, taken before the
+        state lock by a caller that changes the instance under it."""
+        ...
 
     def stop_daemon(self, uuid: str) -> None: ...
 
-    def settle(self) -> list[str]: ...
+    def settle(self, released: Sequence[PreparedDevice] | None = None) -> list[str]:
+        """Undo what no claim needs; ``released``: the devices of the claim just
+        unprepared (None: at start, everything)."""
+        ...
 
 
 @dataclass(frozen=True)

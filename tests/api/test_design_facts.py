@@ -10,6 +10,7 @@ from pathlib import Path
 from drasil.driver import cli, health
 from drasil.driver.amd import health as amd_health
 from drasil.driver.nvidia import xid
+from drasil.kubeletplugin.vendors.nvidia.mps import watch
 
 ROOT = Path(__file__).parents[2]
 DESIGN = (ROOT / "docs" / "design.md").read_text()
@@ -32,7 +33,7 @@ def test_the_cli_verbs_are_the_ones_drasil_has() -> None:
 
 def test_every_health_source_is_described() -> None:
     described = set(re.findall(r"^- `([a-z]+)`:", _section("Health"), re.MULTILINE))
-    assert described == {xid.SOURCE, health.FAULTS_SOURCE, amd_health.SOURCE}
+    assert described == {xid.SOURCE, health.FAULTS_SOURCE, amd_health.SOURCE, watch.SOURCE}
 
 
 def test_the_vendor_seam_section_names_every_protocol_of_the_seam() -> None:

@@ -114,6 +114,17 @@ def test_sources_merge_and_clear_independently() -> None:
     assert tracker.version == 4
 
 
+def test_a_source_that_does_not_taint_leaves_its_devices_schedulable() -> None:
+    _, devices = node()
+    tracker = HealthTracker(devices, clock=Clock())
+    tracker.report("mps", {"gpu-0": "its MPS daemon died"}, taint=False)
+    tracker.report("xid", {"gpu-1": "XID 79"})
+    assert set(tracker.unhealthy()) == {"gpu-0", "gpu-1"}  # both unhealthy for their Pods
+    assert tracker.tainted() == {"gpu-1"}  # only the XID keeps the scheduler away
+    tracker.report("xid", {"gpu-0": "XID 79"})
+    assert tracker.tainted() == {"gpu-0"}
+
+
 def test_wait_for_change_wakes_a_waiting_thread() -> None:
     _, devices = node()
     tracker = HealthTracker(devices)

@@ -9,17 +9,22 @@ from __future__ import annotations
 import itertools
 import os
 import subprocess
+import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kubelet_client import FileClaims, claim_json, ref_of, result
+from test_mps_locks import held_elsewhere, preparer
 
 from drasil.driver.files import CRASH_ENV
 from drasil.driver.kubeapi import ApiError
 from drasil.driver.simulated import mpsstandin
 from drasil.kubeletplugin.options import OptionsError, parse_options
+from drasil.kubeletplugin.vendors.nvidia.mps import daemons as daemons_module
 from drasil.kubeletplugin.vendors.nvidia.mps.daemons import (
     RECORD_FILE,
     DaemonLimits,
@@ -190,8 +195,11 @@ class FakePods:
     pods: dict[str, FakePod] = field(default_factory=dict)
     uids: Iterator[int] = field(default_factory=itertools.count)
     created: int = 0
+    lists: int = 0
+    gets: int = 0
 
     def get_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        self.gets += 1
         pod = self.pods.get(name)
         if pod is None:
             return None
@@ -202,6 +210,9 @@ class FakePods:
         self, namespace: str, *, field_selector: str = ""
     ) -> Sequence[Mapping[str, Any]] | None:
         assert field_selector == f"spec.nodeName={NODE}"
+        self.lists += 1
+        for pod in self.pods.values():
+            self._update(pod)
         return [p.obj for p in self.pods.values()]
 
     def create_pod(self, namespace: str, pod: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -392,3 +403,88 @@ def test_a_daemon_that_ignores_quit_ends_with_its_pod(
     assert daemons.stop(GPU_A)
     assert api.pods == {}
     assert process_start_time(daemon.pid) is None  # the Pod's deletion ended it
+
+
+def test_the_watch_reads_every_daemon_pod_of_the_node_in_one_list(
+    api: FakePods, tmp_path: Path
+) -> None:
+    daemons = _daemons(api, tmp_path / "state")
+    first = daemons.ensure(GPU_A, SHARE)
+    daemons.ensure(GPU_B, SHARE)
+    gets, lists = api.gets, api.lists
+    assert daemons.running_of([GPU_A, GPU_B]) == {GPU_A: True, GPU_B: True}
+    assert (api.gets, api.lists) == (gets, lists + 1)
+    assert first.pod is not None
+    api.kill(first.pod)  # OOM-killed: its Pod fails
+    assert daemons.running_of([GPU_A, GPU_B]) == {GPU_A: False, GPU_B: True}
+    del api.pods[pod_name(NODE, DRIVER, GPU_B)]  # deleted by someone else
+    assert daemons.running_of([GPU_A, GPU_B]) == {GPU_A: False, GPU_B: False}
+
+
+class Told:
+    """The claim's Pod reader and the Events posted to it."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    def get_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        return None
+
+    def post_event(self, **event: Any) -> bool:
+        self.events.append(event)
+        return True
+
+
+def test_a_daemon_pod_slow_to_start_fails_the_claim_retriably_and_tells_its_pod(
+    api: FakePods, tmp_path: Path
+) -> None:
+    p, effects = preparer(tmp_path)
+    launcher = PodLauncher(api, _pods(tmp_path / "state"), poll=0.02, start_timeout=0.3)
+    effects.daemons.launcher = launcher
+    told = Told()
+    effects.pods = told
+    api.hold = True  # the image is still being pulled
+    entry = result("gpu-0", share_id="share-1")
+    entry["consumedCapacity"] = {"memory": "20Gi"}
+    claim = claim_json("aaaaaaaa-0000-4000-8000-00000000000a", entry, name="c", namespace="ml")
+    claim["status"]["reservedFor"] = [{"resource": "pods", "name": "train", "uid": "u-1"}]
+    FileClaims(tmp_path / "claims").put(claim)
+    error = p.prepare(ref_of(claim)).error
+    gpu = p.devices["gpu-0"].uuid
+    name = pod_name(NODE, DRIVER, gpu)
+    assert f"MPS daemon Pod {NS}/{name} of GPU {gpu} not answering within 0.3s" in error
+    assert "ErrImagePull image not found" in error
+    assert "kubelet retries this claim" in error
+    deadline = time.monotonic() + 10
+    while not told.events:
+        assert time.monotonic() < deadline, "no Event on the claim's Pod"
+        time.sleep(0.02)
+    (event,) = told.events
+    assert event["involved"] == {"kind": "Pod", "name": "train", "namespace": "ml", "uid": "u-1"}
+    assert event["reason"] == "MpsDaemonNotReady"
+    assert name in event["message"]
+    assert "ErrImagePull" in event["message"]
+    # The image arrives: kubelet's retry gets the same Pod, now running.
+    api.hold = False
+    (pod,) = api.pods.values()
+    api._run(pod)
+    assert p.prepare(ref_of(claim)).error == ""
+    assert api.created == 1
+    assert p.unprepare(ref_of(claim)) == ""
+    assert api.pods == {}
+
+
+def test_the_wait_for_the_gpus_lock_is_taken_from_the_start_s_time(
+    api: FakePods, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(daemons_module, "DAEMON_CALL_BUDGET", 1.0)
+    api.hold = True  # a Pod that never starts
+    daemons = _daemons(api, tmp_path / "state")
+    release, thread = held_elsewhere(daemons, GPU_A)  # another call, for 0.6 s
+    threading.Timer(0.6, release.set).start()
+    started = time.monotonic()
+    with pytest.raises(MpsError, match=r"not answering within 0\.[0-4]"):
+        daemons.ensure(GPU_A, SHARE)
+    assert time.monotonic() - started < 1.5  # the call's 1 s, not 0.6 s and then 1 s
+    thread.join()
+    assert daemons.stop(GPU_A)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from kubelet_client import (
     spec_file,
 )
 
+from drasil.api.checkpoint import PreparedDevice
 from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore
 from drasil.driver.checkpointdisk import read_state
 from drasil.driver.devices import CapacityPolicy, Device
@@ -368,9 +369,9 @@ def test_only_an_unprepare_that_may_leave_gpu_state_settles(
     settled: list[str] = []
     real = p.effects.settle
 
-    def counting() -> list[str]:
+    def counting(released: Sequence[PreparedDevice] | None = None) -> list[str]:
         settled.append("settle")
-        return real()
+        return real(released)
 
     monkeypatch.setattr(p.effects, "settle", counting)
     whole = claim_json(UID_B, result("gpu-1"), name="whole", namespace="ml")

@@ -41,6 +41,7 @@ from drasil.kubeletplugin.vendors.nvidia.mps.daemons import (
 )
 from drasil.kubeletplugin.vendors.nvidia.mps.pods import DaemonPods, KubePods, PodLauncher
 from drasil.kubeletplugin.vendors.nvidia.mps.shares import GpuEffects
+from drasil.kubeletplugin.vendors.nvidia.mps.watch import DaemonWatch
 from drasil.kubeletplugin.vendors.nvidia.recovery import reconcile_migs
 from drasil.kubeletplugin.vendors.seam import (
     EditsSource,
@@ -65,6 +66,8 @@ class NvidiaNode:
         self.lib = lib
         self._held = False
         self._edits: NodeEdits | None = None
+        # The sharing step and the node it acts on, once prepare_steps made them.
+        self._sharing: tuple[GpuEffects, NodeState] | None = None
 
     def hold(self) -> None:
         """Take the daemon's own NVML reference, kept until ``close``.
@@ -104,7 +107,12 @@ class NvidiaNode:
         self, devices: Sequence[Device], health: HealthTracker
     ) -> list[HealthSource]:
         # An NVML "GPU lost" that names no GPU marks every device it watches: NVIDIA's.
-        return [("xid", XidWatcher(self.lib, devices, health).run)]
+        sources: list[HealthSource] = [("xid", XidWatcher(self.lib, devices, health).run)]
+        if self._sharing is not None:  # DRA mode: MPS daemons that die under claims
+            effects, node = self._sharing
+            watch = DaemonWatch(effects, health, node_event=node.node_event, api=node.api)
+            sources.append(("mps-watch", watch.run))
+        return sources
 
     def edits(self) -> NodeEdits:
         """The node's driver files and control nodes (built once, kept current)."""
@@ -143,6 +151,7 @@ class NvidiaNode:
             pods=node.api,
             whole_devices=self.opts.mps_whole_devices,
         )
+        self._sharing = (effects, node)
 
         def recover() -> None:
             message = reconcile_migs(

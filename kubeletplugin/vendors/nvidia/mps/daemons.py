@@ -53,8 +53,14 @@ Backends: ``nvml`` runs the driver's ``nvidia-cuda-mps-control``; ``simulated`` 
 commands. Either way a stop is ``quit`` through the control program, and a daemon that
 does not obey within the stop timeout is killed (its Pod deleted).
 
-Every change runs under one lock (threads, and a ``FileLock`` on ``mps.lock`` in the
-state dir for a second plugin instance during a rolling update).
+Every change of one GPU's daemon runs under that GPU's lock (``hold``): calls for
+different GPUs never wait for each other. The lock is a reentrant thread lock and an
+exclusive ``FileLock`` on ``mps/<key>.lock`` (a second plugin instance during a rolling
+update), taken inside a shared ``FileLock`` on the node-wide ``mps.lock``: releases
+before per-GPU locking took ``mps.lock`` exclusive around each change, so during the
+chart's surge an old and a new plugin still never change daemons at once
+(docs/upgrading.md). Each wait is bounded (``MPS_LOCK_TIMEOUT``) and ends in a
+retriable claim error.
 
 Crash points (see ``drasil.driver.files``): ``mps-after-start`` (daemon running, its
 record not written), ``mps-after-stop`` (daemon gone, pipe directory not yet emptied,
@@ -66,6 +72,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -75,14 +82,21 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final, Protocol
 
 from drasil.driver.cdi.spec import ContainerEdits, Mount
-from drasil.driver.files import CRASH_ENV, FileLock, crash_point, read_regular, write_atomic
+from drasil.driver.files import (
+    CRASH_ENV,
+    FileLock,
+    LockTimeoutError,
+    crash_point,
+    read_regular,
+    write_atomic,
+)
 from drasil.kubeletplugin.vendors.nvidia.mps.view import (
     MS_NODEV,
     MS_NOEXEC,
@@ -94,7 +108,14 @@ from drasil.kubeletplugin.vendors.nvidia.mps.view import (
 
 log = logging.getLogger(__name__)
 
-MPS_LOCK_TIMEOUT: Final = 30.0  # below kubelet's 45 s call timeout, like the checkpoint lock
+# kubelet ends a NodePrepareResources or NodeUnprepareResources call after 45 s. A
+# call may spend DAEMON_CALL_BUDGET of it on one GPU's daemon, the wait for the GPU's
+# lock included, and keeps the rest for the checkpoint, the spec and the daemon's
+# limits: so a slow daemon ends the call with the claim's error, which kubelet retries,
+# never with kubelet's own deadline.
+KUBELET_CALL_TIMEOUT: Final = 45.0
+DAEMON_CALL_BUDGET: Final = KUBELET_CALL_TIMEOUT - 15.0
+MPS_LOCK_TIMEOUT: Final = DAEMON_CALL_BUDGET
 START_TIMEOUT: Final = 10.0
 STOP_TIMEOUT: Final = 10.0
 CONTROL_TIMEOUT: Final = 10.0
@@ -276,6 +297,13 @@ class DaemonSpot:
     pipe_dir: Path
     log_dir: Path
     answers: Callable[[], bool]
+    # When the call's time for this daemon ends (time.monotonic()); a start waits until
+    # then at most, whatever the launcher's own bound.
+    deadline: float = math.inf
+
+    def bound(self, timeout: float) -> float:
+        """Seconds a wait of at most ``timeout`` may take from now on."""
+        return max(0.0, min(timeout, self.deadline - time.monotonic()))
 
 
 class DaemonLauncher(Protocol):
@@ -300,6 +328,10 @@ class DaemonLauncher(Protocol):
 
     def alive(self, launched: Launched) -> bool:
         """Whether that daemon still runs."""
+        ...
+
+    def alive_all(self, launched: Sequence[Launched]) -> list[bool]:
+        """``alive`` of each, as cheaply as the launcher can (the watch's look)."""
         ...
 
     def end(self, spot: DaemonSpot, launched: Launched) -> None:
@@ -344,7 +376,7 @@ class ProcessLauncher:
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=stderr,
-                    timeout=self.start_timeout,
+                    timeout=spot.bound(self.start_timeout),
                     start_new_session=True,
                     check=False,
                 )
@@ -361,27 +393,53 @@ class ProcessLauncher:
     def _wait_for_pid(self, spot: DaemonSpot) -> int:
         # -d returns when the daemon has forked; it may write its pid file just after.
         pid_file = spot.pipe_dir / PID_FILE
-        deadline = time.monotonic() + self.start_timeout
+        bound = spot.bound(self.start_timeout)
+        deadline = time.monotonic() + bound
         while (pid := read_pid(pid_file)) is None:
             if time.monotonic() > deadline:
                 raise MpsError(
                     f"MPS daemon of GPU {spot.gpu_uuid} wrote no {PID_FILE} within "
-                    f"{self.start_timeout:g}s; see {spot.log_dir}"
+                    f"{bound:.3g}s; see {spot.log_dir}"
                 )
             time.sleep(_POLL)
         return pid
 
     def adopt(self, spot: DaemonSpot, *, ready: bool = True) -> Launched | None:
-        """The daemon the pid file names, if it runs for this GPU (-d returned: ready)."""
+        """The daemon the pid file names, if it runs for this GPU (-d returned: ready).
+        With ``ready``, one still starting (a plugin killed while it started it, then
+        restarted at once) is waited for until its pid file is written, not started a
+        second time; a stop does not look for one (the processes are listed): one
+        that comes up after it has no claim, and the next sweep finds it by its pid file."""
         pid = read_pid(spot.pipe_dir / PID_FILE)
         if pid is None or not _serves(pid, spot.gpu_uuid):
-            return None
+            pid = self._wait_for_starting(spot) if ready else None
+            if pid is None:
+                return None
         start_time = process_start_time(pid)
         return None if start_time is None else Launched(pid, start_time)
+
+    def _wait_for_starting(self, spot: DaemonSpot) -> int | None:
+        """The pid of this GPU's daemon once one that is starting wrote its pid file;
+        None when none is starting (or it ended without one)."""
+        deadline = time.monotonic() + spot.bound(self.start_timeout)
+        while starting_daemons(spot.gpu_uuid):
+            pid = read_pid(spot.pipe_dir / PID_FILE)
+            if pid is not None and _serves(pid, spot.gpu_uuid):
+                return pid
+            if time.monotonic() > deadline:
+                raise MpsError(
+                    f"an MPS daemon of GPU {spot.gpu_uuid} is still starting after "
+                    f"{self.start_timeout:g}s; see {spot.log_dir}"
+                )
+            time.sleep(_POLL)
+        return None
 
     def alive(self, launched: Launched) -> bool:
         """Same pid, same start time: a pid alone may name an unrelated process by now."""
         return launched.pod is None and process_start_time(launched.pid) == launched.start_time
+
+    def alive_all(self, launched: Sequence[Launched]) -> list[bool]:
+        return [self.alive(one) for one in launched]
 
     def end(self, spot: DaemonSpot, launched: Launched) -> None:
         if not self._wait_gone(launched):
@@ -411,8 +469,107 @@ class ProcessLauncher:
         self._wait_gone(launched)
 
 
+class GpuLocks:
+    """One lock per GPU (or MIG instance), reentrant in a thread: across threads a lock, across
+    plugin instances an exclusive ``flock`` on ``<root>/<key>.lock`` inside a shared one
+    on the node-wide lock file. Entries are dropped when unused: MIG UUIDs come and go."""
+
+    def __init__(self, node_lock: Path, root: Path) -> None:
+        self.node_lock = node_lock
+        self.root = root
+        self._guard = threading.Lock()
+        self._locks: dict[str, tuple[threading.Lock, int]] = {}
+        self._depth = threading.local()
+
+    def waited_since(self, gpu_uuid: str) -> float | None:
+        """When this thread began to wait for the GPU's lock it holds (monotonic), or
+        None: the call's time for the daemon counts from then."""
+        since: dict[str, float] = self._depth.__dict__.setdefault("since", {})
+        return since.get(folder_key(gpu_uuid))
+
+    @contextmanager
+    def hold(self, gpu_uuid: str, *, wait: bool = True) -> Iterator[bool]:
+        key = folder_key(gpu_uuid)
+        held: dict[str, int] = self._depth.__dict__.setdefault("held", {})
+        since: dict[str, float] = self._depth.__dict__.setdefault("since", {})
+        if held.get(key):  # this thread holds it already
+            held[key] += 1
+            try:
+                yield True
+            finally:
+                held[key] -= 1
+            return
+        lock = self._use(key)
+        began = time.monotonic()
+        try:
+            deadline = began + (MPS_LOCK_TIMEOUT if wait else 0.0)
+            got = lock.acquire(timeout=MPS_LOCK_TIMEOUT) if wait else lock.acquire(blocking=False)
+            if not got:
+                yield self._busy(gpu_uuid, wait, "another call of this plugin")
+                return
+            try:
+                with self._files(gpu_uuid, key, deadline, wait) as taken:
+                    held[key], since[key] = int(taken), began
+                    try:
+                        yield taken
+                    finally:
+                        held[key] = 0
+                        since.pop(key, None)
+            finally:
+                lock.release()
+        finally:
+            self._drop(key)
+
+    @contextmanager
+    def _files(self, gpu_uuid: str, key: str, deadline: float, wait: bool) -> Iterator[bool]:
+        self.root.mkdir(parents=True, exist_ok=True)  # and the state dir, for the node lock
+        node = FileLock(self.node_lock, timeout=max(0.0, deadline - time.monotonic()), shared=True)
+        try:
+            node.acquire()
+        except LockTimeoutError:
+            yield self._busy(gpu_uuid, wait, f"an older plugin instance ({self.node_lock})")
+            return
+        try:
+            gpu = FileLock(self.root / f"{key}.lock", timeout=max(0.0, deadline - time.monotonic()))
+            try:
+                gpu.acquire()
+            except LockTimeoutError:
+                yield self._busy(gpu_uuid, wait, "another plugin instance")
+                return
+            try:
+                yield True
+            finally:
+                gpu.release()
+        finally:
+            node.release()
+
+    @staticmethod
+    def _busy(gpu_uuid: str, wait: bool, holder: str) -> bool:
+        if not wait:
+            return False
+        raise MpsError(
+            f"the MPS daemon of GPU {gpu_uuid} is being changed by {holder} for longer than "
+            f"{MPS_LOCK_TIMEOUT:g}s; kubelet retries this claim"
+        )
+
+    def _use(self, key: str) -> threading.Lock:
+        with self._guard:
+            lock, users = self._locks.get(key) or (threading.Lock(), 0)
+            self._locks[key] = (lock, users + 1)
+            return lock
+
+    def _drop(self, key: str) -> None:
+        with self._guard:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+
 class MpsDaemons:
-    """The node's MPS control daemons, one per shared GPU, changed under one lock."""
+    """The node's MPS control daemons, one per shared GPU, each changed under its GPU's
+    lock."""
 
     def __init__(
         self,
@@ -430,14 +587,14 @@ class MpsDaemons:
             start_timeout=start_timeout, stop_timeout=stop_timeout
         )
         self.shm_size = shm_size or _half_of_memory()
-        self._thread_lock = threading.Lock()
-        self._file_lock = state_dir / "mps.lock"
+        self._locks = GpuLocks(state_dir / "mps.lock", self.root)
 
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        self.root.mkdir(parents=True, exist_ok=True)  # and the state dir, for the lock
-        with self._thread_lock, FileLock(self._file_lock, timeout=MPS_LOCK_TIMEOUT):
-            yield
+    def hold(self, gpu_uuid: str, *, wait: bool = True) -> AbstractContextManager[bool]:
+        """The GPU's lock, held around every change of its daemon (reentrant in one
+        thread); yields whether it is held: with ``wait`` False it is not taken when
+        another holds it, else a wait longer than ``MPS_LOCK_TIMEOUT`` is an ``MpsError``."""
+        self._check_uuid(gpu_uuid)
+        return self._locks.hold(gpu_uuid, wait=wait)
 
     # ---- public ---------------------------------------------------------------------
 
@@ -454,9 +611,12 @@ class MpsDaemons:
         daemon of a device allocated whole serves one claim, whose config they are).
         ``multiuser``: start it with -multiuser-server even where the program does not
         (a claim's config asked; a running daemon is kept as it is)."""
-        self._check_uuid(gpu_uuid)
-        with self._locked():
-            daemon = self._find(gpu_uuid) or self._start(gpu_uuid, multiuser=multiuser)
+        began = self._locks.waited_since(gpu_uuid) or time.monotonic()
+        deadline = began + DAEMON_CALL_BUDGET  # the wait for the lock counts
+        with self.hold(gpu_uuid):
+            daemon = self._find(gpu_uuid, deadline=deadline) or self._start(
+                gpu_uuid, multiuser=multiuser, deadline=deadline
+            )
             wanted = limits if exact else limits.covering(daemon.limits)
             if wanted != daemon.limits:
                 daemon = self._set_limits(daemon, wanted)
@@ -465,33 +625,59 @@ class MpsDaemons:
     def stop(self, gpu_uuid: str) -> bool:
         """Stop the GPU's daemon, empty its pipe directory, unmount its tmpfs
         (idempotent); whether a daemon was running."""
-        self._check_uuid(gpu_uuid)
-        with self._locked():
+        with self.hold(gpu_uuid):
             return self._stop(gpu_uuid)
 
     def alive(self, record: MpsDaemon) -> bool:
         """Whether the recorded daemon still runs (same process, or same Pod)."""
         return self.launcher.alive(record.launched)
 
-    def sweep(self, keep: Iterable[str]) -> list[str]:
-        """Stop the daemons of GPUs not in ``keep`` (orphans of a crash, at start);
-        the GPUs whose daemon was stopped."""
-        kept = set(keep)
+    def running_of(self, gpus: Sequence[str]) -> dict[str, bool]:
+        """Per GPU with a record, whether its recorded daemon still runs, asked of the
+        launcher at once (one list of the node's daemon Pods, not one read each)."""
+        records = {gpu: r for gpu in gpus if (r := self._read_record(gpu)) is not None}
+        alive = self.launcher.alive_all([r.launched for r in records.values()])
+        return dict(zip(records, alive, strict=True))
+
+    def running(self, gpu_uuid: str) -> MpsDaemon | None:
+        """The GPU's recorded daemon if it still runs (no adoption: the watch's view)."""
+        self._check_uuid(gpu_uuid)
+        record = self._read_record(gpu_uuid)
+        return record if record is not None and self.alive(record) else None
+
+    def describe(self, gpu_uuid: str) -> str:
+        """The recorded daemon as a person finds it ("Pod <name>", "pid <pid>"); ""
+        when none is recorded."""
+        record = self._read_record(gpu_uuid)
+        if record is None:
+            return ""
+        return f"Pod {record.pod}" if record.pod else f"pid {record.pid}"
+
+    def sweep(
+        self, keep: Callable[[str], bool] | Collection[str], *, wait: bool = True
+    ) -> list[str]:
+        """Stop the daemons of GPUs not kept (orphans of a crash): ``keep`` names them,
+        or is asked under the GPU's lock, so a prepare that recorded its share meanwhile
+        is seen. Without ``wait`` a GPU whose lock is held is left to its holder. The
+        GPUs whose daemon was stopped."""
+        kept = keep if callable(keep) else frozenset(keep).__contains__
         stopped = []
-        with self._locked():
-            for gpu_uuid in self._known_gpus():
-                if gpu_uuid not in kept and self._stop(gpu_uuid):
+        for gpu_uuid in self._known_gpus():
+            with self.hold(gpu_uuid, wait=wait) as held:
+                if held and not kept(gpu_uuid) and self._stop(gpu_uuid):
                     stopped.append(gpu_uuid)
         return stopped
 
     # ---- finding a daemon -------------------------------------------------------------
 
-    def _find(self, gpu_uuid: str, *, ready: bool = True) -> MpsDaemon | None:
+    def _find(
+        self, gpu_uuid: str, *, ready: bool = True, deadline: float = math.inf
+    ) -> MpsDaemon | None:
         record = self._read_record(gpu_uuid)
         if record is not None and self.alive(record):
             return record
         # Its limits are not known, so they are set again.
-        adopted = self.launcher.adopt(self._spot(gpu_uuid), ready=ready)
+        adopted = self.launcher.adopt(self._spot(gpu_uuid, deadline), ready=ready)
         if adopted is None:
             return None
         daemon = self._daemon(gpu_uuid, adopted, None)
@@ -518,7 +704,9 @@ class MpsDaemons:
 
     # ---- start ------------------------------------------------------------------------
 
-    def _start(self, gpu_uuid: str, *, multiuser: bool = False) -> MpsDaemon:
+    def _start(
+        self, gpu_uuid: str, *, multiuser: bool = False, deadline: float = math.inf
+    ) -> MpsDaemon:
         self._folder(gpu_uuid).mkdir(parents=True, exist_ok=True)
         write_atomic(self._folder(gpu_uuid) / GPU_FILE, f"{gpu_uuid}\n".encode(), durable=False)
         for path in (self._pipe_dir(gpu_uuid), self._log_dir(gpu_uuid)):
@@ -534,7 +722,7 @@ class MpsDaemons:
         flags = [mode, *(["-multiuser-server"] if multiuser else [])]
         env = {"CUDA_VISIBLE_DEVICES": gpu_uuid, GPU_ENV: gpu_uuid}
         command = self._view(gpu_uuid, shm=True) + flags
-        launched = self.launcher.launch(self._spot(gpu_uuid), command, env)
+        launched = self.launcher.launch(self._spot(gpu_uuid, deadline), command, env)
         daemon = self._daemon(gpu_uuid, launched, None)
         crash_point("mps-after-start")
         self._write_record(daemon)
@@ -560,13 +748,14 @@ class MpsDaemons:
             argv += ["--shm", str(self._shm_dir(gpu_uuid))]
         return [*argv, "--", *self.program.command]
 
-    def _spot(self, gpu_uuid: str) -> DaemonSpot:
+    def _spot(self, gpu_uuid: str, deadline: float = math.inf) -> DaemonSpot:
         return DaemonSpot(
             gpu_uuid,
             self._name(),
             self._pipe_dir(gpu_uuid),
             self._log_dir(gpu_uuid),
             lambda: self._answers(gpu_uuid),
+            deadline,
         )
 
     def _answers(self, gpu_uuid: str) -> bool:
@@ -816,6 +1005,24 @@ def read_pid(path: Path) -> int | None:
     except (OSError, ValueError):
         return None
     return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def starting_daemons(gpu_uuid: str) -> list[int]:
+    """Processes that start or run a control daemon for this GPU: ``DRASIL_MPS_GPU`` in
+    their environment and ``-d`` among their arguments (the view, the control program,
+    its forks; not a control command, which has no ``-d``)."""
+    wanted = f"{GPU_ENV}={gpu_uuid}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if b"-d" in argv and wanted in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+    return found
 
 
 def _serves(pid: int, gpu_uuid: str) -> bool:

@@ -19,8 +19,9 @@ does, which outlives the plugin Pod:
   propagation: the tmpfs the plugin mounts there reaches the Pod);
 - privileged (mounts, ``chroot``) with ``hostPID`` (the MPS server finds its own
   process through ``/proc``; the pid file then names a pid of the node);
-  ``restartPolicy: Never``: a daemon that died is noticed at the next call and
-  replaced, and the plugin sets its limits again.
+  ``restartPolicy: Never``: a daemon that died is seen within seconds by the watch
+  (``drasil.kubeletplugin.vendors.nvidia.mps.watch``, one list of the node's Pods a
+  look), replaced at the next call, and given its limits again.
 
 The plugin still owns the directories, the tmpfs, the record and the limits
 (``MpsDaemons``); this module only creates, finds, watches and deletes Pods, through
@@ -42,6 +43,7 @@ from drasil.driver.kubeapi import ApiError, KubeApi
 from drasil.driver.objects import Pod
 from drasil.kubeletplugin.options import MPS_DAEMON_CONTAINER_FIELDS, MPS_DAEMON_POD_FIELDS
 from drasil.kubeletplugin.vendors.nvidia.mps.daemons import (
+    DAEMON_CALL_BUDGET,
     PID_FILE,
     DaemonSpot,
     Launched,
@@ -58,10 +60,11 @@ COMPONENT_LABEL: Final = "app.kubernetes.io/component"
 DRIVER_LABEL: Final = "drasil.dev/driver"
 GPU_ANNOTATION: Final = "drasil.dev/gpu"
 CONTAINER: Final = "mps-control"
-# Below the MPS lock's 30 s wait and kubelet's 45 s call: a Pod slower than this
-# (an image still being pulled) fails the claim's prepare, and kubelet's retry finds
-# the same Pod and waits for it again.
-POD_START_TIMEOUT: Final = 25.0
+# A call's time for the daemon (daemons.DAEMON_CALL_BUDGET, derived from kubelet's
+# call timeout; the wait for the GPU's lock is taken from it): a Pod slower than that
+# (an image still being pulled, a node short of Pods) fails the claim's prepare with
+# the Pod's state, and kubelet's retry finds the same Pod and waits for it again.
+POD_START_TIMEOUT: Final = DAEMON_CALL_BUDGET
 POD_STOP_TIMEOUT: Final = 10.0
 GRACE_SECONDS: Final = 5
 # What a Pod may take from the plugin's configuration; the rest is the launcher's.
@@ -311,6 +314,23 @@ class PodLauncher:
             and Pod(pod).phase == "Running"
         )
 
+    def alive_all(self, launched: Sequence[Launched]) -> list[bool]:
+        """``alive`` of each from one list of this node's Pods (the watch looks every
+        few seconds: one request per look, not one per GPU)."""
+        if not launched:
+            return []
+        selector = f"spec.nodeName={self.pods.node}"
+        found = self._call("list", "", lambda: self.api.list_pods(self.ns, field_selector=selector))
+        if found is None:  # may not list: read each
+            return [self.alive(one) for one in launched]
+        running = {
+            (str(meta.get("name")), str(meta.get("uid")))
+            for pod in found
+            if not (meta := pod.get("metadata") or {}).get("deletionTimestamp")
+            and Pod(pod).phase == "Running"
+        }
+        return [(one.pod, one.pod_uid) in running for one in launched]
+
     def end(self, spot: DaemonSpot, launched: Launched) -> None:
         """After ``quit`` the container exits on its own; the Pod is deleted either way
         (a daemon that ignored ``quit`` ends with the grace period) and waited for."""
@@ -344,9 +364,10 @@ class PodLauncher:
 
     def _wait_ready(self, spot: DaemonSpot, name: str, uid: str) -> Launched:
         """Until the Pod runs and its daemon answers a control command (bounded)."""
-        deadline = time.monotonic() + self.start_timeout
+        bound = spot.bound(self.start_timeout)
+        deadline = time.monotonic() + bound
         pod: Mapping[str, Any] | None = None
-        while time.monotonic() < deadline:
+        while pod is None or time.monotonic() < deadline:  # looked at once at least
             pod = self._get(name)
             if pod is None or pod["metadata"].get("uid") != uid:
                 raise MpsError(f"MPS daemon Pod {self.ns}/{name} of GPU {spot.gpu_uuid} vanished")
@@ -359,11 +380,10 @@ class PodLauncher:
             pid = read_pid(spot.pipe_dir / PID_FILE)
             if phase == "Running" and pid is not None and spot.answers():
                 return Launched(pid, 0, name, uid)
-            time.sleep(self.poll)
-        state = describe(pod) if pod is not None else "not read"
+            time.sleep(max(0.0, min(self.poll, deadline - time.monotonic())))
         raise MpsError(
             f"MPS daemon Pod {self.ns}/{name} of GPU {spot.gpu_uuid} not answering within "
-            f"{self.start_timeout:g}s: {state}; see {spot.log_dir} and "
+            f"{bound:.3g}s: {describe(pod)}; it is left starting; see {spot.log_dir} and "
             f"`kubectl -n {self.ns} describe pod {name}`"
         )
 

@@ -33,10 +33,13 @@ found running), given its limits, then recorded.
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
-from dataclasses import replace
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
 from drasil.api.checkpoint import ClaimState, GpuRecord, MpsDaemonRecord, PreparedDevice
@@ -75,10 +78,70 @@ class ShareError(HardwareError):
     """A GPU change a claim needs that could not be made; the claim's error."""
 
 
-class PodReader(Protocol):
-    """Reads a Pod by name (the KubeApi); None when there is none."""
+@dataclass(frozen=True)
+class MpsClient:
+    """A prepared claim's device served by an MPS daemon."""
+
+    claim_uid: str
+    namespace: str
+    name: str
+    device: str
+    # When its claim's record was written: a claim prepared again since (by another
+    # Pod) is another client.
+    since: datetime
+
+
+class DaemonNotReady(ShareError):
+    """The MPS daemon of ``gpu`` did not start or answer within its bound (retriable)."""
+
+    def __init__(self, gpu: str, message: str) -> None:
+        super().__init__(message)
+        self.gpu = gpu
+
+
+NOT_READY_REASON = "MpsDaemonNotReady"
+
+
+class EventPoster(Protocol):
+    """Posts an Event (the KubeApi's ``post_event``)."""
+
+    def post_event(
+        self,
+        *,
+        involved: Mapping[str, str],
+        reason: str,
+        message: str,
+        event_type: str = "Warning",
+        component: str = "drasil",
+        name: str | None = None,
+    ) -> bool: ...
+
+
+class PodReader(EventPoster, Protocol):
+    """Reads a Pod by name (None when there is none) and tells it (the KubeApi)."""
 
     def get_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None: ...
+
+
+def tell_pods(
+    api: EventPoster, claim: Mapping[str, Any], *, reason: str, message: str, name: str
+) -> None:
+    """A Warning Event on each Pod the claim is reserved for, named ``<pod>.<name>`` so
+    that one is posted once; best effort (the claim's error and the log say it too)."""
+    view = ResourceClaim(claim)
+    namespace = view.meta.namespace
+    for pod in (c for c in view.reserved_for if c.is_pod):
+        involved = {"kind": "Pod", "name": pod.name, "namespace": namespace}
+        if pod.uid:
+            involved["uid"] = pod.uid
+        try:
+            api.post_event(
+                involved=involved, reason=reason, message=message, name=f"{pod.name}.{name}"
+            )
+        except Exception as err:
+            log.warning(
+                "Event not posted", extra={"pod": f"{namespace}/{pod.name}", "error": str(err)}
+            )
 
 
 def shm_conflict(pod: Mapping[str, Any]) -> str | None:
@@ -159,32 +222,56 @@ class GpuEffects:
                     "whole GPU"
                 )
 
-    def apply(self, plan: PreparePlan) -> PreparePlan:
-        """Make the GPU changes the plan's devices need; the plan with share edits."""
+    def apply(self, plan: PreparePlan, claim: Mapping[str, Any]) -> PreparePlan:
+        """Make the GPU changes the plan's devices need; the plan with share edits. A
+        daemon that is not ready in time fails the claim (kubelet retries it) and is
+        told to the claim's Pods in an Event."""
+        try:
+            return self._apply(plan)
+        except DaemonNotReady as err:
+            self._tell_pods(claim, str(err), err.gpu)
+            raise
+
+    def _apply(self, plan: PreparePlan) -> PreparePlan:
         devices = list(plan.devices)
         for index, device in enumerate(devices):
             gpu = device.cdi.device.uuid
             time_slice = time_slice_of(device.prepared.sharing)
-            if time_slice is not None:
-                self._set_time_slice(gpu, time_slice)
             limits = device.share_limits
-            if limits is not None:
-                share = share_limits_of(limits.memory_bytes, limits.thread_percentage)
-                self._check_client_limit(gpu)
-                if device.cdi.device.type != DeviceType.MIG:
-                    self._set_compute_mode(gpu)
-                daemon = self._daemon(
-                    gpu,
-                    share,
-                    multiuser=device.mps_multiuser,
-                    exact=device.result.share_id is None,
-                )
-                devices[index] = _with_edits(device, share_edits(daemon, share))
+            if time_slice is None and limits is None:
+                continue
+            with self.holding(gpu):  # calls for other GPUs go on meanwhile
+                if time_slice is not None:
+                    self._set_time_slice(gpu, time_slice)
+                if limits is not None:
+                    share = share_limits_of(limits.memory_bytes, limits.thread_percentage)
+                    self._check_client_limit(gpu)
+                    if device.cdi.device.type != DeviceType.MIG:
+                        self._set_compute_mode(gpu)
+                    daemon = self._daemon(
+                        gpu,
+                        share,
+                        multiuser=device.mps_multiuser,
+                        exact=device.result.share_id is None,
+                    )
+                    devices[index] = _with_edits(device, share_edits(daemon, share))
         if devices == list(plan.devices):
             return plan
         crash_point("prepare-after-share")
         spec = replace(plan.spec, devices=tuple(d.cdi for d in devices))
         return replace(plan, devices=tuple(devices), spec=spec)
+
+    @contextmanager
+    def holding(self, uuid: str) -> Iterator[None]:
+        """The lock of the GPU (or MIG instance) ``uuid``: every change of its daemon,
+        compute mode and time slice, and every settle of it, runs under it, so a settle
+        never undoes what a prepare of the same GPU is doing; other GPUs' calls do not
+        wait. Taken before the state lock, never while holding it."""
+        try:
+            with self.daemons.hold(uuid):
+                yield
+        except MpsError as err:
+            raise ShareError(str(err)) from err
 
     def _daemon(
         self, gpu: str, limits: DaemonLimits, *, multiuser: bool = False, exact: bool = False
@@ -192,7 +279,11 @@ class GpuEffects:
         try:
             daemon = self.daemons.ensure(gpu, limits, multiuser=multiuser, exact=exact)
         except (OSError, MpsError) as err:
-            raise ShareError(f"GPU {gpu}: the MPS control daemon did not start: {err}") from err
+            raise DaemonNotReady(
+                gpu,
+                f"GPU {gpu}: the MPS control daemon is not ready: {err}; kubelet retries "
+                "this claim, and the next try waits for the same daemon again",
+            ) from err
         record = MpsDaemonRecord(
             multi_user=multiuser,
             pid=daemon.pid,
@@ -208,6 +299,20 @@ class GpuEffects:
             if current.mps != record:
                 self.store.set_gpu(gpu, current.model_copy(update={"mps": record}))
         return daemon
+
+    def _tell_pods(self, claim: Mapping[str, Any], message: str, gpu: str) -> None:
+        """An Event on each Pod of the claim (in the background: best effort, and an API
+        server that hangs must not hold the call), once per Pod and message."""
+        if self.pods is None:
+            return
+        digest = hashlib.sha256(f"{gpu}/{message}".encode()).hexdigest()[:10]
+        threading.Thread(
+            target=tell_pods,
+            args=(self.pods, claim),
+            kwargs={"reason": NOT_READY_REASON, "message": message, "name": f"mps-{digest}"},
+            name="mps-event",
+            daemon=True,
+        ).start()
 
     def _check_client_limit(self, gpu: str) -> None:
         """MPS serves at most ``CLIENT_LIMIT`` clients per GPU (fewer on a small MIG
@@ -260,13 +365,19 @@ class GpuEffects:
     def stop_daemon(self, uuid: str) -> None:
         """Stop the MPS daemon serving ``uuid`` and forget it: a MIG instance whose last
         share is being unprepared, which cannot be destroyed while its server holds it.
-        The caller holds the state lock. Idempotent; a crash after it is finished by the
-        repeated unprepare."""
-        if self.daemons.stop(uuid):
-            log.info("stopped the MPS daemon of a MIG instance", extra={"mig": uuid})
-        current = self.store.gpus().get(uuid)
-        if current is not None and current.mps is not None:
-            self.store.set_gpu(uuid, current.model_copy(update={"mps": None}))
+        A caller that holds the state lock holds ``holding(uuid)`` first. Idempotent; a
+        crash after it is finished by the repeated unprepare."""
+        with self.holding(uuid):
+            try:
+                stopped = self.daemons.stop(uuid)
+            except MpsError as err:
+                raise ShareError(f"MIG instance {uuid}: its MPS daemon: {err}") from err
+            if stopped:
+                log.info("stopped the MPS daemon of a MIG instance", extra={"mig": uuid})
+            with self.state_lock():
+                current = self.store.gpus().get(uuid)
+                if current is not None and current.mps is not None:
+                    self.store.set_gpu(uuid, current.model_copy(update={"mps": None}))
 
     def resume(self) -> None:
         """At start: daemons of GPUs with prepared MPS shares run again (a node restart
@@ -276,49 +387,88 @@ class GpuEffects:
         for gpu, limits in sorted(self._share_limits().items()):
             daemon = (recorded.get(gpu) or GpuRecord()).mps
             try:
-                if not gpu.startswith(MIG_UUID_PREFIX):
-                    self._set_compute_mode(gpu)
-                self._daemon(gpu, limits, multiuser=daemon is not None and daemon.multi_user)
+                with self.holding(gpu):
+                    if not gpu.startswith(MIG_UUID_PREFIX):
+                        self._set_compute_mode(gpu)
+                    multiuser = daemon is not None and daemon.multi_user
+                    self._daemon(gpu, limits, multiuser=multiuser)
             except ShareError as err:
                 log.error("MPS daemon not restarted", extra={"gpu": gpu, "error": str(err)})
         self.settle()
 
-    def settle(self) -> list[str]:
-        """Undo what no prepared claim needs any more; returns what was undone."""
-        mps_needed, slices_needed = self._needed()
+    def settle(self, released: Sequence[PreparedDevice] | None = None) -> list[str]:
+        """Undo what no prepared claim needs any more; returns what was undone.
+
+        Each GPU is settled under its lock, and whether a claim needs it is asked again
+        there: a prepare records its claim before it takes the GPU's lock, so what it
+        is setting up is never undone. After an unprepare (``released``: its devices)
+        the settle waits for the locks of the GPUs it released; any other GPU whose lock
+        is held is left to the holder (a prepare that needs it, or another settle), so
+        unprepares of different GPUs never wait for each other. At start (None) every
+        GPU is waited for.
+        """
+        mine = None if released is None else {s[0] for d in released if (s := self._served(d))}
         done: list[str] = []
-        for gpu, record in dict(self.store.gpus()).items():
-            updated = record
-            mps_set = record.mps is not None or record.compute_mode is not None
-            if mps_set and gpu not in mps_needed:
-                # The daemon first: while it runs it holds the GPU in EXCLUSIVE_PROCESS.
-                self.daemons.stop(gpu)
-                crash_point("settle-after-stop")
-                updated = updated.model_copy(update={"mps": None})
-                if record.mps is not None:
-                    done.append(f"stopped the MPS daemon of GPU {gpu}")
-            if record.compute_mode is not None and gpu not in mps_needed:
-                previous = record.previous_compute_mode or 0
-                self._write_compute_mode(gpu, previous)
-                updated = updated.model_copy(
-                    update={"compute_mode": None, "previous_compute_mode": None}
-                )
-                done.append(f"restored compute mode {previous} of GPU {gpu}")
-            if record.time_slice is not None and gpu not in slices_needed:
-                previous = record.previous_time_slice or 0
-                self._write_time_slice(gpu, previous)
-                updated = updated.model_copy(
-                    update={"time_slice": None, "previous_time_slice": None}
-                )
-                done.append(f"restored time slice {previous} of GPU {gpu}")
-            if updated != record:
-                with self.state_lock():
-                    self.store.set_gpu(gpu, updated)
+        for gpu in self._to_settle():
+            wait = mine is None or gpu in mine
+            with self.daemons.hold(gpu, wait=wait) as held:
+                if held:
+                    done += self._settle_gpu(gpu)
         # A daemon started just before a crash was never recorded: nobody needs it.
-        for gpu in self.daemons.sweep(keep=mps_needed):
+        keep = self._keeps
+        for gpu in self.daemons.sweep(keep=keep, wait=mine is None):
             done.append(f"stopped an unrecorded MPS daemon of GPU {gpu}")
         for what in done:
             log.info(what)
+        return done
+
+    def _keeps(self, gpu: str) -> bool:
+        return gpu in self._needed()[0]
+
+    def _to_settle(self) -> list[str]:
+        """GPUs with state that no prepared claim needs now (looked at without their
+        locks; each is asked again under its lock)."""
+        mps_needed, slices_needed = self._needed()
+        with self.state_lock():
+            records = dict(self.store.gpus())
+        return [
+            gpu
+            for gpu, record in sorted(records.items())
+            if _left_over(record, mps=gpu in mps_needed, time_slice=gpu in slices_needed)
+        ]
+
+    def _settle_gpu(self, gpu: str) -> list[str]:
+        """Undo one GPU's state that no claim needs; the caller holds its lock."""
+        mps_needed, slices_needed = self._needed()
+        with self.state_lock():
+            record = self.store.gpus().get(gpu)
+        if record is None:
+            return []
+        done: list[str] = []
+        updated = record
+        mps_set = record.mps is not None or record.compute_mode is not None
+        if mps_set and gpu not in mps_needed:
+            # The daemon first: while it runs it holds the GPU in EXCLUSIVE_PROCESS.
+            self.daemons.stop(gpu)
+            crash_point("settle-after-stop")
+            updated = updated.model_copy(update={"mps": None})
+            if record.mps is not None:
+                done.append(f"stopped the MPS daemon of GPU {gpu}")
+        if record.compute_mode is not None and gpu not in mps_needed:
+            previous = record.previous_compute_mode or 0
+            self._write_compute_mode(gpu, previous)
+            updated = updated.model_copy(
+                update={"compute_mode": None, "previous_compute_mode": None}
+            )
+            done.append(f"restored compute mode {previous} of GPU {gpu}")
+        if record.time_slice is not None and gpu not in slices_needed:
+            previous = record.previous_time_slice or 0
+            self._write_time_slice(gpu, previous)
+            updated = updated.model_copy(update={"time_slice": None, "previous_time_slice": None})
+            done.append(f"restored time slice {previous} of GPU {gpu}")
+        if updated != record:
+            with self.state_lock():
+                self.store.set_gpu(gpu, updated)
         return done
 
     def _served(self, held: PreparedDevice) -> tuple[str, int] | None:
@@ -329,6 +479,23 @@ class GpuEffects:
         if held.mig is not None:
             return (held.mig.uuid, memory) if held.mig.uuid else None
         return (device.uuid, memory) if device is not None and device.uuid else None
+
+    def clients(self) -> dict[str, list[MpsClient]]:
+        """Per GPU (or MIG instance) whose daemon is recorded as running, the prepared
+        claims' devices it serves (the watch's view)."""
+        with self.state_lock():
+            records = dict(self.store.claims())
+            running = {gpu for gpu, record in self.store.gpus().items() if record.mps}
+        found: dict[str, list[MpsClient]] = {}
+        for uid, record in sorted(records.items()):
+            for held in record.devices:
+                served = self._served(held) if held.sharing == MPS else None
+                if served is not None and served[0] in running:
+                    client = MpsClient(
+                        uid, record.namespace, record.name, held.device_name, record.updated_at
+                    )
+                    found.setdefault(served[0], []).append(client)
+        return found
 
     def _needed(self, *, unfinished_migs: bool = True) -> tuple[dict[str, int], set[str]]:
         """What prepared claims need: an MPS daemon on each of these GPUs and MIG
@@ -416,6 +583,12 @@ class GpuEffects:
         if gpu not in self._handles:
             raise ShareError(f"GPU {gpu} is not on this node any more")
         return self._handles[gpu]
+
+
+def _left_over(record: GpuRecord, *, mps: bool, time_slice: bool) -> bool:
+    """Whether a GPU keeps state its claims (which need MPS, a time slice) do not."""
+    mps_set = record.mps is not None or record.compute_mode is not None
+    return (mps_set and not mps) or (record.time_slice is not None and not time_slice)
 
 
 def _with_edits(device: DevicePlan, edits: ContainerEdits) -> DevicePlan:
