@@ -166,9 +166,19 @@ def spec_path(cdi_root: Path, *, driver: str, claim_uid: str) -> Path:
     return cdi_root / f"{_spec_file_prefix(driver)}{claim_uid}.json"
 
 
+# A Kubernetes UID is a UUID, 36 characters; kubelet passes the claim's. Anything much
+# longer is not one, and would not fit a file name (255 bytes) with the spec's prefix.
+MAX_CLAIM_UID: Final = 128
+
+
 def _check_claim_uid(claim_uid: str) -> None:
     # The UID becomes part of a file name and of device names; refuse anything that
-    # could escape the directory or make an invalid device name.
+    # could escape the directory, make an invalid device name or a name too long.
+    if len(claim_uid) > MAX_CLAIM_UID:
+        raise CdiSpecError(
+            f"claimUID: {len(claim_uid)} characters ({claim_uid[:16]!r}…); a Kubernetes "
+            f"UID has 36, at most {MAX_CLAIM_UID} are accepted"
+        )
     if not DEVICE_NAME.fullmatch(claim_uid):
         raise CdiSpecError(f"claimUID: {claim_uid!r} is not a valid CDI name part")
 

@@ -137,17 +137,25 @@ def test_an_unexpected_prepare_fault_keeps_its_traceback(
     assert record.__dict__["claimUID"] == UID_GOOD
 
 
+@pytest.mark.parametrize("uid", ["../evil", "a" * 4000])
 def test_an_unpreparable_uid_is_one_warning_line(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, uid: str
 ) -> None:
     with plugin(tmp_path, reader()) as (_, stub), caplog.at_level(logging.DEBUG):
-        error = unprepare_one(stub, "ml", "evil", "../evil")
+        error = unprepare_one(stub, "ml", "evil", uid)
+        prepared = prepare_one(stub, "ml", "evil", uid)
 
     assert error.startswith("unprepare of ResourceClaim ml/evil: ")
+    assert "claimUID" in error
+    if len(uid) > 128:  # refused as input, not as a file name the kernel turned down
+        assert "4000 characters" in error
+        assert "at most 128" in error
+        assert "File name too long" not in error + prepared
     (record,) = failures(caplog, "unprepare failed")
     assert record.levelno == logging.WARNING
-    assert record.exc_info is None
-    assert record.__dict__["claimUID"] == "../evil"
+    assert record.exc_info is None  # no traceback
+    assert record.__dict__["claimUID"] == uid
+    assert all(r.exc_info is None for r in caplog.records)
 
 
 def test_an_unexpected_unprepare_fault_keeps_its_traceback(
