@@ -421,7 +421,8 @@ class ProcessLauncher:
     def _wait_for_starting(self, spot: DaemonSpot) -> int | None:
         """The pid of this GPU's daemon once one that is starting wrote its pid file;
         None when none is starting (or it ended without one)."""
-        deadline = time.monotonic() + spot.bound(self.start_timeout)
+        bound = spot.bound(self.start_timeout)
+        deadline = time.monotonic() + bound
         while starting_daemons(spot.gpu_uuid):
             pid = read_pid(spot.pipe_dir / PID_FILE)
             if pid is not None and _serves(pid, spot.gpu_uuid):
@@ -429,7 +430,8 @@ class ProcessLauncher:
             if time.monotonic() > deadline:
                 raise MpsError(
                     f"an MPS daemon of GPU {spot.gpu_uuid} is still starting after "
-                    f"{self.start_timeout:g}s; see {spot.log_dir}"
+                    f"{bound:.3g}s (a plugin stopped while it started it); kubelet retries "
+                    f"this claim; see {spot.log_dir}"
                 )
             time.sleep(_POLL)
         return None
