@@ -33,9 +33,9 @@ from drasil.api.devicepool import CRD_NAME, crd_manifest
 from drasil.api.limits import allow_nesting
 from drasil.driver.explain.fromapi import explain_from_api
 from drasil.driver.kubeapi import KubeApi
-from e2e.harness.chart import ChartIdentity, chart_identity
+from e2e.harness.chart import ChartIdentity, chart_identity, remove_crd
 from e2e.harness.controllerproc import ControllerProcess
-from e2e.harness.kube import RESOURCE, Kube, NotYet, gone, pending_pod, wait_for
+from e2e.harness.kube import RESOURCE, Kube, NotYet, pending_pod, wait_for
 
 TOKEN = secrets.token_hex(3)
 DRIVER = f"ctl-{TOKEN}.drasil.dev"
@@ -50,12 +50,7 @@ OURS = re.compile(r"kopf|drasil", re.IGNORECASE)
 @pytest.fixture(scope="module")
 def crd(kube: Kube) -> Iterator[None]:
     """The DevicePool CRD from the generated manifest, Established."""
-    kube.delete("apiextensions.k8s.io/v1", "CustomResourceDefinition", CRD_NAME)
-    wait_for(
-        lambda: gone(kube, "apiextensions.k8s.io/v1", "CustomResourceDefinition", CRD_NAME),
-        timeout=60,
-        what="an old DevicePool CRD to go",
-    )
+    remove_crd(kube)  # an old one, from the chart's crds/ or a test before
     kube.create(crd_manifest())
 
     def established() -> Any:

@@ -27,7 +27,15 @@ import yaml
 from drasil.driver.simulated import mpsstandin
 from drasil.kubeletplugin.vendors.nvidia.mps.daemons import folder_key
 from e2e.harness import versions
-from e2e.harness.chart import CHART, LocalNode, crd_exists, helm, local_node_values
+from e2e.harness.chart import (
+    CHART,
+    LocalNode,
+    crd_exists,
+    crd_terminating_gone,
+    helm,
+    local_node_values,
+    remove_crd,
+)
 from e2e.harness.cluster.host import free_ports
 from e2e.harness.cluster.node import Node
 from e2e.harness.kube import RESOURCE, Kube, NotYet, gone, wait_for
@@ -91,14 +99,13 @@ def fabric_class(kube: Kube) -> Iterator[str]:
 @pytest.fixture
 def crd_restored(kube: Kube) -> Iterator[None]:
     """helm installs the CRD from crds/ and never removes it: put things back."""
+    crd_terminating_gone(kube)
     existed = crd_exists(kube)
     yield
     if not existed:
-        crd = ("apiextensions.k8s.io/v1", "CustomResourceDefinition", "devicepools.drasil.dev")
-        kube.delete(*crd)
         # Gone before the next install: a CRD still terminating (its DevicePools being
         # removed) is found by helm, which then waits for it until it is NotFound.
-        wait_for(lambda: gone(kube, *crd), timeout=TIMEOUT, what="the DevicePool CRD to go")
+        remove_crd(kube)
 
 
 def _values(node: Node, image: LocalImage, kubeconfig: Path) -> tuple[dict[str, Any], int]:
@@ -731,7 +738,12 @@ def test_shares_of_a_mig_device_cut_it_once_and_destroy_it_after_the_last(
 # --- MPS daemons at node scale: a burst of shares, a daemon killed under its clients -----
 
 BURST_PROFILE = "l4:8"  # 8 GPUs, so 8 daemon Pods start and stop at once
-DEATH_TIMEOUT = 30  # for the Events of a dead daemon
+DEATH_TIMEOUT = 30  # the issue's bound: a dead daemon's claims Unhealthy in the Pods' status
+# A client that lost its daemon says so and stays: `mps-client --hold` exits 2 about a second
+# after the daemon goes, and a Pod that ends (restartPolicy Never) has its claim unprepared
+# by kubelet, which then writes no health for it at all. A long-running workload that logs
+# the error and lives on is what the Pod status is for.
+HOLD_AND_STAY = "mps-client --hold; echo client exited $?; sleep 3600"
 
 
 def _share_of(minor: int, memory: str = "4Gi") -> dict[str, Any]:
@@ -754,6 +766,21 @@ def _retried(kube: Kube, namespace: str, names: list[str]) -> list[str]:
     ]
 
 
+def _log(kube: Kube, namespace: str, name: str) -> str:
+    return str(kube.core.read_namespaced_pod_log(name, namespace))
+
+
+def _claim_health(kube: Kube, namespace: str, name: str) -> str | None:
+    """The health kubelet shows for the Pod's one claim device (``claim:gpu``)."""
+    status = kube.get("v1", "Pod", name, namespace).get("status") or {}
+    for container in status.get("containerStatuses") or []:
+        for entry in container.get("allocatedResourcesStatus") or []:
+            if entry.get("name") == "claim:gpu":
+                for resource in entry.get("resources") or []:
+                    return str(resource.get("health"))
+    return None
+
+
 def test_mps_daemon_pods_start_and_stop_in_parallel_and_a_dead_one_is_said(
     kube: Kube,
     kubeconfig: Path,
@@ -766,8 +793,8 @@ def test_mps_daemon_pods_start_and_stop_in_parallel_and_a_dead_one_is_said(
     """gpuSharing consumable under the chart, eight GPUs: eight shares created at once
     (one per GPU: eight daemon Pods started in parallel) all run with no prepare retried
     by kubelet, and go at once; then a daemon Pod deleted under two clients: both Pods'
-    get an MpsDaemonDied Event, a Node Event
-    names the GPU, and a new Pod on that GPU gets a new daemon and connects."""
+    status shows the claim Unhealthy within 30 s, each gets an MpsDaemonDied Event, a Node
+    Event names the GPU, and a new Pod on that GPU gets a new daemon and connects."""
     release = f"mpsn{secrets.token_hex(2)}"
     values, _ = _values(node, local_image, kubeconfig)
     values.update(gpuSharing="consumable", controller={"enabled": False})
@@ -791,14 +818,32 @@ def test_mps_daemon_pods_start_and_stop_in_parallel_and_a_dead_one_is_said(
         # Two clients of gpu-0's daemon (one after the other: see test_node_sharing).
         clients = []
         for _ in range(2):
-            clients.append(_mps_client(kube, namespace, node, hold, _share_of(0)))
+            clients.append(_mps_client(kube, namespace, node, HOLD_AND_STAY, _share_of(0)))
             _connected(kube, namespace, clients[-1])
         (daemon,) = _daemon_pods(kube, namespace)
         gpu = daemon.metadata.annotations["drasil.dev/gpu"]
         kube.core.delete_namespaced_pod(daemon.metadata.name, namespace, grace_period_seconds=0)
-        # The claims' Unhealthy in the Pods' allocatedResourcesStatus is not asserted: in
-        # about one run in three here kubelet wrote no health for the Pods at all (issue 52
-        # stays open on it); the plugin's report is checked in tests/kubeletplugin.
+        for name in clients:
+            wait_for(
+                lambda name=name: (  # type: ignore[misc]
+                    _claim_health(kube, namespace, name) == "Unhealthy"
+                    or NotYet(_claim_health(kube, namespace, name))
+                ),
+                timeout=DEATH_TIMEOUT,
+                interval=1.0,
+                what=f"Pod {name}'s claim Unhealthy after its MPS daemon died",
+            )
+            wait_for(
+                lambda name=name: (
+                    (  # type: ignore[misc]
+                        "MPS: lost connection" in (log := _log(kube, namespace, name))
+                        and "client exited 2" in log
+                    )
+                    or NotYet(_log(kube, namespace, name))
+                ),
+                timeout=DEATH_TIMEOUT,
+                what=f"Pod {name}'s client saying it lost its daemon",
+            )
         (said,) = node_events(kube, node.name, "MpsDaemonDied", containing=gpu)[-1:]
         assert "restart the Pod" in said
 

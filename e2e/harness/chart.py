@@ -16,9 +16,10 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from drasil.api.devicepool import CRD_NAME
 from e2e.harness import binaries, paths, versions
 from e2e.harness.controllerproc import ControllerProcess
-from e2e.harness.kube import Kube
+from e2e.harness.kube import Kube, NotYet, gone, wait_for
 
 CHART = paths.CHECKOUT / "charts" / "drasil"
 # One file, whatever its name (issue 5 regenerates it from the API types).
@@ -150,7 +151,7 @@ def crd_exists(kube: Kube) -> bool:
     """Whether the DevicePool CRD is installed (a test puts back what it found)."""
     crds = kube.resource("apiextensions.k8s.io/v1", "CustomResourceDefinition")
     try:
-        crds.get(name="devicepools.drasil.dev")
+        crds.get(name=CRD_NAME)
     except ApiException as e:
         if e.status != 404:
             raise
@@ -158,10 +159,46 @@ def crd_exists(kube: Kube) -> bool:
     return True
 
 
+# A deleted CRD goes once kube-apiserver's finalizer has removed its objects. The finalizer
+# lists them through the watch cache; while that cache is (re)initializing the list fails
+# and the finalizer retries with an exponential backoff, so the CRD can stay Terminating
+# for about twice as long as the cache was not ready: over 120 s once on CI's loaded run,
+# where the next test's create was then refused ("custom resource definition is
+# terminating"). Every test that removes the CRD waits this long for it, and every test
+# that installs it first waits for a Terminating one to go.
+CRD_GONE_TIMEOUT = 300.0
+_CRD_REF = ("apiextensions.k8s.io/v1", "CustomResourceDefinition", CRD_NAME)
+
+
+def crd_terminating_gone(kube: Kube) -> None:
+    """Wait for a DevicePool CRD that is being deleted to be gone (none: return)."""
+
+    def settled() -> Any:
+        try:
+            obj = kube.get(*_CRD_REF)
+        except ApiException as e:
+            if e.status == 404:
+                return True
+            raise
+        deleting = (obj.get("metadata") or {}).get("deletionTimestamp")
+        return True if not deleting else NotYet((obj.get("status") or {}).get("conditions"))
+
+    wait_for(settled, timeout=CRD_GONE_TIMEOUT, what="the Terminating DevicePool CRD to go")
+
+
+def remove_crd(kube: Kube) -> None:
+    """Delete the DevicePool CRD and wait until it is gone (see CRD_GONE_TIMEOUT)."""
+    kube.delete(*_CRD_REF)
+    wait_for(
+        lambda: gone(kube, *_CRD_REF), timeout=CRD_GONE_TIMEOUT, what="the DevicePool CRD to go"
+    )
+
+
 @contextlib.contextmanager
 def crd_installed(kube: Kube, kubeconfig: Path) -> Iterator[dict[str, Any]]:
     """The chart's CRD applied for real (DevicePools need it served); removed afterwards
     unless it was there before."""
+    crd_terminating_gone(kube)
     existed = crd_exists(kube)
     kubectl_run(kubeconfig, "apply", "--server-side", "-f", str(CRD))
     kubectl_run(
@@ -175,7 +212,7 @@ def crd_installed(kube: Kube, kubeconfig: Path) -> Iterator[dict[str, Any]]:
         yield yaml.safe_load(CRD.read_text())
     finally:
         if not existed:
-            kubectl_run(kubeconfig, "delete", "--ignore-not-found", "-f", str(CRD))
+            remove_crd(kube)
 
 
 def token_kubeconfig(kubeconfig: Path, token: str, path: Path, name: str) -> Path:
