@@ -26,14 +26,20 @@ from typing import Any
 import pytest
 
 from drasil.driver.cdi.spec import common_edits_dict, validate_spec
-from drasil.driver.nvidia.driveredits import driver_edits
+from drasil.driver.nvidia.driveredits import control_edits, driver_edits
+from drasil.driver.nvidia.driveredits import merged as merged_edits
 from drasil.driver.nvidia.driverfiles import DriverRoot, find_driver_files
 from drasil.kubeletplugin.gpucheck import cdicheck
-from e2e.harness import versions
+from e2e.harness import mocknvml, versions
 from e2e.harness.cluster.node import Node
 from e2e.harness.driverroot import FakeRoot, build_fake_root, upgrade_fake_root
 from e2e.harness.kube import RESOURCE, Kube, NotYet, wait_for
-from e2e.harness.nvidiatoolkit import VOID_MOUNT_HOST_PATH, cdi_hook_path, reference_spec
+from e2e.harness.nvidiatoolkit import (
+    VOID_MOUNT_HOST_PATH,
+    cdi_hook_path,
+    reference_run,
+    reference_spec,
+)
 from e2e.harness.pluginproc import DRIVER
 from e2e.harness.pods import (
     POD_TIMEOUT,
@@ -54,52 +60,79 @@ NEWER = "590.44.01"
 
 def _summary(edits: Mapping[str, Any]) -> dict[str, Any]:
     """What must agree: mounts (host path -> container path, options), the variables,
-    and the hooks with order-free arguments. Device nodes are left out."""
+    and the hooks in order, each with order-free arguments. Device nodes are left out."""
     mounts = {
         m["hostPath"]: (m["containerPath"], tuple(m.get("options") or ()))
         for m in edits.get("mounts") or []
-        if m["hostPath"] != VOID_MOUNT_HOST_PATH
     }
-    hooks: dict[str, Any] = {}
+    hooks: list[tuple[str, dict[str, Any]]] = []
     for hook in edits.get("hooks") or []:
         command, args = hook["args"][1], hook["args"][2:]
         paired = command in ("create-symlinks", "update-ldcache")
         value = sorted(zip(args[::2], args[1::2], strict=True)) if paired else args
-        hooks[command] = {
+        detail = {
             "path": hook["path"],
             "hookName": hook["hookName"],
             "argv0": hook["args"][0],
             "args": value,
             "env": hook.get("env"),
         }
-    env = sorted(e for e in edits.get("env") or [] if not e.startswith("NVIDIA_VISIBLE_DEVICES="))
-    return {"mounts": mounts, "hooks": hooks, "env": env}
+        hooks.append((command, detail))
+    return {"mounts": mounts, "hooks": hooks, "env": sorted(edits.get("env") or [])}
 
 
-def _oracle(fake: FakeRoot, hook: Path) -> dict[str, Any]:
-    spec = reference_spec(fake.root, hook_path=hook, env=fake.env())
+# The generator's hooks drasil does not write, by mode, and why:
+# - chmod (management): folder permissions of its device nodes; drasil's are per device;
+# - apply-cuda-memory-limits (nvml): one per device, not spec-wide; drasil's memory
+#   limits are its shares' own (docs/sharing.md);
+# - update-application-profile (nvml): a hook of nvidia-cdi-hook 1.20 (EGL's visible
+#   GPUs); a node with an older toolkit (NVIDIA's DRA driver pins 1.19) would fail every
+#   container on the unknown command.
+NOT_WRITTEN = {
+    "management": ("chmod",),
+    "nvml": ("apply-cuda-memory-limits", "update-application-profile"),
+}
+NVML_PROFILE = "h100-80gb:1"
+
+
+def _oracle(fake: FakeRoot, hook: Path, mode: str = "management") -> dict[str, Any]:
+    """NVIDIA's spec of `fake` in `mode`, spec-wide and per-device edits merged. nvml
+    mode (NVIDIA's DRA driver's) needs the root's NVML to list GPUs: the root gets the
+    mock NVML of one H100 first (it stays)."""
+    if mode == "nvml":
+        node = mocknvml.make_mock_node(fake.root.parent / "mock", NVML_PROFILE, node_name="n")
+        mocknvml.install_mock(fake.host(f"{fake.lib_dirs[0]}/libnvidia-ml.so.{fake.version}"), node)
+        run = reference_run(fake.root, hook_path=hook, mode=mode, require_fake_nvml=False)
+        # The mock answered (not some NVML of this machine): its GPU is the spec's device.
+        assert {d["name"] for d in run.spec["devices"]} >= {node.gpus[0].uuid}
+        spec = run.spec
+    else:
+        spec = reference_spec(fake.root, hook_path=hook, env=fake.env())
     merged: dict[str, list[Any]] = {"mounts": [], "hooks": [], "env": []}
     for edits in [spec.get("containerEdits") or {}] + [
         d["containerEdits"] for d in spec["devices"]
     ]:
         for key in merged:
             merged[key] += edits.get(key) or []
-    # Device-node hooks of management mode (folder permissions) are per device in drasil.
-    merged["hooks"] = [h for h in merged["hooks"] if h["args"][1] != "chmod"]
-    # Management mode alone leaves out disable-device-node-modification (its containers
-    # manage every GPU); per-device specs (the generator's nvml mode, NVIDIA's DRA
-    # driver, drasil) carry it after update-ldcache, with the same path and env.
-    ldcache = next(h for h in merged["hooks"] if h["args"][1] == "update-ldcache")
-    merged["hooks"].append(
-        {**ldcache, "args": [ldcache["args"][0], "disable-device-node-modification"]}
-    )
+    merged["hooks"] = [h for h in merged["hooks"] if h["args"][1] not in NOT_WRITTEN[mode]]
+    if mode == "management":
+        # Management mode alone leaves out disable-device-node-modification (its
+        # containers manage every GPU); per-device specs (nvml mode, NVIDIA's DRA driver,
+        # drasil) carry it after update-ldcache, with the same path and env.
+        ldcache = next(h for h in merged["hooks"] if h["args"][1] == "update-ldcache")
+        merged["hooks"].append(
+            {**ldcache, "args": [ldcache["args"][0], "disable-device-node-modification"]}
+        )
     return _summary(merged)
 
 
 def _drasil(fake: FakeRoot, hook: Path, *, host: str | None = None) -> dict[str, Any]:
+    """drasil's spec-wide edits of `fake`: the control edits (device nodes aside: the
+    void marker) and the driver's."""
     root = DriverRoot(host=host or str(fake.root), local=fake.root)
     files = find_driver_files(root, fake.version)
-    return _summary(common_edits_dict(driver_edits(files, root, hook_path=str(hook))))
+    edits = merged_edits(control_edits(()), driver_edits(files, root, hook_path=str(hook)))
+    return _summary(common_edits_dict(edits))
 
 
 @pytest.fixture(scope="module")
@@ -111,11 +144,28 @@ def hook() -> Path:
 def test_drasil_mounts_and_hooks_what_nvidias_generator_does(
     layout: str, tmp_path: Path, hook: Path
 ) -> None:
+    """Against both modes the generator runs in without a GPU of ours: management, and
+    nvml (over the mock NVML), NVIDIA's DRA driver's. The void marker, by variable and
+    by mount, is in both; the GBM backend link only in nvml mode, in a hook of its own
+    before the driver's create-symlinks."""
     fake = build_fake_root(tmp_path / "root", layout=layout, dev_nodes=True)
-    ours, theirs = _drasil(fake, hook), _oracle(fake, hook)
-    assert ours["mounts"] == theirs["mounts"]
-    assert ours["hooks"] == theirs["hooks"]
-    assert ours["env"] == theirs["env"]
+    ours = _drasil(fake, hook)
+    management = _oracle(fake, hook)
+    nvml = _oracle(fake, hook, "nvml")
+    for theirs in (management, nvml):
+        assert ours["mounts"] == theirs["mounts"]
+        assert ours["env"] == theirs["env"]
+    assert ours["hooks"] == nvml["hooks"]
+    (gbm, *rest) = ours["hooks"]
+    assert rest == management["hooks"]
+    assert gbm[0] == "create-symlinks"
+    lib = fake.lib_dirs[0]
+    assert gbm[1]["args"] == [
+        ("--link", f"../libnvidia-allocator.so.1::{lib}/gbm/nvidia-drm_gbm.so")
+    ]
+    void = ("/var/run/nvidia-container-devices/void", ("ro", "nosuid", "nodev", "bind"))
+    assert ours["mounts"][VOID_MOUNT_HOST_PATH] == void
+    assert "NVIDIA_VISIBLE_DEVICES=void" in ours["env"]
     # And the oracle is not vacuous: the current version's files, none of an older one.
     assert {p for p, _ in ours["mounts"].values()} >= set(fake.libraries) | set(fake.firmware)
     assert not {p for p, _ in ours["mounts"].values()} & set(fake.old_libraries)
@@ -128,7 +178,9 @@ def test_a_root_seen_at_another_path_is_written_with_host_paths(tmp_path: Path, 
     expected = {
         "/run/nvidia/driver" + host.removeprefix(str(fake.root)): mount
         for host, mount in theirs["mounts"].items()
+        if host != VOID_MOUNT_HOST_PATH
     }
+    expected[VOID_MOUNT_HOST_PATH] = theirs["mounts"][VOID_MOUNT_HOST_PATH]
     assert ours["mounts"] == expected
 
 
@@ -218,14 +270,26 @@ def _assert_valid_cdi(spec: Mapping[str, Any]) -> None:
 def test_a_cuda_program_loads_the_driver_by_soname(
     kube: Kube, ns: str, node: Node, driver_root: FakeRoot
 ) -> None:
-    name = _probe_pod(kube, ns, node, {"gpu": template(kube, ns)})
+    lib = driver_root.lib_dirs[0]
+    # What the real hooks and runtime made: GBM's backend link (resolving to the driver's
+    # allocator) and the void marker, /dev/null's character device (1,3).
+    looks = (
+        f"echo gbm=$(readlink {lib}/gbm/nvidia-drm_gbm.so)"
+        f"=$(readlink -f {lib}/gbm/nvidia-drm_gbm.so)"
+        " void=$(stat -c %t,%T /var/run/nvidia-container-devices/void); "
+    )
+    name = _probe_pod(kube, ns, node, {"gpu": template(kube, ns)}, extra=looks)
     _assert_loaded(_probe_result(kube, ns, name), driver_root.version)
+    log = kube.core.read_namespaced_pod_log(name, ns, container="c")
+    allocator = f"{lib}/libnvidia-allocator.so.{driver_root.version}"
+    assert f"gbm=../libnvidia-allocator.so.1={allocator} void=1,3" in log
     (uid,) = _claim_uids(kube, ns, name)
     spec = json.loads(cdi_spec(node, uid).read_text())
     _assert_valid_cdi(spec)
     hosts = {m["hostPath"] for m in spec["containerEdits"]["mounts"]}
     assert {str(driver_root.host(p)) for p in driver_root.libraries} <= hosts
     assert [h["args"][1] for h in spec["containerEdits"]["hooks"]] == [
+        "create-symlinks",  # the graphics links
         "create-symlinks",
         "enable-cuda-compat",
         "update-ldcache",

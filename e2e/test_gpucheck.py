@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 from drasil.driver.simulated.nvml import simulated_library
+from e2e.harness.containerkit import build_kit
 from e2e.harness.mocknvml import smi
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mknod, namespaces)")
@@ -31,13 +33,21 @@ STEPS = (
     "CDI spec",
     "nvidia-ctk",
     "sandbox probe",
+    "container",
     "unprepare",
     "MPS share",
     "dynamic MIG",
 )
 
 
-def check(root: smi.MockRoot, tmp: Path, **env: str) -> tuple[int, str, dict[str, Any]]:
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The container step's kit: the harness's containerd, runc, ctr, nvidia-cdi-hook
+    and probe image, linked (the bundle carries a copy)."""
+    return build_kit(tmp_path_factory.mktemp("kit") / "kit", link=True)
+
+
+def check(root: smi.MockRoot, tmp: Path, *args: str, **env: str) -> tuple[int, str, dict[str, Any]]:
     report = tmp / "report.json"
     done = subprocess.run(
         [
@@ -46,6 +56,7 @@ def check(root: smi.MockRoot, tmp: Path, **env: str) -> tuple[int, str, dict[str
             "drasil.kubeletplugin.gpucheck",
             *root.check_args(),
             f"--json={report}",
+            *args,
         ],
         capture_output=True,
         text=True,
@@ -60,9 +71,9 @@ def statuses(report: dict[str, Any]) -> dict[str, str]:
     return {s["name"]: s["status"] for s in report["steps"]}
 
 
-def test_the_mock_node_passes_every_step(tmp_path: Path) -> None:
+def test_the_mock_node_passes_every_step(tmp_path: Path, kit: Path) -> None:
     root = smi.make_root(tmp_path / "node", profile="h100-80gb:2", node_name="mock-a")
-    code, out, report = check(root, tmp_path)
+    code, out, report = check(root, tmp_path, f"--container-kit={kit}")
     assert code == 0, out
     found = statuses(report)
     assert list(found) == list(STEPS)
@@ -76,6 +87,34 @@ def test_the_mock_node_passes_every_step(tmp_path: Path) -> None:
     # Two GPUs on the node; the sandbox of the claim of gpu-0 sees only that one.
     assert probe["nvml"]["count"] == 1
     assert probe["nvml"]["uuids"] == [root.node.gpus[0].uuid]
+    # The same claim under containerd (its CDI code), runc and the real nvidia-cdi-hook:
+    # gpu-kernel saw the one GPU, and the fake libcuda ran its PTX kernel's values.
+    ran = next(s for s in report["steps"] if s["name"] == "container")
+    seen = ran["data"]["container"]
+    assert seen["uuids"] == root.node.gpus[0].uuid
+    assert (seen["cudaDevices"], seen["values"], seen["wrong"]) == (1, 4096, 0)
+    hooks = "create-symlinks, create-symlinks, enable-cuda-compat, update-ldcache"
+    assert f"hooks run by runc: {hooks}, disable-device-node-modification" in out
+    assert "ctr run --device k8s.gpu.drasil.dev/claim=" in out
+
+
+def test_the_container_step_says_what_the_kit_lacks(tmp_path: Path, kit: Path) -> None:
+    broken = tmp_path / "kit"
+    shutil.copytree(kit, broken, symlinks=True)
+    (broken / "bin" / "ctr").unlink()
+    root = smi.make_root(tmp_path / "node", profile="h100-80gb:1", node_name="mock-e")
+    code, out, report = check(root, tmp_path, f"--container-kit={broken}")
+    assert code != 0
+    assert statuses(report)["container"] == "FAIL"
+    assert f"the container kit {broken} lacks ctr" in out
+    assert statuses(report)["unprepare"] == "ok"  # the claim is still cleaned up
+
+
+def test_without_a_kit_the_container_step_is_skipped_saying_so(tmp_path: Path) -> None:
+    root = smi.make_root(tmp_path / "node", profile="h100-80gb:1", node_name="mock-f")
+    code, out, _ = check(root, tmp_path)
+    assert code == 0, out
+    assert "container:                 skipped: no container kit" in out
 
 
 def test_a_wrong_uuid_from_nvidia_smi_fails_naming_it(tmp_path: Path) -> None:

@@ -2,7 +2,8 @@
 
 These tests document `nvidia-ctk cdi generate --mode=management` at the pinned toolkit
 version (e2e.harness.nvidiatoolkit) on every layout: which files it mounts, which hooks it adds
-and with which arguments. drasil's own discovery is compared against the same oracle.
+and with which arguments; and what nvml mode (NVIDIA's DRA driver's) adds to it. drasil's own
+discovery is compared against the same oracle (e2e/test_driver_files.py).
 
 No cluster: the e2e harness only builds the binaries first (nvidia-ctk among them). The
 fake roots need root (mknod for the device nodes, `ldconfig -r` for the ld cache).
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from e2e.harness import driverroot, nvidiatoolkit, versions
+from e2e.harness import driverroot, mocknvml, nvidiatoolkit, versions
 from e2e.harness.driverroot import FakeRoot, build_fake_root
 
 pytestmark = pytest.mark.skipif(
@@ -214,6 +215,44 @@ def test_the_generator_on_each_layout(layout: str, roots: dict[str, FakeRoot], h
     assert "minor" not in nodes["/dev/nvidia0"]  # 0 is left out (omitempty)
     assert nodes["/dev/nvidia1"]["hostPath"] == str(root.host("/dev/nvidia1"))
     assert set(device["containerEdits"]) == {"deviceNodes"}
+
+
+def test_the_generator_in_nvml_mode_adds_its_graphics_hooks(tmp_path: Path, hook: Path) -> None:
+    """nvml mode (NVIDIA's DRA driver's), over the mock NVML of one H100: management
+    mode's spec-wide edits, plus a create-symlinks hook of the graphics part first (GBM's
+    backend, `../libnvidia-allocator.so.1`), disable-device-node-modification and
+    update-application-profile last; each GPU's device gets apply-cuda-memory-limits."""
+    root = build_fake_root(tmp_path / "root", layout="debian", dev_nodes=True)
+    node = mocknvml.make_mock_node(tmp_path / "mock", "h100-80gb:1", node_name="n")
+    mocknvml.install_mock(root.host(f"{root.lib_dirs[0]}/libnvidia-ml.so.{root.version}"), node)
+    spec = nvidiatoolkit.reference_run(
+        root.root, hook_path=hook, mode="nvml", require_fake_nvml=False
+    ).spec
+    commands = [h["args"][1] for h in _edits(spec)["hooks"]]
+    assert commands == [
+        "create-symlinks",
+        "create-symlinks",
+        "enable-cuda-compat",
+        "update-ldcache",
+        "disable-device-node-modification",
+        "update-application-profile",
+    ]
+    lib = root.lib_dirs[0]
+    gbm = _edits(spec)["hooks"][0]["args"][2:]
+    assert gbm == ["--link", f"../libnvidia-allocator.so.1::{lib}/gbm/nvidia-drm_gbm.so"]
+    void = {m["containerPath"]: m["hostPath"] for m in _edits(spec)["mounts"]}
+    assert void["/var/run/nvidia-container-devices/void"] == "/dev/null"
+    uuid = node.gpus[0].uuid
+    device = next(d for d in spec["devices"] if d["name"] == uuid)
+    (limits,) = device["containerEdits"]["hooks"]
+    assert limits["hookName"] == "createRuntime"
+    assert limits["args"][1:] == [
+        "apply-cuda-memory-limits",
+        "--driver-root",
+        str(root.root),
+        "--gpu-id",
+        uuid,
+    ]
 
 
 def test_leftovers_of_an_older_driver_never_reach_the_spec(

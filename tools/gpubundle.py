@@ -11,10 +11,14 @@ maybe no pip and no network. The bundle carries:
   interpreter and architecture, as ``pip download --only-binary=:all: --platform
   manylinux...`` fetched them from PyPI (the versions this venv has), kept zipped: eight
   unpacked copies would pass the bundle's 60 MiB;
-- ``run.py``: unpacks the running interpreter's binary wheels into ``lib/<tag>/`` on
-  first use (a temp dir where the bundle is read-only), puts that folder, ``lib/pure``
-  and ``src`` on ``sys.path``, installs ``drasil.kubeletplugin.gpucheck.compat`` (3.10
-  names) and runs the check with its arguments.
+- ``containers.tar.xz``: the container step's kit (``e2e.harness.containerkit``:
+  containerd, its runc shim, runc, ctr, nvidia-cdi-hook, runc's libseccomp, the probe
+  image), xz-compressed (about 85 MiB unpacked) and cached by its inputs' digest;
+- ``run.py``: unpacks the running interpreter's binary wheels into ``lib/<tag>/`` and
+  the kit into ``containers/`` on first use (temp dirs where the bundle is read-only),
+  puts the wheels' folder, ``lib/pure`` and ``src`` on ``sys.path``, installs
+  ``drasil.kubeletplugin.gpucheck.compat`` (3.10 names) and runs the check with its
+  arguments (and ``--container-kit`` where they name none).
 
 Wheels are cached under ``<cache>/gpu-check/wheels/``; a rebuild without network works
 from the cache.
@@ -23,15 +27,18 @@ from the cache.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.metadata
 import shutil
 import subprocess
 import sys
+import tarfile
+import tempfile
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from e2e.harness import paths
+from e2e.harness import containerkit, paths
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DEST = REPO / "build" / "gpu-check"
@@ -52,6 +59,7 @@ RUN_PY = '''#!/usr/bin/env python3
 import os
 import platform
 import sys
+import tarfile
 import tempfile
 import zipfile
 
@@ -82,6 +90,30 @@ def binary_folder(tag):
     return target
 
 
+def container_kit():
+    """containers/: the container step's kit, unpacked on first use; None without one."""
+    packed = os.path.join(HERE, "containers.tar.xz")
+    if not os.path.isfile(packed):
+        return None
+    target = os.path.join(HERE, "containers")
+    if os.path.isfile(os.path.join(target, "kit.json")):
+        return target
+    try:
+        work = tempfile.mkdtemp(prefix=".containers", dir=HERE)
+    except OSError:  # a read-only bundle
+        work = target = tempfile.mkdtemp(prefix="gpu-check-containers-")
+    # The "data" filter where the interpreter has it (3.12, and 3.10/3.11 updates).
+    safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+    with tarfile.open(packed) as tar:
+        tar.extractall(work, **safe)
+    if work != target:
+        try:
+            os.rename(work, target)
+        except OSError:  # another run got there first
+            return target if os.path.isdir(target) else work
+    return target
+
+
 def main():
     tag = "cp%d%d-%s" % (sys.version_info[0], sys.version_info[1], platform.machine())
     binary = binary_folder(tag)
@@ -99,7 +131,11 @@ def main():
     compat.install()
     from drasil.kubeletplugin.gpucheck.main import main as check
 
-    return check(sys.argv[1:])
+    args = sys.argv[1:]
+    kit = container_kit()
+    if kit is not None and not any(a.startswith("--container-kit") for a in args):
+        args.append("--container-kit=" + kit)
+    return check(args)
 
 
 if __name__ == "__main__":
@@ -162,6 +198,26 @@ def _copy_code(dest: Path) -> None:
         )
 
 
+def _packed_kit(cache: Path) -> Path:
+    """The container kit as a tar.xz, from the cache where its inputs are unchanged
+    (compressing takes a minute of CPU)."""
+    with tempfile.TemporaryDirectory(prefix="gpu-check-kit-") as tmp:
+        kit = containerkit.build_kit(Path(tmp) / "kit")
+        digest = hashlib.sha256()
+        for path in sorted(p for p in kit.rglob("*") if p.is_file()):
+            digest.update(path.relative_to(kit).as_posix().encode())
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+        packed = cache / f"containers-{digest.hexdigest()[:16]}.tar.xz"
+        if not packed.is_file():
+            cache.mkdir(parents=True, exist_ok=True)
+            partial = packed.with_suffix(".partial")
+            with tarfile.open(partial, "w:xz") as tar:
+                for path in sorted(kit.iterdir()):
+                    tar.add(path, arcname=path.name)
+            partial.rename(packed)
+    return packed
+
+
 def _size(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
@@ -182,6 +238,7 @@ def build(dest: Path) -> Path:
                 elif wheel.name not in pure_done:
                     _unpack(wheel, dest / "lib" / "pure")
                     pure_done.add(wheel.name)
+    shutil.copyfile(_packed_kit(paths.cache_root() / "gpu-check"), dest / "containers.tar.xz")
     (dest / "run.py").write_text(RUN_PY)
     (dest / "run.py").chmod(0o755)
     size = _size(dest)

@@ -48,6 +48,19 @@ LIBRARY_MOUNT_OPTIONS: Final = ("ro", "nosuid", "nodev", "rbind", "rprivate")
 SOCKET_MOUNT_OPTIONS: Final = ("nosuid", "nodev", "rbind", "rprivate", "noexec")
 ENV_LIBCUDA_DIR: Final = "NVIDIA_CTK_LIBCUDA_DIR"
 HOOK_ENV: Final = ("NVIDIA_CTK_DEBUG=false",)
+# The legacy NVIDIA runtime hook also reads the container's device list from mounts under
+# this folder (its volume-mounts strategy); a file named ``void`` there says "none", as
+# NVIDIA_VISIBLE_DEVICES=void does for the variable. NVIDIA's generator writes both, in
+# every mode, spec-wide: /dev/null bound read-only.
+VOID_MOUNT: Final = Mount(
+    host_path="/dev/null",
+    container_path="/var/run/nvidia-container-devices/void",
+    options=("ro", "nosuid", "nodev", "bind"),
+)
+# What GBM (and so EGL on GBM) loads for NVIDIA: a link the toolkit's generator makes in
+# nvml mode, NVIDIA's DRA driver's mode, in a create-symlinks hook of its own (its graphics
+# part), before the driver libraries' one. The link's target is relative to its folder.
+GBM_BACKEND_LINK: Final = ("gbm/nvidia-drm_gbm.so", "../libnvidia-allocator.so.1")
 
 
 def driver_edits(files: DriverFiles, root: DriverRoot, *, hook_path: str | None) -> ContainerEdits:
@@ -77,6 +90,9 @@ def hooks(files: DriverFiles, *, hook_path: str | None) -> tuple[Hook, ...]:
     def hook(command: str, *args: str) -> None:
         made.append(Hook(path=hook_path, args=(name, command, *args), env=HOOK_ENV))
 
+    graphics = graphics_links(files)
+    if graphics:
+        hook("create-symlinks", *(a for link in graphics for a in ("--link", link)))
     if files.links:
         hook("create-symlinks", *(a for link in files.links for a in ("--link", link)))
     hook("enable-cuda-compat", f"--host-driver-version={files.version}")
@@ -87,16 +103,34 @@ def hooks(files: DriverFiles, *, hook_path: str | None) -> tuple[Hook, ...]:
     return tuple(made)
 
 
+def graphics_links(files: DriverFiles) -> list[str]:
+    """The links of NVIDIA's graphics libraries (``target::link``), as the generator's
+    graphics part makes them: GBM's backend for each mounted ``libnvidia-allocator``, and
+    ``libnvidia-vulkan-producer.so`` where a driver still ships that library."""
+    links = []
+    for path in files.libraries:
+        folder, name = PurePosixPath(path).parent, PurePosixPath(path).name
+        if name == f"libnvidia-allocator.so.{files.version}":
+            link, target = GBM_BACKEND_LINK
+            links.append(f"{target}::{folder / link}")
+        elif name == f"libnvidia-vulkan-producer.so.{files.version}":
+            links.append(f"{name}::{folder / 'libnvidia-vulkan-producer.so'}")
+    return links
+
+
 def _library_mount_folders(files: DriverFiles) -> list[str]:
     return list(dict.fromkeys(str(PurePosixPath(p).parent) for p in files.libraries))
 
 
 def control_edits(control_nodes: Sequence[str]) -> ContainerEdits:
-    """The driver's control nodes, and ``NVIDIA_VISIBLE_DEVICES=void``: CUDA images set
-    ``all`` there, and the NVIDIA runtime's legacy hook would otherwise hand the
-    container every GPU of the node; which GPUs it gets is the CDI devices' business."""
+    """The driver's control nodes, and ``NVIDIA_VISIBLE_DEVICES=void`` with its mount
+    (``VOID_MOUNT``): CUDA images set ``all`` there, and the NVIDIA runtime's legacy hook
+    would otherwise hand the container every GPU of the node; which GPUs it gets is the
+    CDI devices' business."""
     nodes = tuple(host_device_node(path) for path in control_nodes)
-    return ContainerEdits(env={ENV_NVIDIA_VISIBLE_DEVICES: "void"}, device_nodes=nodes)
+    return ContainerEdits(
+        env={ENV_NVIDIA_VISIBLE_DEVICES: "void"}, device_nodes=nodes, mounts=(VOID_MOUNT,)
+    )
 
 
 def merged(first: ContainerEdits, second: ContainerEdits) -> ContainerEdits:
@@ -109,11 +143,14 @@ def merged(first: ContainerEdits, second: ContainerEdits) -> ContainerEdits:
     )
 
 
-def without_env(edits: ContainerEdits, name: str) -> ContainerEdits:
-    """``edits`` without the variable ``name``."""
-    env = {k: v for k, v in edits.env.items() if k != name}
+def without_void(edits: ContainerEdits) -> ContainerEdits:
+    """``edits`` without ``NVIDIA_VISIBLE_DEVICES`` and its ``void`` mount: for a
+    container whose GPUs the NVIDIA runtime is told by that variable (device-plugin
+    mode's Allocate sets it; CDI edits would win over it)."""
+    env = {k: v for k, v in edits.env.items() if k != ENV_NVIDIA_VISIBLE_DEVICES}
+    mounts = tuple(m for m in edits.mounts if m != VOID_MOUNT)
     return ContainerEdits(
-        env=env, device_nodes=edits.device_nodes, mounts=edits.mounts, hooks=edits.hooks
+        env=env, device_nodes=edits.device_nodes, mounts=mounts, hooks=edits.hooks
     )
 
 

@@ -24,7 +24,9 @@ archives, which `ctr -n k8s.io images import` loads into containerd:
   `/usr/local/bin/gpu-probe` compiled here from e2e/harness/probe/gpu_probe.c (it dlopens
   libcuda.so.1 and libnvidia-ml.so.1 by SONAME and prints one JSON object), and
   `/usr/local/bin/mps-client` compiled from e2e/harness/probe/mps_client.c (it connects to the
-  simulated backend's MPS stand-in as a CUDA client would). Default command
+  simulated backend's MPS stand-in as a CUDA client would), and `/usr/local/bin/gpu-kernel`
+  from e2e/harness/probe/gpu_kernel.c (it runs one PTX kernel through the driver API and
+  checks its values: `make gpu-check`'s container step). Default command
   `gpu-probe`. Nothing of NVIDIA's is in it: the driver comes from CDI.
 
 Archives are cached in `<cache>/e2e/<version>/images/` with a stamp of what they were
@@ -330,6 +332,8 @@ PROBE_SOURCE = Path(__file__).parent / "probe" / "gpu_probe.c"
 PROBE_IN_IMAGE = "/usr/local/bin/gpu-probe"
 MPS_CLIENT_SOURCE = Path(__file__).parent / "probe" / "mps_client.c"
 MPS_CLIENT_IN_IMAGE = "/usr/local/bin/mps-client"
+KERNEL_SOURCE = Path(__file__).parent / "probe" / "gpu_kernel.c"
+KERNEL_IN_IMAGE = "/usr/local/bin/gpu-kernel"
 PROBE_STAMP_NAME = ".probe-stamp.json"
 PROBE_LOCK_NAME = ".probe.lock"
 # The host's dynamic loader (the probe's PT_INTERP) and glibc's directory, by machine;
@@ -406,6 +410,14 @@ def compile_mps_client(output: Path, *, compiler: str = "gcc") -> Path:
     return output
 
 
+def compile_kernel_probe(output: Path, *, compiler: str = "gcc") -> Path:
+    """Compile e2e/harness/probe/gpu_kernel.c (libc and libdl) with the host's compiler;
+    returns `output`."""
+    cmd = [compiler, "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(output)]
+    _run("compile gpu-kernel", [*cmd, str(KERNEL_SOURCE), "-ldl"])
+    return output
+
+
 def _needed(binary: Path) -> list[str]:
     """The file names of the libraries `binary` loads at start (ldd)."""
     listed = _run(f"ldd {binary.name}", ["ldd", str(binary)]).decode()
@@ -438,7 +450,7 @@ def _copy_from_host(root: Path, path: str) -> None:
 
 
 def probe_root(
-    busybox: bytes, probe: Path, glibc: HostGlibc, mps_client: Path
+    busybox: bytes, probe: Path, glibc: HostGlibc, mps_client: Path, kernel: Path
 ) -> Callable[[Path], None]:
     def write(root: Path) -> None:
         busybox_root(busybox)(root)
@@ -451,7 +463,12 @@ def probe_root(
             ldconfig.unlink()
         shutil.copyfile(glibc.ldconfig, ldconfig)
         ldconfig.chmod(0o755)
-        for program, in_image in ((probe, PROBE_IN_IMAGE), (mps_client, MPS_CLIENT_IN_IMAGE)):
+        programs = (
+            (probe, PROBE_IN_IMAGE),
+            (mps_client, MPS_CLIENT_IN_IMAGE),
+            (kernel, KERNEL_IN_IMAGE),
+        )
+        for program, in_image in programs:
             target = root / in_image.lstrip("/")
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(program, target)
@@ -486,11 +503,13 @@ def _file_lock(path: Path, out: binaries.Writer, what: str) -> Iterator[None]:
 def _probe_recipe(glibc: HostGlibc) -> str:
     source = hashlib.sha256(PROBE_SOURCE.read_bytes()).hexdigest()
     mps_client = hashlib.sha256(MPS_CLIENT_SOURCE.read_bytes()).hexdigest()
+    kernel = hashlib.sha256(KERNEL_SOURCE.read_bytes()).hexdigest()
     return _recipe(
         versions.PROBE_IMAGE,
         versions.BUSYBOX_DEBIAN_PACKAGE,
         source,
         mps_client,
+        kernel,
         glibc.files(),
         _files_digest(glibc.files()),
     )
@@ -498,7 +517,8 @@ def _probe_recipe(glibc: HostGlibc) -> str:
 
 def ensure_probe_image(*, out: binaries.Writer | None = None) -> Image:
     """The probe image's archive (`versions.PROBE_IMAGE`), built if missing or stale:
-    when e2e/harness/probe/gpu_probe.c, e2e/harness/probe/mps_client.c or the host's glibc changed.
+    when a program of e2e/harness/probe/ (gpu_probe.c, mps_client.c, gpu_kernel.c) or the
+    host's glibc changed.
 
     Needs no Go and does not wait for the build lock (it has its own); a cold build
     installs buildah (and gcc, dpkg) if missing, compiles the probe, downloads
@@ -521,14 +541,15 @@ def ensure_probe_image(*, out: binaries.Writer | None = None) -> Image:
             work = Path(tmp)
             probe = compile_probe(work / "gpu-probe")
             mps_client = compile_mps_client(work / "mps-client")
-            for program in (probe, mps_client):
+            kernel = compile_kernel_probe(work / "gpu-kernel")
+            for program in (probe, mps_client, kernel):
                 lacking = sorted(set(_needed(program)) - set(GLIBC_LIBRARIES))
                 if lacking:
                     raise ImageError(f"{program.name} links against {lacking}, the image lacks")
             (work / "debs").mkdir()
             deb = _download_deb(versions.BUSYBOX_DEBIAN_PACKAGE, work / "debs", progress)
             package = f"{versions.BUSYBOX_DEBIAN_PACKAGE}={_deb_version(deb)}"
-            root = probe_root(_busybox_from_deb(deb), probe, glibc, mps_client)
+            root = probe_root(_busybox_from_deb(deb), probe, glibc, mps_client, kernel)
             image = _write_image(versions.PROBE_IMAGE, root, cmd=[PROBE_IN_IMAGE])
         _built(
             stamp,

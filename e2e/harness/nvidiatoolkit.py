@@ -9,7 +9,8 @@ when missing or stale.
 
 `reference_spec(root, hook_path=...)` runs `nvidia-ctk cdi generate --mode=management` on
 a driver root (a fake one from `e2e.harness.driverroot`, usually) and returns the CDI spec it
-wrote, as parsed JSON. The run is hermetic: a clean environment (no NVIDIA_CTK_* variable
+wrote, as parsed JSON; `reference_run(root, mode="nvml", ...)` runs the mode NVIDIA's DRA
+driver uses. The run is hermetic: a clean environment (no NVIDIA_CTK_* variable
 of ours reaches it, PATH is the default one, whose folders it also searches inside the
 root), an empty config file instead of /etc/nvidia-container-runtime/config.toml, and no
 LD_LIBRARY_PATH: nvidia-ctk finds `libnvidia-ml.so.1` in the root itself (the standard
@@ -103,10 +104,13 @@ def reference_run(
     env: Mapping[str, str] | None = None,
     extra_args: Sequence[str] = (),
     require_fake_nvml: bool = True,
+    mode: str = "management",
 ) -> OracleRun:
-    """Run `nvidia-ctk cdi generate --mode=management` on `driver_root` (and `dev_root`
+    """Run `nvidia-ctk cdi generate --mode=<mode>` on `driver_root` (and `dev_root`
     for /dev, default the driver root) with `hook_path` as the hooks' binary (default
-    `cdi_hook_path()`; the path is only written into the spec, never run).
+    `cdi_hook_path()`; the path is only written into the spec, never run). `mode`
+    "nvml" (NVIDIA's DRA driver's) lists the GPUs through the root's NVML: give the
+    root the mock NVML (`mocknvml.install_mock`) and `require_fake_nvml=False`.
 
     `env` is added to the clean environment (e.g. FakeRoot.env(): FAKE_NVML_GPU_COUNT);
     `extra_args` go after the standard flags (e.g. `--ldconfig-path=/sbin/ldconfig`).
@@ -131,7 +135,7 @@ def reference_run(
             f"--config={config}",
             "cdi",
             "generate",
-            "--mode=management",
+            f"--mode={mode}",
             f"--driver-root={root}",
             *([f"--dev-root={devs}"] if dev_root is not None else []),
             f"--nvidia-cdi-hook-path={hook}",

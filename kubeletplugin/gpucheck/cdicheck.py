@@ -30,8 +30,6 @@ from drasil.driver.cdi.spec import validate_spec
 HERE = Path(__file__).resolve().parent
 SCHEMA_FILE = HERE / "cdi-schema.json"
 DEFS_FILE = HERE / "cdi-defs.json"
-# nvidia-ctk marks NVIDIA_VISIBLE_DEVICES=void with this mount; drasil sets the variable.
-VOID_MARKER = "/var/run/nvidia-container-devices/void"
 CTK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CTK_TIMEOUT_S = 120
 
@@ -107,7 +105,7 @@ def compare_with_ctk(
     other GPUs' nodes and the MIG management nodes (``/dev/nvidia-caps``) are
     management mode's, not a whole GPU's."""
     our_mounts = {p: h for p, h in mounts(ours, devices).items() if not p.startswith(CONTAINER_DIR)}
-    their_mounts = {p: h for p, h in mounts(theirs).items() if p != VOID_MARKER}
+    their_mounts = mounts(theirs)
     lacks, adds = their_mounts.keys() - our_mounts.keys(), our_mounts.keys() - their_mounts.keys()
     problems = [f"mount {p}: nvidia-ctk has it, drasil lacks it" for p in sorted(lacks)]
     problems += [f"mount {p}: drasil adds it, nvidia-ctk has none" for p in sorted(adds)]

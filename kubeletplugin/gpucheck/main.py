@@ -34,6 +34,7 @@ from drasil.kubeletplugin.gpucheck import (
     cdicheck,
     claim,
     compare,
+    container,
     mig,
     mpsshare,
     probe,
@@ -57,6 +58,7 @@ class State:
     devices: dict[str, Device] = field(default_factory=dict)
     claim: dict[str, Any] | None = None
     cdi_devices: tuple[str, ...] = ()
+    cdi_ids: tuple[str, ...] = ()  # qualified: vendor/class=device
     spec: Mapping[str, Any] | None = None
     preparer: Preparer | None = None
     full_sms: int | None = None  # the claimed GPU's multiprocessors, as CUDA saw them
@@ -84,6 +86,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--proc-root", default="/proc", help="where the driver's /proc entries are (MIG)"
     )
+    p.add_argument(
+        "--container-kit",
+        type=Path,
+        help="containerd, runc, ctr and the probe image for the container step (the "
+        "bundle's, by default)",
+    )
     return p
 
 
@@ -110,6 +118,7 @@ def step_nvml(s: State) -> None:
         hook=a.nvidia_cdi_hook_path,
         nvidia_smi=_nvidia_smi(a.nvidia_smi, a.nvidia_driver_root),
         proc_root=Path(a.proc_root),
+        kit_hook=container.kit_hook(a.container_kit),
     )
     where = str(s.node.nvml_path or "the loader's search path")
     s.report.add(ok("NVML", f"driver {s.node.lib.system_driver_version()} from {where}"))
@@ -178,6 +187,7 @@ def step_prepare(s: State) -> None:
         s.report.add(fail("prepare", f"{', '.join(names)}: {result.error}"))
         return
     ids = [i for d in result.devices for i in d.cdi_device_ids]
+    s.cdi_ids = tuple(ids)
     s.cdi_devices = tuple(i.split("=", 1)[1] for i in ids)
     uid = s.claim["metadata"]["uid"]
     s.spec = read_claim_spec(preparer.cdi_root, driver=DRIVER, claim_uid=uid)
@@ -241,6 +251,20 @@ def step_sandbox(s: State) -> None:
     s.report.add(with_details(step, hooks))
 
 
+def step_container(s: State) -> None:
+    assert s.spec is not None
+    assert s.preparer is not None
+    step = container.container_step(
+        s.args.container_kit,
+        cdi_dir=s.preparer.cdi_root,
+        cdi_ids=s.cdi_ids,
+        expected=[_claimed(s).uuid],
+        hooks=cdicheck.hook_names(s.spec, s.cdi_devices),
+        work=s.work / "container",
+    )
+    s.report.add(step)
+
+
 def probe_problems(seen: Mapping[str, Any], expected: str) -> list[str]:
     """What the probe saw that a container of the one claimed GPU must not."""
     problems = []
@@ -276,7 +300,12 @@ def step_mps(s: State) -> None:
         return
     for run, folder in ((mpsshare.mps_step, "mps"), (mpsshare.whole_mps_step, "mps-whole")):
         step = run(
-            s.node, work=s.work / folder, python=s.args.python, full_sms=s.full_sms, program=program
+            s.node,
+            work=s.work / folder,
+            python=s.args.python,
+            full_sms=s.full_sms,
+            program=program,
+            kit=s.args.container_kit,
         )
         s.report.add(step)
 
@@ -308,6 +337,7 @@ STEPS = (
     ("CDI spec", step_schema, ("spec",)),
     ("nvidia-ctk", step_ctk, ("spec",)),
     ("sandbox probe", step_sandbox, ("spec",)),
+    (container.STEP, step_container, ("spec",)),
     # After any prepare that got as far as the checkpoint: it cleans up a failed one too.
     ("unprepare", step_unprepare, ("preparer",)),
     # Its own claim, after the whole GPU's is gone (a share and the whole GPU never

@@ -38,7 +38,7 @@ from drasil.driver.nvidia.nvml import (
     nvml_session,
 )
 from drasil.kubeletplugin.dra.prepare import Preparer
-from drasil.kubeletplugin.gpucheck import claim, probe, runtime, sandbox
+from drasil.kubeletplugin.gpucheck import claim, container, probe, runtime, sandbox
 from drasil.kubeletplugin.gpucheck.node import DRIVER, NodeUnderCheck, make_preparer
 from drasil.kubeletplugin.gpucheck.report import Step, judged, skipped, with_details
 from drasil.kubeletplugin.vendors.nvidia.mps.daemons import CONTROL_PROGRAM, DaemonProgram
@@ -77,6 +77,8 @@ class _Run:
     during: int | None = None
     after: int | None = None
     clients: dict[str, Any] | None = None
+    container: container.Run | None = None  # the kit's gpu-kernel under containerd
+    container_note: str = ""  # why it did not run
     error: str | None = None
     left: tuple[str, ...] = ()
 
@@ -109,7 +111,13 @@ def mps_config() -> dict[str, Any]:
 
 
 def mps_step(
-    node: NodeUnderCheck, *, work: Path, python: str, full_sms: int | None, program: str
+    node: NodeUnderCheck,
+    *,
+    work: Path,
+    python: str,
+    full_sms: int | None,
+    program: str,
+    kit: Path | None = None,
 ) -> Step:
     """Prepare a share, look at it from a client twice, unprepare; judge."""
     device = shareable_gpu(node)
@@ -122,12 +130,26 @@ def mps_step(
         consumed={"memory": f"{SHARE_MEMORY_GIB}Gi", "computePercent": str(SHARE_PERCENT)},
     )
     return _check(
-        STEP, node, device, share, work=work, python=python, full_sms=full_sms, program=program
+        STEP,
+        node,
+        device,
+        share,
+        work=work,
+        python=python,
+        full_sms=full_sms,
+        program=program,
+        kit=kit,
     )
 
 
 def whole_mps_step(
-    node: NodeUnderCheck, *, work: Path, python: str, full_sms: int | None, program: str
+    node: NodeUnderCheck,
+    *,
+    work: Path,
+    python: str,
+    full_sms: int | None,
+    program: str,
+    kit: Path | None = None,
 ) -> Step:
     """The same on a GPU allocated whole whose claim's config says MPS with the share's
     limits (``mpsConfig``): its own daemon must hold them exactly."""
@@ -146,6 +168,7 @@ def whole_mps_step(
         python=python,
         full_sms=full_sms,
         program=program,
+        kit=kit,
     )
 
 
@@ -159,12 +182,13 @@ def _check(
     python: str,
     full_sms: int | None,
     program: str,
+    kit: Path | None,
 ) -> Step:
     run = _Run(device=device, before=_compute_mode(node, device.uuid))
     daemon = DaemonProgram.for_backend("nvml", control=program, driver_root=node.root.local)
     preparer = make_preparer(node, {device.name: device}, made, work, mps=daemon)
     try:
-        _prepare_and_look(run, node, preparer, made, work=work, python=python)
+        _prepare_and_look(run, node, preparer, made, work=work, python=python, kit=kit)
     finally:
         run.left = _unprepare(preparer, made)
         run.after = _compute_mode(node, device.uuid)
@@ -179,6 +203,7 @@ def _prepare_and_look(
     *,
     work: Path,
     python: str,
+    kit: Path | None,
 ) -> None:
     result = preparer.prepare(claim.claim_ref(share))
     if result.error:
@@ -203,6 +228,28 @@ def _prepare_and_look(
         "with its env": _client(plan, work / "client", found.executable),
         "env unset": _client(bare, work / "client-bare", found.executable),
     }
+    ids = [i for d in result.devices for i in d.cdi_device_ids]
+    _in_a_container(run, kit, cdi_dir=preparer.cdi_root, ids=ids, work=work / "container")
+
+
+def _in_a_container(
+    run: _Run, kit: Path | None, *, cdi_dir: Path, ids: list[str], work: Path
+) -> None:
+    """The share's CDI devices under the kit's containerd: gpu-kernel's kernel runs
+    through the daemon, and its allocation past the share must be refused."""
+    why = "no container kit" if kit is None else container.why_not()
+    if why is not None:
+        run.container_note = f"container: skipped: {why}"
+        return
+    assert kit is not None
+    over = SHARE_MEMORY_GIB * 1024 + probe.OVER_MIB
+    run.container = container.run_probe(
+        container.load_kit(kit),
+        cdi_dir=cdi_dir,
+        devices=ids,
+        work=work,
+        args=("--alloc", str(over)),
+    )
 
 
 def _client(plan: sandbox.Plan, work: Path, python: str) -> dict[str, Any]:
@@ -275,6 +322,10 @@ def _verdict(name: str, run: _Run, *, full_sms: int | None, program: str) -> Ste
         problems.append(f"compute mode {_mode(run.during)} while the daemon ran")
     for what, seen in (run.clients or {}).items():
         problems += client_problems(seen, full_sms=full_sms, what=f"client ({what})")
+    if run.container is not None:
+        limit = SHARE_MEMORY_GIB * 1024
+        found = container.kernel_problems(run.container, [run.device.uuid], limit_mib=limit)
+        problems += [f"container: {p}" for p in found]
     problems += list(run.left)
     if run.after != run.before:
         problems.append(f"compute mode {_mode(run.after)} after, was {_mode(run.before)}")
@@ -289,5 +340,13 @@ def _verdict(name: str, run: _Run, *, full_sms: int | None, program: str) -> Ste
         if "error" not in seen
     ]
     facts.append(f"compute mode {_mode(run.before)} -> {_mode(run.during)} -> {_mode(run.after)}")
-    step = judged(name, summary, problems, clients=run.clients or {})
+    seen = run.container.seen if run.container is not None else None
+    if seen is not None:
+        facts.append(
+            f"container: {seen.get('values')} kernel values checked, {seen.get('freeMiB')} MiB "
+            f"free, {seen.get('allocMiB')} MiB refused ({seen.get('allocResult')})"
+        )
+    elif run.container_note:
+        facts.append(run.container_note)
+    step = judged(name, summary, problems, clients=run.clients or {}, container=seen or {})
     return with_details(step, *facts)

@@ -40,17 +40,22 @@ class NodeUnderCheck:
     nvml_path: Path | None
 
 
-def hook_path(given: str | None, root: str) -> str:
+def hook_path(given: str | None, root: str, kit_hook: str | None = None) -> str:
     """The hook the specs name: the given one, the toolkit's on PATH or in the root,
-    else the plugin's own install path. Only written into specs: the sandbox stands in
-    for the hooks, so it need not exist here."""
+    else the plugin's own install path, or where that is absent the container kit's
+    (``kit_hook``: the container step's runc runs the hooks). The sandbox stands in for
+    the hooks, so for it the hook need not exist."""
     if given:
         return given
     found = shutil.which(HOOK)
     if found:
         return found
     in_root = Path(root) / "usr/bin" / HOOK
-    return str(in_root) if in_root.is_file() else PLUGIN_HOOK
+    if in_root.is_file():
+        return str(in_root)
+    if kit_hook is not None and not os.path.exists(PLUGIN_HOOK):
+        return kit_hook
+    return PLUGIN_HOOK
 
 
 def open_node(
@@ -61,13 +66,15 @@ def open_node(
     hook: str | None,
     nvidia_smi: str,
     proc_root: Path,
+    kit_hook: str | None = None,
 ) -> NodeUnderCheck:
     """NVML loaded from the driver root (as the plugin does), then initialised."""
     root = DriverRoot(host=driver_root, local=Path(driver_root))
     nvml_path = load_nvml(root)
     lib = PynvmlLibrary(dev_root=dev_root, nvidia_smi=nvidia_smi, proc_root=proc_root)
     lib.init()
-    return NodeUnderCheck(name, root, dev_root, hook_path(hook, driver_root), lib, nvml_path)
+    hook = hook_path(hook, driver_root, kit_hook)
+    return NodeUnderCheck(name, root, dev_root, hook, lib, nvml_path)
 
 
 def node_edits(node: NodeUnderCheck) -> NodeEdits:

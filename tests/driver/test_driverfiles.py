@@ -21,8 +21,16 @@ import pytest
 from cdicheck import assert_valid_cdi
 
 from drasil.driver.cdi.claimspecs import ClaimDevice, ClaimSpecRequest, build_claim_spec
-from drasil.driver.cdi.spec import CdiSpecError, validate_spec
-from drasil.driver.nvidia.driveredits import NodeEdits, control_edits, driver_edits
+from drasil.driver.cdi.spec import CdiSpecError, Mount, validate_spec
+from drasil.driver.nvidia.driveredits import (
+    HOOK_ENV,
+    VOID_MOUNT,
+    NodeEdits,
+    control_edits,
+    driver_edits,
+    graphics_links,
+    without_void,
+)
 from drasil.driver.nvidia.driverfiles import (
     DriverFilesError,
     DriverRoot,
@@ -277,6 +285,55 @@ def test_edits_use_host_paths_and_the_hooks_in_nvidias_order(debian: Root) -> No
     assert driver_edits(files, debian.root, hook_path=None).hooks == ()
 
 
+def test_the_allocator_gets_gbms_backend_link_in_a_hook_of_its_own_first(debian: Root) -> None:
+    debian.lib(DEBIAN, "libnvidia-allocator", VERSION, "libnvidia-allocator.so.1")
+    # An older driver's, left in the folder: no link of its own.
+    debian.lib(DEBIAN, "libnvidia-allocator", OLD, "libnvidia-allocator.so.1", links=False)
+    files = find_driver_files(debian.root, VERSION)
+    hooks = driver_edits(files, debian.root, hook_path=HOOK).hooks
+    # NVIDIA's generator (nvml mode, its graphics part): ../libnvidia-allocator.so.1 from
+    # the library's folder, the SONAME link itself left to the driver's create-symlinks.
+    assert hooks[0].args == (
+        "nvidia-cdi-hook",
+        "create-symlinks",
+        "--link",
+        f"../libnvidia-allocator.so.1::{DEBIAN}/gbm/nvidia-drm_gbm.so",
+    )
+    assert hooks[1].args[1] == "create-symlinks"
+    assert f"libnvidia-allocator.so.{VERSION}::{DEBIAN}/libnvidia-allocator.so.1" in hooks[1].args
+    assert hooks[0].env == hooks[1].env == HOOK_ENV
+
+
+def test_a_vulkan_producer_library_gets_its_link_with_the_graphics_ones(debian: Root) -> None:
+    soname = f"libnvidia-vulkan-producer.so.{VERSION}"
+    debian.lib(DEBIAN, "libnvidia-vulkan-producer", VERSION, soname, links=False)
+    files = find_driver_files(debian.root, VERSION)
+    assert graphics_links(files) == [
+        f"libnvidia-vulkan-producer.so.{VERSION}::{DEBIAN}/libnvidia-vulkan-producer.so"
+    ]
+
+
+def test_no_graphics_library_no_graphics_hook(debian: Root) -> None:
+    files = find_driver_files(debian.root, VERSION)
+    assert graphics_links(files) == []
+    commands = [h.args[1] for h in driver_edits(files, debian.root, hook_path=HOOK).hooks]
+    assert commands.count("create-symlinks") == 1
+
+
+def test_the_control_edits_mark_void_by_variable_and_by_mount() -> None:
+    edits = control_edits(("/dev/nvidiactl",))
+    assert edits.env == {"NVIDIA_VISIBLE_DEVICES": "void"}
+    # NVIDIA's generator, every mode: /dev/null where the legacy hook's volume-mounts
+    # strategy reads the device list.
+    assert edits.mounts == (
+        Mount(
+            "/dev/null", "/var/run/nvidia-container-devices/void", ("ro", "nosuid", "nodev", "bind")
+        ),
+    )
+    bare = without_void(edits)
+    assert (bare.env, bare.mounts, bare.device_nodes) == ({}, (), edits.device_nodes)
+
+
 def test_a_claim_spec_with_the_driver_is_valid_cdi(
     debian: Root, schema_validator: jsonschema.Draft7Validator
 ) -> None:
@@ -362,7 +419,8 @@ def test_files_are_found_once_and_again_after_the_driver_changed(
     libraries = [m.host_path for m in after.mounts if ".so." in m.host_path]
     assert libraries
     assert all(p.endswith(NEWER) for p in libraries)
-    assert all(os.path.exists(debian.path / m.container_path.lstrip("/")) for m in after.mounts)
+    files = [m for m in after.mounts if m != VOID_MOUNT]  # the void marker is /dev/null
+    assert all(os.path.exists(debian.path / m.container_path.lstrip("/")) for m in files)
 
 
 def test_a_root_behind_nvml_is_an_error_naming_both_versions(debian: Root) -> None:

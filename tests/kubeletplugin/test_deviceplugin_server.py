@@ -146,8 +146,9 @@ def test_allocate_two_gpus_returns_their_uuids_and_cdi_devices() -> None:
         spec = device_spec_path(node.opts.cdi_root, driver="gpu.drasil.dev")
         assert spec.is_file()
         # The runtime applies CDI edits after Allocate's env: no spec-wide "void" may
-        # hide the GPUs Allocate names.
+        # hide the GPUs Allocate names, by variable or by the legacy hook's mount.
         assert "NVIDIA_VISIBLE_DEVICES" not in spec.read_text()
+        assert "nvidia-container-devices" not in spec.read_text()
     uuids = response.envs["NVIDIA_VISIBLE_DEVICES"].split(",")
     assert uuids == [UUIDS["gpu-1"], UUIDS["gpu-6"]]
     assert len(set(uuids)) == 2

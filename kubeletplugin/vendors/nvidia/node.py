@@ -17,11 +17,11 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from drasil.driver.cdi.spec import ENV_NVIDIA_VISIBLE_DEVICES, ContainerEdits
+from drasil.driver.cdi.spec import ContainerEdits
 from drasil.driver.devices import Device, HardwareError, Vendor
 from drasil.driver.health import HealthTracker
 from drasil.driver.kubeapi import KubeApi
-from drasil.driver.nvidia.driveredits import NodeEdits, without_env
+from drasil.driver.nvidia.driveredits import NodeEdits, without_void
 from drasil.driver.nvidia.driverfiles import DriverRoot, find_binary
 from drasil.driver.nvidia.nodecheck import KERNEL_VERSION_FILE, kernel_module_loaded
 from drasil.driver.nvidia.nodedevices import discover, driver_description, skipped_text
@@ -183,13 +183,14 @@ class NvidiaNode:
 
 @dataclass(frozen=True)
 class _WithoutVisibleDevices:
-    """The node's edits less ``NVIDIA_VISIBLE_DEVICES``, for device-plugin mode:
-    Allocate sets it to the container's GPUs, and CDI edits win over Allocate's env."""
+    """The node's edits less ``NVIDIA_VISIBLE_DEVICES`` and its ``void`` mount, for
+    device-plugin mode: Allocate sets it to the container's GPUs, and CDI edits win over
+    Allocate's env."""
 
     edits: NodeEdits
 
     def current(self) -> ContainerEdits:
-        return without_env(self.edits.current(), ENV_NVIDIA_VISIBLE_DEVICES)
+        return without_void(self.edits.current())
 
     def files_version(self) -> str:
         return self.edits.files_version()
