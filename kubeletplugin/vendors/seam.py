@@ -36,9 +36,11 @@ from drasil.driver.checkpoint import CheckpointStore
 from drasil.driver.claims.plan import PreparePlan
 from drasil.driver.devices import CounterSet, Device, MigPlacement, Vendor
 from drasil.driver.health import HealthTracker
-from drasil.driver.kubeapi import KubeApi
 
 if TYPE_CHECKING:
+    # For annotations only: `make gpu-check` runs the Preparer, and so imports this seam,
+    # on a machine whose bundle has no kubernetes client (docs/gpu-check.md).
+    from drasil.driver.kubeapi import KubeApi
     from drasil.kubeletplugin.options import PluginOptions
 
 HealthSource = tuple[str, Callable[[threading.Event], None]]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -134,3 +136,15 @@ def test_under_a_share_more_memory_or_an_allocation_past_it_fails() -> None:
         "81408 MiB free, over the share's 4096 MiB",
         "an allocation of 4352 MiB was granted",
     ]
+
+
+def test_the_checks_import_closure_has_no_kubernetes_grpc_or_kopf() -> None:
+    """The bundle carries neither (docs/gpu-check.md): an import of one anywhere on the
+    Preparer's path (the vendor seam's KubeApi once) breaks `make gpu-check` on a GPU
+    machine, which the tests from a checkout, with the venv, would not see."""
+    code = (
+        "import sys; import drasil.kubeletplugin.gpucheck.main; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'kubernetes', 'grpc', 'kopf'}))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
