@@ -110,6 +110,29 @@ def test_the_container_step_says_what_the_kit_lacks(tmp_path: Path, kit: Path) -
     assert statuses(report)["unprepare"] == "ok"  # the claim is still cleaned up
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_make_gpu_check_mock_runs_the_bundle_with_its_container_kit(tmp_path: Path) -> None:
+    """What a GPU machine gets: the bundle (built here, under 60 MiB: the build refuses
+    more) run by the machine's python3, its run.py unpacking the wheels and the
+    container kit and passing --container-kit itself."""
+    bundle = tmp_path / "gpu-check"
+    report = tmp_path / "report.json"
+    done = subprocess.run(
+        ["make", "gpu-check-mock", f"GPU_BUNDLE={bundle}", f"GPU_CHECK_ARGS=--json={report}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert (bundle / "containers" / "kit.json").is_file()
+    found = statuses(json.loads(report.read_text()))
+    assert found["container"] == "ok", done.stdout[-4000:]
+
+
 def test_without_a_kit_the_container_step_is_skipped_saying_so(tmp_path: Path) -> None:
     root = smi.make_root(tmp_path / "node", profile="h100-80gb:1", node_name="mock-f")
     code, out, _ = check(root, tmp_path)
