@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 
+from drasil.driver.devices import Device, DeviceType
 from drasil.kubeletplugin.gpucheck import claim, compare, mpsshare, report, runtime, sandbox
 from drasil.kubeletplugin.gpucheck.cdicheck import compare_with_ctk, spec_problems
+from drasil.kubeletplugin.gpucheck.container import Run
 from drasil.kubeletplugin.gpucheck.main import probe_problems
 
 H100 = "GPU-1e5d7136-70f6-5db0-829a-ba028cb36591"
@@ -329,6 +331,44 @@ def test_a_client_past_its_share_is_named(change: dict[str, Any], named: str) ->
     problems = mpsshare.client_problems({**H100_CLIENT, **change}, full_sms=132, what="client")
     assert len(problems) == 1
     assert named in problems[0]
+
+
+def _share_run(container_seen: dict[str, Any] | None) -> Any:
+    device = Device(
+        name="gpu-0", type=DeviceType.GPU, uuid="GPU-a", minor=0, attributes={}, capacity={}
+    )
+    ran = Run(seen=container_seen, returncode=0, failed_step="", log="")
+    return mpsshare._Run(
+        device=device,
+        before=0,
+        during=3,
+        after=0,
+        clients={"with its env": H100_CLIENT, "env unset": H100_CLIENT},
+        container=ran if container_seen is not None else None,
+        container_note="" if container_seen is not None else "container: skipped: no kit",
+    )
+
+
+CONTAINER = {"uuids": "GPU-a", "cudaDevices": 1, "values": 4096, "wrong": 0, "freeMiB": 3951}
+
+
+def test_the_share_in_a_container_is_judged_with_its_limit() -> None:
+    held = {**CONTAINER, "allocMiB": 4352, "allocResult": 2}
+    step = mpsshare._verdict("MPS share", _share_run(held), full_sms=132, program="p")
+    assert step.status == "ok", step.details
+    assert "container: 4096 kernel values checked, 3951 MiB free, 4352 MiB refused (2)" in (
+        step.details
+    )
+    granted = {**CONTAINER, "allocMiB": 4352, "allocResult": 0}
+    step = mpsshare._verdict("MPS share", _share_run(granted), full_sms=132, program="p")
+    assert step.status == "FAIL"
+    assert "container: an allocation of 4352 MiB was granted" in step.details
+
+
+def test_without_a_kit_the_share_says_its_container_was_skipped() -> None:
+    step = mpsshare._verdict("MPS share", _share_run(None), full_sms=132, program="p")
+    assert step.status == "ok"
+    assert "container: skipped: no kit" in step.details
 
 
 def test_a_share_claim_carries_a_share_id_and_what_it_consumed() -> None:
