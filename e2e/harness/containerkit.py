@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import subprocess
 from pathlib import Path
@@ -57,6 +58,10 @@ def build_kit(dest: Path, *, link: bool = False, out: Writer | None = None) -> P
         _place(Path(os.path.realpath(library)), dest / "lib" / library.name, link=link)
     image = node_images.ensure_probe_image(out=out)
     _place(image.archive, dest / "image.oci.tar", link=link)
-    facts = {"image": versions.PROBE_IMAGE, "probe": node_images.KERNEL_IN_IMAGE}
+    facts = {
+        "image": versions.PROBE_IMAGE,
+        "probe": node_images.KERNEL_IN_IMAGE,
+        "machine": platform.machine(),  # the harness builds for this machine only
+    }
     (dest / "kit.json").write_text(json.dumps(facts, indent=2) + "\n")
     return dest

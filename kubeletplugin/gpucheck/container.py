@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -52,6 +53,7 @@ class Kit:
     root: Path
     image: str
     probe: str
+    machine: str = ""  # what its binaries run on (platform.machine()); "" unknown
 
     def bin(self, name: str) -> Path:
         return self.root / "bin" / name
@@ -63,7 +65,12 @@ def load_kit(root: Path) -> Kit:
     if not meta.is_file():
         raise KitError(f"{meta} missing")
     facts = json.loads(meta.read_text())
-    kit = Kit(root=root, image=str(facts["image"]), probe=str(facts["probe"]))
+    kit = Kit(
+        root=root,
+        image=str(facts["image"]),
+        probe=str(facts["probe"]),
+        machine=str(facts.get("machine", "")),
+    )
     missing = [n for n in BINARIES if not os.access(kit.bin(n), os.X_OK)]
     if not (root / "image.oci.tar").is_file():
         missing.append("image.oci.tar")
@@ -338,6 +345,10 @@ def container_step(
     if reason is not None:
         return skipped(STEP, f"containerd cannot run here: {reason}")
     kit = load_kit(kit_dir)
+    if kit.machine not in ("", platform.machine()):
+        return skipped(
+            STEP, f"the container kit is for {kit.machine}, this is {platform.machine()}"
+        )
     run = run_probe(kit, cdi_dir=cdi_dir, devices=cdi_ids, work=work)
     problems = kernel_problems(run, expected)
     seen = run.seen or {}

@@ -50,6 +50,18 @@ def test_a_kit_names_its_image_probe_and_hook(tmp_path: Path) -> None:
     assert container.kit_hook(None) is None
 
 
+def test_a_kit_for_another_machine_is_skipped_saying_so(tmp_path: Path) -> None:
+    root = _kit(tmp_path / "kit")
+    (root / "kit.json").write_text(json.dumps({"image": "i", "probe": "/p", "machine": "m68k"}))
+    if container.why_not() is not None:
+        pytest.skip(f"the step stops before the kit here: {container.why_not()}")
+    step = container.container_step(
+        root, cdi_dir=tmp_path, cdi_ids=(), expected=(), hooks=(), work=tmp_path / "w"
+    )
+    assert step.status == "skipped"
+    assert step.summary.startswith("the container kit is for m68k, this is ")
+
+
 def test_a_kit_without_a_binary_says_which(tmp_path: Path) -> None:
     with pytest.raises(KitError, match="lacks containerd-shim-runc-v2"):
         container.load_kit(_kit(tmp_path / "kit", without="containerd-shim-runc-v2"))
