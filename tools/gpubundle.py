@@ -66,6 +66,24 @@ import zipfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def unpack_once(target, extract):
+    """``target``, made on first use by ``extract(folder)`` in a temp folder beside it and
+    renamed into place (a temp dir elsewhere where the bundle is read-only)."""
+    name = os.path.basename(target)
+    try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        work = tempfile.mkdtemp(prefix="." + name, dir=os.path.dirname(target))
+    except OSError:  # a read-only bundle: unpack where this run may write
+        work = target = tempfile.mkdtemp(prefix="gpu-check-" + name + "-")
+    extract(work)
+    if work != target:
+        try:
+            os.rename(work, target)
+        except OSError:  # another run got there first
+            return target if os.path.isdir(target) else work
+    return target
+
+
 def binary_folder(tag):
     """lib/<tag>: the interpreter's binary wheels, unpacked on first use."""
     wheels = os.path.join(HERE, "wheels", tag)
@@ -74,20 +92,13 @@ def binary_folder(tag):
     target = os.path.join(HERE, "lib", tag)
     if os.path.isdir(target):
         return target
-    try:
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        work = tempfile.mkdtemp(prefix="." + tag, dir=os.path.dirname(target))
-    except OSError:  # a read-only bundle: unpack where this run may write
-        work = target = tempfile.mkdtemp(prefix="gpu-check-" + tag + "-")
-    for name in sorted(os.listdir(wheels)):
-        with zipfile.ZipFile(os.path.join(wheels, name)) as z:
-            z.extractall(work)
-    if work != target:
-        try:
-            os.rename(work, target)
-        except OSError:  # another run got there first
-            return target if os.path.isdir(target) else work
-    return target
+
+    def extract(work):
+        for name in sorted(os.listdir(wheels)):
+            with zipfile.ZipFile(os.path.join(wheels, name)) as z:
+                z.extractall(work)
+
+    return unpack_once(target, extract)
 
 
 def container_kit():
@@ -98,20 +109,14 @@ def container_kit():
     target = os.path.join(HERE, "containers")
     if os.path.isfile(os.path.join(target, "kit.json")):
         return target
-    try:
-        work = tempfile.mkdtemp(prefix=".containers", dir=HERE)
-    except OSError:  # a read-only bundle
-        work = target = tempfile.mkdtemp(prefix="gpu-check-containers-")
     # The "data" filter where the interpreter has it (3.12, and 3.10/3.11 updates).
     safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-    with tarfile.open(packed) as tar:
-        tar.extractall(work, **safe)
-    if work != target:
-        try:
-            os.rename(work, target)
-        except OSError:  # another run got there first
-            return target if os.path.isdir(target) else work
-    return target
+
+    def extract(work):
+        with tarfile.open(packed) as tar:
+            tar.extractall(work, **safe)
+
+    return unpack_once(target, extract)
 
 
 def main():

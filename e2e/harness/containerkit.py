@@ -21,8 +21,6 @@ from e2e.harness import node_images, versions
 from e2e.harness.binaries import Writer, ensure_binaries
 
 BINARIES = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "nvidia-cdi-hook")
-# What every glibc system has: runc's other NEEDED libraries travel with the kit.
-GLIBC = ("libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1")
 
 
 def _place(source: Path, target: Path, *, link: bool) -> None:
@@ -41,7 +39,8 @@ def _needed_libraries(binary: Path) -> list[Path]:
     for line in listed.stdout.splitlines():
         name, _, rest = line.strip().partition(" => ")
         path = rest.split(" (")[0].strip()
-        if name and name not in GLIBC and path.startswith("/"):
+        # glibc is on every machine; runc's other NEEDED libraries travel with the kit.
+        if name and name not in node_images.GLIBC_LIBRARIES and path.startswith("/"):
             found.append(Path(path))
     return found
 

@@ -333,6 +333,7 @@ PROBE_IN_IMAGE = "/usr/local/bin/gpu-probe"
 MPS_CLIENT_SOURCE = Path(__file__).parent / "probe" / "mps_client.c"
 MPS_CLIENT_IN_IMAGE = "/usr/local/bin/mps-client"
 KERNEL_SOURCE = Path(__file__).parent / "probe" / "gpu_kernel.c"
+PROBE_JSON_HEADER = Path(__file__).parent / "probe" / "probe_json.h"  # both probes'
 KERNEL_IN_IMAGE = "/usr/local/bin/gpu-kernel"
 PROBE_STAMP_NAME = ".probe-stamp.json"
 PROBE_LOCK_NAME = ".probe.lock"
@@ -504,12 +505,14 @@ def _probe_recipe(glibc: HostGlibc) -> str:
     source = hashlib.sha256(PROBE_SOURCE.read_bytes()).hexdigest()
     mps_client = hashlib.sha256(MPS_CLIENT_SOURCE.read_bytes()).hexdigest()
     kernel = hashlib.sha256(KERNEL_SOURCE.read_bytes()).hexdigest()
+    header = hashlib.sha256(PROBE_JSON_HEADER.read_bytes()).hexdigest()
     return _recipe(
         versions.PROBE_IMAGE,
         versions.BUSYBOX_DEBIAN_PACKAGE,
         source,
         mps_client,
         kernel,
+        header,
         glibc.files(),
         _files_digest(glibc.files()),
     )
@@ -517,8 +520,8 @@ def _probe_recipe(glibc: HostGlibc) -> str:
 
 def ensure_probe_image(*, out: binaries.Writer | None = None) -> Image:
     """The probe image's archive (`versions.PROBE_IMAGE`), built if missing or stale:
-    when a program of e2e/harness/probe/ (gpu_probe.c, mps_client.c, gpu_kernel.c) or the
-    host's glibc changed.
+    when a program of e2e/harness/probe/ (gpu_probe.c, mps_client.c, gpu_kernel.c, their
+    probe_json.h) or the host's glibc changed.
 
     Needs no Go and does not wait for the build lock (it has its own); a cold build
     installs buildah (and gcc, dpkg) if missing, compiles the probe, downloads

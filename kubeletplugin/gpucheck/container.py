@@ -307,7 +307,8 @@ def kernel_problems(
     ``limit_mib``, more memory free than the share or an over-limit allocation granted."""
     seen = run.seen
     if run.returncode is None or seen is None:
-        return [f"the container did not run: {run.failed_step or 'no output'}", run.log]
+        said = f"the container did not run: {run.failed_step or 'no output'}"
+        return [said, run.log] if run.log else [said]
     problems = []
     if "error" in seen:
         problems.append(f"gpu-kernel failed at {seen.get('step')}: {seen['error']}")
@@ -341,14 +342,13 @@ def container_step(
     UUIDs the container must see, the hooks its spec names (run by runc)."""
     if kit_dir is None:
         return skipped(STEP, "no container kit (the bundle brings one; or --container-kit)")
+    kit = load_kit(kit_dir)
+    here = platform.machine()
+    if kit.machine not in ("", here):
+        return skipped(STEP, f"the container kit is for {kit.machine}, this is {here}")
     reason = why_not()
     if reason is not None:
         return skipped(STEP, f"containerd cannot run here: {reason}")
-    kit = load_kit(kit_dir)
-    if kit.machine not in ("", platform.machine()):
-        return skipped(
-            STEP, f"the container kit is for {kit.machine}, this is {platform.machine()}"
-        )
     run = run_probe(kit, cdi_dir=cdi_dir, devices=cdi_ids, work=work)
     problems = kernel_problems(run, expected)
     seen = run.seen or {}

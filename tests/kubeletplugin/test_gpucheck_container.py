@@ -53,8 +53,6 @@ def test_a_kit_names_its_image_probe_and_hook(tmp_path: Path) -> None:
 def test_a_kit_for_another_machine_is_skipped_saying_so(tmp_path: Path) -> None:
     root = _kit(tmp_path / "kit")
     (root / "kit.json").write_text(json.dumps({"image": "i", "probe": "/p", "machine": "m68k"}))
-    if container.why_not() is not None:
-        pytest.skip(f"the step stops before the kit here: {container.why_not()}")
     step = container.container_step(
         root, cdi_dir=tmp_path, cdi_ids=(), expected=(), hooks=(), work=tmp_path / "w"
     )

@@ -29,6 +29,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "probe_json.h"
+
 typedef int CUresult;
 typedef int CUdevice;
 typedef void *CUcontext;
@@ -38,7 +40,6 @@ typedef unsigned long long CUdeviceptr;
 
 #define VALUES 4096
 #define BLOCK 256
-#define MAX_FIELDS 20
 #define UUID_TEXT 96
 #define MAX_GPUS 16
 
@@ -75,75 +76,6 @@ static const char PTX[] =
     "DONE:\n"
     "    ret;\n"
     "}\n";
-
-struct field {
-    const char *key;
-    char *string; /* a JSON string when not NULL, else `number` */
-    long long number;
-};
-
-static struct field fields[MAX_FIELDS];
-static int nfields;
-
-static void put_string(const char *key, const char *value) {
-    if (nfields < MAX_FIELDS) {
-        fields[nfields].key = key;
-        fields[nfields].string = strdup(value != NULL ? value : "");
-        nfields++;
-    }
-}
-
-static void put_number(const char *key, long long value) {
-    if (nfields < MAX_FIELDS) {
-        fields[nfields].key = key;
-        fields[nfields].string = NULL;
-        fields[nfields].number = value;
-        nfields++;
-    }
-}
-
-static void print_json_string(const char *s) {
-    putchar('"');
-    for (const unsigned char *p = (const unsigned char *)s; *p != '\0'; p++) {
-        if (*p == '"' || *p == '\\') {
-            printf("\\%c", *p);
-        } else if (*p < 0x20) {
-            printf("\\u%04x", *p);
-        } else {
-            putchar(*p);
-        }
-    }
-    putchar('"');
-}
-
-static int finish(int code) {
-    putchar('{');
-    for (int i = 0; i < nfields; i++) {
-        fputs(i > 0 ? ", " : "", stdout);
-        print_json_string(fields[i].key);
-        fputs(": ", stdout);
-        if (fields[i].string != NULL) {
-            print_json_string(fields[i].string);
-        } else {
-            printf("%lld", fields[i].number);
-        }
-    }
-    fputs("}\n", stdout);
-    fflush(stdout);
-    return code;
-}
-
-static int fail(const char *step, const char *error) {
-    put_string("step", step);
-    put_string("error", error != NULL ? error : "(no dlerror text)");
-    return finish(1);
-}
-
-static int fail_code(const char *call, int code) {
-    char text[128];
-    snprintf(text, sizeof(text), "%s returned %d", call, code);
-    return fail(call, text);
-}
 
 /* dlsym, or NULL with the failing step named in `missing`. */
 static void *need(void *lib, const char *name, const char **missing) {
