@@ -329,6 +329,19 @@ def kernel_problems(
     return problems
 
 
+def ready_kit(kit_dir: Path | None) -> Kit | str:
+    """The kit, where it can run here; else why not (a step's skip reason). Raises
+    KitError for a kit that lacks a part."""
+    if kit_dir is None:
+        return "no container kit (the bundle brings one; or --container-kit)"
+    kit = load_kit(kit_dir)
+    here = platform.machine()
+    if kit.machine not in ("", here):
+        return f"the container kit is for {kit.machine}, this is {here}"
+    reason = why_not()
+    return kit if reason is None else f"containerd cannot run here: {reason}"
+
+
 def container_step(
     kit_dir: Path | None,
     *,
@@ -340,15 +353,9 @@ def container_step(
 ) -> Step:
     """The step for a prepared claim: its CDI devices ``cdi_ids`` in ``cdi_dir``, the
     UUIDs the container must see, the hooks its spec names (run by runc)."""
-    if kit_dir is None:
-        return skipped(STEP, "no container kit (the bundle brings one; or --container-kit)")
-    kit = load_kit(kit_dir)
-    here = platform.machine()
-    if kit.machine not in ("", here):
-        return skipped(STEP, f"the container kit is for {kit.machine}, this is {here}")
-    reason = why_not()
-    if reason is not None:
-        return skipped(STEP, f"containerd cannot run here: {reason}")
+    kit = ready_kit(kit_dir)
+    if isinstance(kit, str):
+        return skipped(STEP, kit)
     run = run_probe(kit, cdi_dir=cdi_dir, devices=cdi_ids, work=work)
     problems = kernel_problems(run, expected)
     seen = run.seen or {}

@@ -237,14 +237,13 @@ def _in_a_container(
 ) -> None:
     """The share's CDI devices under the kit's containerd: gpu-kernel's kernel runs
     through the daemon, and its allocation past the share must be refused."""
-    why = "no container kit" if kit is None else container.why_not()
-    if why is not None:
-        run.container_note = f"container: skipped: {why}"
+    ready = container.ready_kit(kit)
+    if isinstance(ready, str):
+        run.container_note = f"container: skipped: {ready}"
         return
-    assert kit is not None
     over = SHARE_MEMORY_GIB * 1024 + probe.OVER_MIB
     run.container = container.run_probe(
-        container.load_kit(kit),
+        ready,
         cdi_dir=cdi_dir,
         devices=ids,
         work=work,
