@@ -10,7 +10,7 @@ a change writes one file whatever the number of claims held (``drasil.driver.che
                    "devices": [{"requestNames": [...], "poolName": "...",
                                 "deviceName": "...", "cdiDeviceIds": [...],
                                 "shareId": "...", "mig": {...}, "staticMig": {...},
-                                "partition": {...},
+                                "partition": {...}, "vfio": {...},
                                 "sharing": "MPS"}],
                    "updatedAt": "<RFC 3339>"},
          "checksum": "<sha256 hex>"}
@@ -19,6 +19,8 @@ a change writes one file whatever the number of claims held (``drasil.driver.che
          "gpu": {"mps": {...}, "timeSlice": 3, "previousTimeSlice": 0,
                  "computePartition": "CPX", "previousComputePartition": "SPX"},
          "checksum": "..."}
+    checkpoint/gpus/pci%3A<bdf>.json
+        {..., "uuid": "pci:<bdf>", "gpu": {"nativeDriver": "nvidia"}, ...}
 
 A claim file whose ``claim`` is ``null`` is a tombstone: the claim is being removed and
 counts as absent. Each file carries the boot id, so files of an earlier boot are told
@@ -170,6 +172,14 @@ class PartitionRecord(_Document):
     size: int
 
 
+class VfioRecord(_Document):
+    """A GPU a prepared claim holds bound to vfio-pci for a virtual machine: its PCI
+    function and its IOMMU group, whose every function is bound to vfio-pci with it."""
+
+    bus_id: str
+    iommu_group: int
+
+
 class PreparedDevice(_Document):
     """One device of a prepared claim: what NodePrepareResources returned for it."""
 
@@ -184,6 +194,7 @@ class PreparedDevice(_Document):
     # Never a ``mig`` record: an earlier reader destroys the instance a ``mig`` names.
     static_mig: StaticMigRecord | None = Field(default=None, exclude_if=lambda value: value is None)
     partition: PartitionRecord | None = Field(default=None, exclude_if=lambda value: value is None)
+    vfio: VfioRecord | None = Field(default=None, exclude_if=lambda value: value is None)
     # How a shared or time-sliced GPU is used ("MPS", "TimeSlicing/Long"): claims on
     # one GPU must agree, and the last one to go restores the GPU.
     sharing: str | None = Field(default=None, exclude_if=lambda value: value is None)
@@ -235,6 +246,9 @@ class GpuRecord(_Document):
     previous_compute_partition: str | None = Field(
         default=None, exclude_if=lambda value: value is None
     )
+    # Kept under the key ``pci:<bdf>`` of a PCI function drasil bound to vfio-pci: the
+    # driver it had before ("" for none), to bind it back to once no claim holds it.
+    native_driver: str | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class Checkpoint(_Document):

@@ -88,6 +88,8 @@ class DeviceType(str):
     MIG: ClassVar[DeviceType]
     AMDGPU: ClassVar[DeviceType]
     AMDGPU_PARTITION: ClassVar[DeviceType]
+    VFIO: ClassVar[DeviceType]
+    AMDGPU_VFIO: ClassVar[DeviceType]
     _known: ClassVar[dict[str, DeviceType]] = {}
     _vendors: ClassVar[dict[str, Vendor]] = {}
 
@@ -132,6 +134,9 @@ DeviceType.GPU = DeviceType.declare("gpu", vendor=Vendor.NVIDIA)
 DeviceType.MIG = DeviceType.declare("mig", vendor=Vendor.NVIDIA)
 DeviceType.AMDGPU = DeviceType.declare("amdgpu", vendor=Vendor.AMD)
 DeviceType.AMDGPU_PARTITION = DeviceType.declare("amdgpu-partition", vendor=Vendor.AMD)
+# A whole GPU handed to a virtual machine (bound to vfio-pci at prepare; passthrough.md).
+DeviceType.VFIO = DeviceType.declare("vfio", vendor=Vendor.NVIDIA)
+DeviceType.AMDGPU_VFIO = DeviceType.declare("amdgpu-vfio", vendor=Vendor.AMD)
 
 
 class HardwareError(Exception):
@@ -220,6 +225,19 @@ class CharDevice:
 
 
 @dataclass(frozen=True)
+class PciPassthrough:
+    """What a passthrough device (``--passthrough``) is on the host: its GPU's PCI
+    function, the function's IOMMU group, the driver it is bound to when not passed
+    through (``nvidia``, ``amdgpu``), and the GPU's device nodes, which any process
+    using the GPU holds open (a GPU in use is never taken from under it)."""
+
+    bus_id: str
+    iommu_group: int
+    native_driver: str
+    busy_nodes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class MigPlacement:
     """Where a MIG device that does not exist yet would be cut (``--mig-mode dynamic``).
 
@@ -288,6 +306,8 @@ class Device:
     # and ``start``/``size`` in the GPU's compute dies, the counters it draws.)
     compute_partition: PartitionRecord | None = None
     consumes_counters: tuple[CounterConsumption, ...] = ()
+    # A GPU for a virtual machine: bound to vfio-pci at prepare, back at unprepare.
+    passthrough: PciPassthrough | None = None
     # --gpu-sharing consumable: several claims may hold the device, each taking part
     # of the capacities that have a policy.
     allow_multiple_allocations: bool = False

@@ -379,6 +379,35 @@ class PluginOptions:
         "partition mode they are in; dynamic publishes every partition of MI300-class GPUs "
         "and switches the GPU's mode at prepare (docs/amd.md#dynamic-partitions)",
     )
+    # DRA mode: each whole GPU also published for VMs, bound to vfio-pci at prepare.
+    passthrough: bool = option(
+        "--passthrough",
+        env="PASSTHROUGH",
+        default="",
+        truth=_yes,
+        help="env PASSTHROUGH; DRA mode: publish each whole GPU a second time, as a vfio "
+        "device a KubeVirt VM gets (DeviceClass vfio.gpu.drasil.dev); prepare binds it to "
+        "vfio-pci, unprepare back to its driver (docs/passthrough.md)",
+    )
+    # Where PCI functions are read and rebound for passthrough (a fake tree in tests).
+    pci_sysfs_root: Path = option(
+        "--pci-sysfs-root",
+        env="PCI_SYSFS_ROOT",
+        default="/sys",
+        absolute=True,
+        convert=_path,
+        help="env PCI_SYSFS_ROOT; the sysfs tree of the node's PCI functions (passthrough); "
+        "for tests",
+    )
+    vfio_dev_root: Path = option(
+        "--vfio-dev-root",
+        env="VFIO_DEV_ROOT",
+        default="/dev",
+        absolute=True,
+        convert=_path,
+        help="env VFIO_DEV_ROOT; where the host's /dev is seen, for passthrough to wait "
+        "for /dev/vfio/<group> (the chart mounts the host's at /host-dev)",
+    )
     # DRA mode: another device plugin's resources that make this one withhold GPUs.
     device_plugin_resources: tuple[str, ...] = option(
         "--device-plugin-resources",
@@ -439,7 +468,9 @@ class PluginOptions:
         absolute=True,
         convert=_path,
         help="env PROC_ROOT; where the NVIDIA driver's /proc entries are read (MIG "
-        "capability numbers); for tests",
+        "capability numbers), and the processes looked through for a GPU in use before "
+        "it is passed through (the host's: the chart sets hostPID with passthrough on); "
+        "for tests",
     )
     # Where the id of the current boot is read: prepared state of another boot is
     # never trusted (a test rig's simulated reboot writes its own file).
@@ -482,6 +513,16 @@ class PluginOptions:
     def state_dir(self) -> Path:
         """Checkpoint and locks live beside the DRA socket (docs/design.md#names)."""
         return self.plugins_dir / self.driver_name
+
+    @property
+    def simulated_pci_root(self) -> Path:
+        """The simulated NVIDIA GPUs' PCI sysfs tree (passthrough), kept like the AMD one."""
+        return self.state_dir / "simulated-pci-sysfs"
+
+    @property
+    def simulated_dev_root(self) -> Path:
+        """Where the simulated kernel makes ``vfio/<group>`` nodes (regular files)."""
+        return self.state_dir / "simulated-dev"
 
     @property
     def simulated_amd_root(self) -> Path:

@@ -309,6 +309,13 @@ def _resolve_one(
 def _no_config_fits(
     entry: OpaqueConfigEntry, config: OpaqueConfig, device: Device, result: AllocatedDevice
 ) -> str:
+    if device.passthrough is not None:
+        return (
+            f"{entry.describe()}: a {config.kind} cannot be applied to device "
+            f'"{device.name}" of type {device.type} (request {result.request}): it is a GPU '
+            "passed through to a virtual machine whole, whose own driver runs it; no "
+            "opaque config applies (docs/passthrough.md)"
+        )
     return (
         f"{entry.describe()}: a {config.kind} cannot be applied to device "
         f'"{device.name}" of type {device.type} (request {result.request}): it is an '

@@ -21,12 +21,19 @@ CDI spec, checkpoint PrepareCompleted) and is its only user.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from drasil.api.checkpoint import ClaimRecord, PartitionRecord, PreparedDevice, StaticMigRecord
+from drasil.api.checkpoint import (
+    ClaimRecord,
+    PartitionRecord,
+    PreparedDevice,
+    StaticMigRecord,
+    VfioRecord,
+)
 from drasil.driver.cdi.claimspecs import (
     ClaimDevice,
     ClaimSpecRequest,
@@ -144,7 +151,11 @@ class PreparePlan:
 
 
 def _common_edits(node: NodePool, devices: Sequence[DevicePlan]) -> ContainerEdits:
-    if any(d.cdi.device.vendor is node.common_edits_vendor for d in devices):
+    # A GPU passed through to a VM needs none of its driver's files: the VM runs its own.
+    if any(
+        d.cdi.device.vendor is node.common_edits_vendor and d.cdi.device.passthrough is None
+        for d in devices
+    ):
         return node.common_edits
     return ContainerEdits()
 
@@ -165,6 +176,7 @@ def plan_prepare(claim: Mapping[str, Any], *, ref: ClaimRef, node: NodePool) -> 
     )
     _check_one_mode_per_gpu(devices)
     _check_whole_mps(devices)
+    devices = _with_pci_env(devices, driver=node.driver)
     metadata: ClaimMetadata | None = None
     mounts: tuple[MetadataMount, ...] = ()
     if node.metadata_root is not None:
@@ -301,6 +313,7 @@ def _device_plan(
         sharing=_sharing(result, config, device) if local else None,
         partition=None if result.admin_access or not local else _partition_record(device),
         static_mig=_static_mig_record(device) if local else None,
+        vfio=_vfio_record(device) if local and not result.admin_access else None,
     )
     if result.admin_access:
         settings = admin_settings()
@@ -354,6 +367,40 @@ def _check_whole_mps(devices: Sequence[DevicePlan]) -> None:
 def _partition_record(device: Device) -> PartitionRecord | None:
     """The mode an AMD dynamic partition holds its GPU in, recorded with the claim."""
     return device.compute_partition  # the device's slot is the record
+
+
+def _vfio_record(device: Device) -> VfioRecord | None:
+    if device.passthrough is None:
+        return None
+    return VfioRecord(bus_id=device.passthrough.bus_id, iommu_group=device.passthrough.iommu_group)
+
+
+def pci_resource_env(driver: str, request: str) -> str:
+    """``PCI_RESOURCE_<DRIVER>_<REQUEST>``: the variable KubeVirt's device plugins set to
+    a resource's PCI addresses (``PCI_RESOURCE_NVIDIA_COM_GH100``), here per request."""
+    name = re.sub(r"[^A-Z0-9]", "_", f"{driver}_{request}".upper())
+    return f"PCI_RESOURCE_{name}"
+
+
+def _with_pci_env(devices: tuple[DevicePlan, ...], *, driver: str) -> tuple[DevicePlan, ...]:
+    """Each passthrough device carries its request's PCI addresses, comma-separated as
+    KubeVirt's device plugins give them: every device of the request sets the variable
+    to the same value, so a container of the request gets one value."""
+    by_request: dict[str, list[str]] = {}
+    for plan in devices:
+        if (passthrough := plan.cdi.device.passthrough) is not None:
+            by_request.setdefault(plan.result.base_request, []).append(passthrough.bus_id)
+    if not by_request:
+        return devices
+    out = []
+    for plan in devices:
+        if plan.cdi.device.passthrough is None:
+            out.append(plan)
+            continue
+        request = plan.result.base_request
+        env = {pci_resource_env(driver, request): ",".join(by_request[request])}
+        out.append(replace(plan, cdi=replace(plan.cdi, edits=ContainerEdits(env=env))))
+    return tuple(out)
 
 
 def _static_mig_record(device: Device) -> StaticMigRecord | None:

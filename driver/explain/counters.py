@@ -13,7 +13,8 @@ counter set and profile (or device):
 
 Counters that number parts of a GPU read as ranges: ``memory-slice-<n>`` (drasil's MIG
 memory slices) and ``xcd-<n>`` (an AMD GPU's compute dies, ``--amd-partition-mode
-dynamic``); other counters by name with what is needed and what is left.
+dynamic``); ``passthrough`` (a GPU and its device for VMs, ``--passthrough``) as whom
+the GPU is with; other counters by name with what is needed and what is left.
 
 Published counters are untrusted input. A quantity that does not parse or is negative,
 a set that is missing or defined twice, a counter the set does not have: the device
@@ -344,7 +345,7 @@ def _group(members: Sequence[Shortage], *, several_pools: bool, driver: str) -> 
     else:
         subject, verb = f"device {first.name}", "needs"
     pattern, units = _unit_needs(members)
-    needs = units or _counter_needs(members)
+    needs = units or _passthrough_needs(members, driver) or _counter_needs(members)
     # Name who holds the counters the text names, not every short one.
     named = [
         key
@@ -359,6 +360,20 @@ def _group(members: Sequence[Shortage], *, several_pools: bool, driver: str) -> 
         requests=frozenset(r for m in members for key in named for r in m.requests.get(key, ())),
         devices=len(members),
     )
+
+
+PASSTHROUGH_COUNTER: Final = "passthrough"
+_VFIO_TYPES: Final = frozenset({"vfio", "amdgpu-vfio"})
+
+
+def _passthrough_needs(members: Sequence[Shortage], driver: str) -> str:
+    """The one counter a GPU and its passthrough device draw (``--passthrough``), said
+    as what it is: the GPU is with a VM, or a VM's device waits for a GPU in use."""
+    if any({key[2] for key in m.short} != {PASSTHROUGH_COUNTER} for m in members):
+        return ""
+    if device_attribute(members[0].device, "type", driver) in _VFIO_TYPES:
+        return "its GPU, which is in use as a GPU (passthrough waits for it)"
+    return "its GPU, which is passed through to a virtual machine"
 
 
 def _starts(members: Sequence[Shortage], driver: str) -> str:

@@ -23,7 +23,7 @@ from drasil.api.kubelet.pluginregistration import registration_pb2_grpc as reg_g
 from drasil.driver.cdi.claimspecs import delete_claim_spec
 from drasil.driver.checkpoint import CHECKPOINT_DIR, CheckpointStore
 from drasil.driver.checkpointdisk import LoadOutcome, LoadResult
-from drasil.driver.devices import Device, VendorError
+from drasil.driver.devices import Device, Vendor, VendorError
 from drasil.driver.files import FileLock
 from drasil.driver.hostresources import with_host_resources
 from drasil.driver.kubeapi import KubeApi
@@ -40,7 +40,12 @@ from drasil.kubeletplugin.metrics import PluginMetrics
 from drasil.kubeletplugin.node import NodeRuntime
 from drasil.kubeletplugin.options import PluginOptions
 from drasil.kubeletplugin.sockets import UnixSocketServer, pod_tag
-from drasil.kubeletplugin.vendors.seam import NodeState, NodeVendor, PrepareSteps
+from drasil.kubeletplugin.vendors.seam import (
+    NodeState,
+    NodeVendor,
+    PassthroughBinder,
+    PrepareSteps,
+)
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +140,9 @@ class KubeletPlugin:
             api=self.api,
             node_event=self._node_event,
         )
-        self.steps = merged_steps([v.prepare_steps(state) for v in self.vendors])
+        self.steps = merged_steps(
+            [v.prepare_steps(state) for v in self.vendors], vendors=[v.vendor for v in self.vendors]
+        )
         edits = self.node.common_edits()
         return Preparer(
             driver=self.opts.driver_name,
@@ -150,6 +157,7 @@ class KubeletPlugin:
             migs=self.steps.instances,
             effects=self.steps.sharing,
             partitions=self.steps.modes,
+            passthrough=self.steps.passthrough,
             withheld=self._withheld if self.guard.patterns else None,
             pools=self.api,
             lock=lock,
@@ -403,10 +411,13 @@ class _Drained:
         self.server.stop(grace=self.grace)
 
 
-def merged_steps(steps: Sequence[PrepareSteps]) -> PrepareSteps:
+def merged_steps(
+    steps: Sequence[PrepareSteps], *, vendors: Sequence[Vendor | None] = ()
+) -> PrepareSteps:
     """The vendors' steps as one: each kind from the one vendor that has it (two
     vendors cutting instances, say, is refused: ``VendorError``), the repairs run in
-    the vendors' order."""
+    the vendors' order. Passthrough is the one kind several vendors may have: each
+    binds its own devices (``vendors``: whose each of ``steps`` is)."""
     repairs = [s.recover for s in steps if s.recover is not None]
 
     def recover() -> None:
@@ -417,8 +428,44 @@ def merged_steps(steps: Sequence[PrepareSteps]) -> PrepareSteps:
         instances=_only([s.instances for s in steps], "instances"),
         modes=_only([s.modes for s in steps], "modes"),
         sharing=_only([s.sharing for s in steps], "sharing"),
+        passthrough=_passthrough(
+            [
+                (vendor, s.passthrough)
+                for vendor, s in zip(vendors or [None] * len(steps), steps, strict=True)
+                if s.passthrough is not None
+            ]
+        ),
         recover=recover if repairs else None,
     )
+
+
+class _EachPassthrough:
+    """The vendors' passthrough steps as one: each binds the devices it published (a
+    passthrough device is found by its vendor's own type), and every one settles."""
+
+    def __init__(self, steps: Sequence[tuple[Vendor | None, PassthroughBinder]]) -> None:
+        self.steps = steps
+
+    def bind(self, devices: Sequence[Device]) -> dict[str, Device]:
+        out: dict[str, Device] = {}
+        for vendor, step in self.steps:
+            mine = [d for d in devices if d.vendor is vendor]
+            if mine:
+                out.update(step.bind(mine))
+        return out
+
+    def settle(self) -> list[str]:
+        return [done for _, step in self.steps for done in step.settle()]
+
+
+def _passthrough(
+    steps: Sequence[tuple[Vendor | None, PassthroughBinder]],
+) -> PassthroughBinder | None:
+    if len(steps) <= 1:
+        return steps[0][1] if steps else None
+    if any(vendor is None for vendor, _ in steps):
+        raise VendorError("two vendors pass GPUs through here, and merged_steps was not told whose")
+    return _EachPassthrough(steps)
 
 
 def _only(found: Sequence[_T | None], kind: str) -> _T | None:

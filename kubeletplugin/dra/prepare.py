@@ -72,10 +72,12 @@ from drasil.driver.devices import Device, HardwareError, MigPlacement, Vendor
 from drasil.driver.files import FileLock, LockTimeoutError, crash_point
 from drasil.driver.migrecords import creating_record
 from drasil.driver.objects import ResourceClaim
+from drasil.driver.vfio.devices import PASSTHROUGH_COUNTER
 from drasil.kubeletplugin.vendors.seam import (
     EditsSource,
     InstanceMaker,
     ModeSwitcher,
+    PassthroughBinder,
     SharingStep,
 )
 
@@ -215,6 +217,8 @@ class Preparer:
     migs: InstanceMaker | None = None  # None: no vendor cuts instances (MIG) here
     effects: SharingStep | None = None  # None: sharing reaches containers as env only
     partitions: ModeSwitcher | None = None  # None: no vendor switches GPU modes here
+    # None: no GPU is passed through to VMs here (--passthrough off).
+    passthrough: PassthroughBinder | None = None
     # Why a device may not be prepared now (None: it may), e.g. another device plugin
     # on the node hands it out (doublebooking.py); None: every device may.
     withheld: Callable[[str], str | None] | None = None
@@ -347,7 +351,7 @@ class Preparer:
                 devices=_with_migs(plan.prepared, {n: creating_record(p) for n, p in placements}),
             )
         crash_point("prepare-after-started")
-        switched = self._switch_partitions(plan)
+        switched = {**self._switch_partitions(plan), **self._pass_through(plan)}
         plan, prepared = self._cut_migs(plan, claim, node, placements, switched)
         if self.effects is not None:
             plan = self.effects.apply(plan, claim)
@@ -402,6 +406,20 @@ class Preparer:
         if self.partitions is None:
             raise PrepareError("this plugin serves no AMD GPUs to switch partition modes of")
         return self.partitions.switch(wanted)
+
+    def _pass_through(self, plan: PreparePlan) -> dict[str, Device]:
+        """Bind the GPUs of the claim's passthrough devices to vfio-pci; the devices
+        with their VFIO nodes."""
+        wanted = [
+            d.cdi.device
+            for d in plan.devices
+            if d.cdi.device.passthrough is not None and not d.result.admin_access
+        ]
+        if not wanted:
+            return {}
+        if self.passthrough is None:
+            raise PrepareError("this plugin passes no GPU through to virtual machines")
+        return self.passthrough.bind(wanted)
 
     def _cut_migs(
         self,
@@ -579,7 +597,8 @@ class Preparer:
         crash left unrecorded are swept at start (``GpuEffects.resume``) and by the
         next shared claim's unprepare."""
         if record is not None and any(
-            d.sharing is not None or d.partition is not None for d in record.devices
+            d.sharing is not None or d.partition is not None or d.vfio is not None
+            for d in record.devices
         ):
             return True
         return bool(self.store.gpus())
@@ -592,6 +611,8 @@ class Preparer:
             settles.append(partial(self.effects.settle, released))
         if self.partitions is not None:
             settles.append(self.partitions.settle)
+        if self.passthrough is not None:
+            settles.append(self.passthrough.settle)
         for settle in settles:
             try:
                 settle()
@@ -622,9 +643,10 @@ def _whole_partitionable(plan: PreparePlan) -> list[Device]:
     return [
         d.cdi.device
         for d in plan.devices
-        if d.cdi.device.consumes_counters
+        if any(PASSTHROUGH_COUNTER not in c.counters for c in d.cdi.device.consumes_counters)
         and d.cdi.device.mig_placement is None
         and d.cdi.device.compute_partition is None  # AMD's: a mode switch, not MIG
+        and d.cdi.device.passthrough is None  # vfio-pci's, whatever MIG mode it has
         and not d.result.admin_access
     ]
 

@@ -13,9 +13,9 @@ The daemon's vendor-neutral parts (``kubeletplugin.node``, ``kubeletplugin.dra``
   (readiness), the Node labels it keeps, and its prepare steps.
 - ``PrepareSteps``: what prepare asks of the hardware beyond writing specs: cutting
   instances (MIG), switching a GPU's mode (AMD partitions), sharing (MPS daemons,
-  time slices), and what to repair at start. Each step acts on its own vendor's
-  devices only; a step no vendor has is ``None``, and a claim that needs it is refused
-  (``kubeletplugin.dra.prepare``).
+  time slices), binding GPUs to vfio-pci for VMs, and what to repair at start. Each
+  step acts on its own vendor's devices only; a step no vendor has is ``None``, and a
+  claim that needs it is refused (``kubeletplugin.dra.prepare``).
 
 A vendor's errors that are the claim's answer (the hardware refused) derive from
 ``drasil.driver.devices.HardwareError``.
@@ -134,6 +134,15 @@ class ModeSwitcher(Protocol):
     def settle(self) -> list[str]: ...
 
 
+class PassthroughBinder(Protocol):
+    """Binds GPUs to vfio-pci for claims that pass them through to virtual machines,
+    and back to their drivers once no claim holds them (``vendors.passthrough``)."""
+
+    def bind(self, devices: Sequence[Device]) -> dict[str, Device]: ...
+
+    def settle(self) -> list[str]: ...
+
+
 class SharingStep(Protocol):
     """What claims change on a GPU they share or configure (MPS daemons, time slices)."""
 
@@ -164,6 +173,7 @@ class PrepareSteps:
     instances: InstanceMaker | None = None
     modes: ModeSwitcher | None = None
     sharing: SharingStep | None = None
+    passthrough: PassthroughBinder | None = None
     # At start, before kubelet's calls: repair what a crash or a restart left (MIG
     # instances against the checkpoint, MPS daemons of prepared shares, GPU modes).
     recover: Callable[[], None] | None = None

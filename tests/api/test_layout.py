@@ -85,6 +85,7 @@ LAYOUT: dict[str, set[str]] = {
         "nvidia/",
         "amd/",
         "simulated/",
+        "vfio/",
     },
     "kubeletplugin": {
         "main",

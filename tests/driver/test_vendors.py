@@ -172,6 +172,8 @@ def test_device_types_know_their_vendor() -> None:
         DeviceType.MIG: Vendor.NVIDIA,
         DeviceType.AMDGPU: Vendor.AMD,
         DeviceType.AMDGPU_PARTITION: Vendor.AMD,
+        DeviceType.VFIO: Vendor.NVIDIA,
+        DeviceType.AMDGPU_VFIO: Vendor.AMD,
     }
 
 

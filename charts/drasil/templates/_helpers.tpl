@@ -87,7 +87,15 @@ gpu.nvidia.com
 {{- if and (eq .Values.backend "nvml") .Values.nvml.privileged -}}true
 {{- else if include "drasil.pluginMountsShm" . -}}true
 {{- else if and (eq .Values.mode "dra") (eq .Values.amdPartitionMode "dynamic") -}}true
+{{- else if include "drasil.pluginPassesThrough" . -}}true
 {{- end -}}
+{{- end -}}
+
+{{/* GPUs passed through to VMs on real hardware (passthrough.enabled): the plugin
+     rebinds PCI functions in sysfs, waits for the host's /dev/vfio/<group>, and looks
+     through the host's processes for one using the GPU first. */}}
+{{- define "drasil.pluginPassesThrough" -}}
+{{- if and (eq .Values.mode "dra") .Values.passthrough.enabled (eq .Values.backend "nvml") -}}true{{- end -}}
 {{- end -}}
 
 {{/* MPS daemons (shares of consumable GPUs; GPUs and MIG devices allocated whole with

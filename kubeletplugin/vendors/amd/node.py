@@ -17,11 +17,18 @@ from pathlib import Path
 from drasil.driver.amd.devices import discover_amd, skipped_text
 from drasil.driver.amd.health import AmdHealthWatcher
 from drasil.driver.amd.partitions import ModeWriter, discover_dynamic, write_mode
-from drasil.driver.amd.sysfs import SIMULATED_MANIFEST, amdgpu_driver_dir, gpu_links
-from drasil.driver.devices import Device, Vendor
+from drasil.driver.amd.sysfs import (
+    AMD_VENDOR_ID,
+    SIMULATED_MANIFEST,
+    amdgpu_driver_dir,
+    gpu_links,
+)
+from drasil.driver.devices import Device, DeviceType, Vendor
 from drasil.driver.health import HealthTracker
+from drasil.driver.vfio.devices import VendorPassthrough
 from drasil.kubeletplugin.options import PluginOptions
 from drasil.kubeletplugin.vendors.amd.modes import PartitionModes
+from drasil.kubeletplugin.vendors.passthrough import PciSide, settle_at_start
 from drasil.kubeletplugin.vendors.seam import (
     HealthSource,
     NodeState,
@@ -32,28 +39,53 @@ from drasil.kubeletplugin.vendors.seam import (
 
 log = logging.getLogger(__name__)
 
+PASSTHROUGH = VendorPassthrough(
+    gpu_type=DeviceType.AMDGPU,
+    vfio_type=DeviceType.AMDGPU_VFIO,
+    native_driver="amdgpu",
+    vendor_id=AMD_VENDOR_ID,
+    # A process using the GPU has its DRM nodes open (/dev/kfd is every GPU's).
+    busy_nodes=lambda gpu: tuple(
+        p
+        for p in (*gpu.device_nodes, *(c.host_path for c in gpu.char_devices))
+        if p.startswith("/dev/dri/")
+    ),
+)
+
 
 class AmdNode:
     """AMD's GPUs of one node, read from the amdgpu sysfs tree under ``sysfs``."""
 
     vendor = Vendor.AMD
 
-    def __init__(self, opts: PluginOptions, sysfs: Path, *, write: ModeWriter = write_mode) -> None:
+    def __init__(
+        self,
+        opts: PluginOptions,
+        sysfs: Path,
+        *,
+        write: ModeWriter = write_mode,
+        simulated: bool = False,
+    ) -> None:
         self.opts = opts
         self.sysfs = sysfs
         self.write = write  # amdgpu's mode file, or the simulated tree's answer to it
+        # --passthrough: GPUs rebound to vfio-pci in the same sysfs tree.
+        self.pci = _pci_side(opts, sysfs, simulated=simulated) if opts.passthrough else None
 
     def discover(self, *, dra: bool) -> VendorDevices:
         # Only DRA mode switches modes at prepare; the device-plugin API sees the
         # partitions as they are.
         dynamic = dra and self.opts.amd_partition_mode == "dynamic"
         found = discover_dynamic(self.sysfs) if dynamic else discover_amd(self.sysfs)
-        return VendorDevices(
+        devices = VendorDevices(
             devices=found.devices,
             skipped=tuple(skipped_text(s) for s in found.skipped),
             counter_sets=found.counter_sets,
             driver=found.driver(),
         )
+        if dra and self.pci is not None:
+            return self.pci.publish(devices, PASSTHROUGH)
+        return devices
 
     def health_sources(
         self, devices: Sequence[Device], health: HealthTracker
@@ -89,7 +121,14 @@ class AmdNode:
             if done:
                 node.node_event("PartitionModesRestored", "; ".join(done))
 
-        return PrepareSteps(modes=modes, recover=recover)
+        passthrough = self.pci.step(node) if self.pci is not None else None
+
+        def recover_all() -> None:
+            recover()
+            if passthrough is not None:
+                settle_at_start(passthrough, node)
+
+        return PrepareSteps(modes=modes, passthrough=passthrough, recover=recover_all)
 
     def close(self) -> None:
         return None
@@ -127,7 +166,15 @@ class AmdSource:
         if simulated is not None:
             entries = amdsysfs.parse_amd_profile(simulated)
             amdsysfs.write_simulated_tree(entries, root, node_name=opts.node_name)
-        return AmdNode(opts, root, write=amdsysfs.write_mode)
+        return AmdNode(opts, root, write=amdsysfs.write_mode, simulated=True)
+
+
+def _pci_side(opts: PluginOptions, sysfs: Path, *, simulated: bool) -> PciSide:
+    if not simulated:
+        return PciSide(opts, root=sysfs)
+    from drasil.driver.simulated.pcikernel import AMD_GPU  # noqa: PLC0415
+
+    return PciSide(opts, root=sysfs, simulated=AMD_GPU)
 
 
 def _simulated_tree(root: Path) -> bool:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from drasil.driver.cdi.spec import ContainerEdits
-from drasil.driver.devices import Device, HardwareError, Vendor
+from drasil.driver.devices import Device, DeviceType, HardwareError, Vendor
 from drasil.driver.health import HealthTracker
 from drasil.driver.kubeapi import KubeApi
 from drasil.driver.nvidia.driveredits import NodeEdits, without_void
@@ -29,6 +29,7 @@ from drasil.driver.nvidia.nodelabels import OWN_KEY, node_labels
 from drasil.driver.nvidia.nvml import NvmlError, NvmlLibrary
 from drasil.driver.nvidia.nvmladapter import PynvmlLibrary
 from drasil.driver.nvidia.xid import XidWatcher
+from drasil.driver.vfio.devices import VendorPassthrough
 from drasil.kubeletplugin.options import PluginOptions
 from drasil.kubeletplugin.vendors.nvidia import driverroot
 from drasil.kubeletplugin.vendors.nvidia.migs import MigInstances
@@ -43,6 +44,7 @@ from drasil.kubeletplugin.vendors.nvidia.mps.pods import DaemonPods, KubePods, P
 from drasil.kubeletplugin.vendors.nvidia.mps.shares import GpuEffects
 from drasil.kubeletplugin.vendors.nvidia.mps.watch import DaemonWatch
 from drasil.kubeletplugin.vendors.nvidia.recovery import reconcile_migs
+from drasil.kubeletplugin.vendors.passthrough import PciSide, settle_at_start
 from drasil.kubeletplugin.vendors.seam import (
     EditsSource,
     HealthSource,
@@ -55,15 +57,27 @@ from drasil.kubeletplugin.vendors.seam import (
 
 log = logging.getLogger(__name__)
 
+PASSTHROUGH = VendorPassthrough(
+    gpu_type=DeviceType.GPU,
+    vfio_type=DeviceType.VFIO,
+    native_driver="nvidia",
+    vendor_id=0x10DE,
+    # Every process using a GPU has its node open (CUDA, nvidia-smi, an MPS server).
+    busy_nodes=lambda gpu: (f"/dev/nvidia{gpu.minor}",),
+)
+
 
 class NvidiaNode:
     """NVIDIA's GPUs of one node, through ``lib``."""
 
     vendor = Vendor.NVIDIA
 
-    def __init__(self, opts: PluginOptions, lib: NvmlLibrary) -> None:
+    def __init__(self, opts: PluginOptions, lib: NvmlLibrary, *, simulated: bool = False) -> None:
         self.opts = opts
         self.lib = lib
+        # --passthrough: where GPUs are rebound to vfio-pci (the simulated kernel's tree
+        # for the simulated backend).
+        self.pci = _pci_side(opts, simulated=simulated) if opts.passthrough else None
         self._held = False
         self._edits: NodeEdits | None = None
         # The sharing step and the node it acts on, once prepare_steps made them.
@@ -96,12 +110,15 @@ class NvidiaNode:
             mig_mode=self.opts.mig_mode if dra else "static",
             gpu_sharing=self.opts.gpu_sharing if dra else "exclusive",
         )
-        return VendorDevices(
+        devices = VendorDevices(
             devices=found.devices,
             skipped=tuple(skipped_text(s) for s in found.skipped),
             counter_sets=found.counter_sets,
             driver=driver_description(found),
         )
+        if dra and self.pci is not None:
+            return self.pci.publish(devices, PASSTHROUGH)
+        return devices
 
     def health_sources(
         self, devices: Sequence[Device], health: HealthTracker
@@ -169,7 +186,16 @@ class NvidiaNode:
             except Exception as err:  # a GPU tool failing must not keep the plugin down
                 log.error("resuming GPU sharing state failed", extra={"error": str(err)})
 
-        return PrepareSteps(instances=migs, sharing=effects, recover=recover)
+        passthrough = self.pci.step(node) if self.pci is not None else None
+
+        def recover_all() -> None:
+            recover()
+            if passthrough is not None:
+                settle_at_start(passthrough, node)
+
+        return PrepareSteps(
+            instances=migs, sharing=effects, passthrough=passthrough, recover=recover_all
+        )
 
     def close(self) -> None:
         if not self._held:
@@ -179,6 +205,14 @@ class NvidiaNode:
             self.lib.shutdown()
         except NvmlError as err:
             log.warning("nvmlShutdown failed", extra={"error": str(err)})
+
+
+def _pci_side(opts: PluginOptions, *, simulated: bool) -> PciSide:
+    if not simulated:
+        return PciSide(opts, root=opts.pci_sysfs_root)
+    from drasil.driver.simulated.pcikernel import NVIDIA_GPU  # noqa: PLC0415
+
+    return PciSide(opts, root=opts.simulated_pci_root, simulated=NVIDIA_GPU)
 
 
 @dataclass(frozen=True)
@@ -257,7 +291,7 @@ class NvidiaSource:
             lib: NvmlLibrary = simulated_library(
                 simulated, node_name=opts.node_name, state_file=opts.simulated_state_file
             )
-            return NvidiaNode(opts, lib)
+            return NvidiaNode(opts, lib, simulated=True)
         # NVML from the driver root, before pynvml looks for it (driverroot.preload_nvml).
         driverroot.preload_nvml(opts)
         host, local = opts.dev_root
