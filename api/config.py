@@ -343,14 +343,53 @@ class MigDeviceConfig(StrictModel):
     sharing: MigDeviceSharing = Field(default_factory=MigDeviceSharing)
 
 
-OpaqueConfig = GpuConfig | MigDeviceConfig
-KINDS: Final[Mapping[str, type[GpuConfig] | type[MigDeviceConfig]]] = {
+class IommuBackendPolicy(StrEnum):
+    """Which VFIO interface a passthrough device's container gets."""
+
+    LEGACY_ONLY = "LegacyOnly"  # the IOMMU group: /dev/vfio/<group>
+    # The device's own node, /dev/vfio/devices/vfio<N>, where the kernel has iommufd
+    # (/dev/iommu); the group where it has not.
+    PREFER_IOMMUFD = "PreferIommuFD"
+
+
+class IommuConfig(StrictModel):
+    """The VFIO nodes of a passthrough device. ``enableAPIDevice`` adds the API device
+    (``/dev/vfio/vfio``; ``/dev/iommu`` with iommufd), which KubeVirt's launcher needs."""
+
+    backend_policy: Annotated[IommuBackendPolicy, _one_of(IommuBackendPolicy)] = Field(
+        IommuBackendPolicy.LEGACY_ONLY, alias="backendPolicy"
+    )
+    enable_api_device: bool = Field(True, alias="enableAPIDevice")
+
+
+_NOT_SHARED: Final = GpuSharing()
+
+
+class VfioDeviceConfig(StrictModel):
+    """Config for GPUs passed through to VMs (types ``vfio``, ``amdgpu-vfio``;
+    docs/passthrough.md). A VM gets its GPU whole: never shared."""
+
+    model_config = ConfigDict(json_schema_extra=_require_type_meta)
+
+    api_version: Literal["resource.drasil.dev/v1beta1"] = Field(API_VERSION, alias="apiVersion")
+    kind: Literal["VfioDeviceConfig"] = "VfioDeviceConfig"
+    iommu: IommuConfig = Field(default_factory=IommuConfig)
+
+    @property
+    def sharing(self) -> GpuSharing:
+        """Exclusive: what the sharing code reads of every kind."""
+        return _NOT_SHARED
+
+
+OpaqueConfig = GpuConfig | MigDeviceConfig | VfioDeviceConfig
+KINDS: Final[Mapping[str, type[GpuConfig] | type[MigDeviceConfig] | type[VfioDeviceConfig]]] = {
     "GpuConfig": GpuConfig,
     "MigDeviceConfig": MigDeviceConfig,
+    "VfioDeviceConfig": VfioDeviceConfig,
 }
 API_VERSIONS: Final[Mapping[str, tuple[str, ...]]] = {
     API_VERSION: tuple(KINDS),
-    NVIDIA_API_VERSION: ("GpuConfig", "MigDeviceConfig"),
+    NVIDIA_API_VERSION: ("GpuConfig", "MigDeviceConfig", "VfioDeviceConfig"),
 }
 """The API versions ``decode_config`` reads, and the kinds of each."""
 

@@ -36,6 +36,8 @@ from drasil.api.config import (
     NVIDIA_API_VERSION,
     GpuConfig,
     GpuSharing,
+    IommuBackendPolicy,
+    IommuConfig,
     MigDeviceConfig,
     MigDeviceSharing,
     MpsConfig,
@@ -43,6 +45,7 @@ from drasil.api.config import (
     SharingStrategy,
     TimeSlicingConfig,
     TimeSlicingInterval,
+    VfioDeviceConfig,
     _document,
     _issue,
     _one_of,
@@ -62,6 +65,7 @@ __all__ = [
     "NvidiaMigDeviceSharing",
     "NvidiaSharingStrategy",
     "NvidiaTimeSlicingConfig",
+    "NvidiaVfioDeviceConfig",
     "decode_nvidia",
 ]
 
@@ -213,14 +217,49 @@ class NvidiaMigDeviceConfig(StrictModel):
         return MigDeviceConfig(sharing=self.sharing.to_drasil())
 
 
-NVIDIA_KINDS: Final[Mapping[str, type[NvidiaGpuConfig] | type[NvidiaMigDeviceConfig]]] = {
+class NvidiaIommuConfig(StrictModel):
+    """NVIDIA's ``iommu`` block, with its defaults: the group, and no API device."""
+
+    model_config = ConfigDict(title="IOMMUConfig")
+
+    backend_policy: Annotated[IommuBackendPolicy, _one_of(IommuBackendPolicy)] = Field(
+        IommuBackendPolicy.LEGACY_ONLY, alias="backendPolicy"
+    )
+    enable_api_device: bool = Field(False, alias="enableAPIDevice")
+
+
+class NvidiaVfioDeviceConfig(StrictModel):
+    """NVIDIA's ``VfioDeviceConfig`` (passthrough, alpha); ``to_drasil`` gives drasil's.
+    NVIDIA's defaults differ from drasil's in one place: without ``enableAPIDevice``
+    the container gets no ``/dev/vfio/vfio``, as under NVIDIA's driver."""
+
+    model_config = ConfigDict(title="VfioDeviceConfig", json_schema_extra=_require_type_meta)
+
+    api_version: Literal["resource.nvidia.com/v1beta1"] = Field(
+        NVIDIA_API_VERSION, alias="apiVersion"
+    )
+    kind: Literal["VfioDeviceConfig"] = "VfioDeviceConfig"
+    iommu: NvidiaIommuConfig = Field(default_factory=NvidiaIommuConfig)
+
+    def to_drasil(self) -> VfioDeviceConfig:
+        iommu = IommuConfig(
+            backend_policy=self.iommu.backend_policy,
+            enable_api_device=self.iommu.enable_api_device,
+        )
+        return VfioDeviceConfig(iommu=iommu)
+
+
+NvidiaKind = type[NvidiaGpuConfig] | type[NvidiaMigDeviceConfig] | type[NvidiaVfioDeviceConfig]
+NVIDIA_KINDS: Final[Mapping[str, NvidiaKind]] = {
     "GpuConfig": NvidiaGpuConfig,
     "MigDeviceConfig": NvidiaMigDeviceConfig,
+    "VfioDeviceConfig": NvidiaVfioDeviceConfig,
 }
 
 
 def decode_nvidia(raw: bytes | str | Mapping[str, Any]) -> OpaqueConfig:
-    """Decode one of NVIDIA's ``GpuConfig``/``MigDeviceConfig`` into drasil's model.
+    """Decode one of NVIDIA's ``GpuConfig``/``MigDeviceConfig``/``VfioDeviceConfig`` into
+    drasil's model.
 
     Takes what ``decode_config`` takes (text or a mapping, bounded by the same readers)
     and raises ``ConfigError`` listing every problem found; a config of drasil's own API

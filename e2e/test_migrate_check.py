@@ -306,8 +306,8 @@ DRA_TEMPLATES: dict[str, tuple[dict[str, Any], str, str]] = {
     ),
     "single-gpu-vfio": (  # gpu-test-vfiopci
         {"requests": [_exactly("gpu", "vfio.gpu.nvidia.com")]},
-        BLOCKED,
-        "VFIO passthrough",
+        CHANGE,
+        "passthrough.enabled",
     ),
     "imex-channel-0": (  # what NVIDIA's controller makes for a ComputeDomain
         {
@@ -341,7 +341,7 @@ DRA_PODS: dict[str, tuple[dict[str, Any], str]] = {
             _container(),
             resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "single-gpu-vfio"}],
         ),
-        BLOCKED,
+        CHANGE,
     ),
     "imex-pod": (
         _pod_spec(
@@ -436,8 +436,10 @@ def test_from_nvidia_dra_every_object_and_workload_gets_its_verdict(
     }, result.stdout  # the claims made for the Pods are not listed: judged as templates
     for ref, (_, why) in expected.items():
         assert why in found[ref][1], (ref, found[ref])
-    assert "VFIO passthrough" in found[f"Pod {namespace}/vfio-pod"][1]
+    assert "passthrough.enabled" in found[f"Pod {namespace}/vfio-pod"][1]
     assert "ComputeDomains" in found[f"Pod {namespace}/imex-pod"][1]
     classes = {row[0]: row[1] for row in rows if row[0].startswith("DeviceClass ")}
     assert classes.get(f"DeviceClass {device_class}") == UNCHANGED, result.stdout
-    assert "judged for: compatibility nvidia-dra, gpuSharing exclusive" in result.stdout
+    assert "judged for: compatibility nvidia-dra, gpuSharing exclusive, passthrough off" in (
+        result.stdout
+    )

@@ -139,7 +139,8 @@ def _label(document: Mapping[str, Any], number: int) -> str:
 
 def _decode_problems(parameters: object, *, where: str) -> list[str]:
     if not isinstance(parameters, Mapping):
-        kinds = " or ".join(KINDS)
+        names = list(KINDS)
+        kinds = f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
         return [f"{where}: must be an object holding a {kinds}, got {type(parameters).__name__}"]
     try:
         decode_config(parameters)

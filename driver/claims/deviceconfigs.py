@@ -32,7 +32,13 @@ from decimal import Decimal
 from types import MappingProxyType
 from typing import Any, Final, Literal, cast, get_args
 
-from drasil.api.config import GpuConfig, MigDeviceConfig, OpaqueConfig, decode_config
+from drasil.api.config import (
+    GpuConfig,
+    MigDeviceConfig,
+    OpaqueConfig,
+    VfioDeviceConfig,
+    decode_config,
+)
 from drasil.api.documents import ConfigError
 from drasil.api.quantity import QuantityError, parse_quantity
 from drasil.driver.claims.sharing import not_applied
@@ -45,6 +51,8 @@ MAX_CONSUMED: Final = Decimal(2) ** 63  # no capacity of ours comes near; bounds
 _DEFAULTS: Final[Mapping[DeviceType, OpaqueConfig]] = {
     DeviceType.GPU: GpuConfig(),
     DeviceType.MIG: MigDeviceConfig(),
+    DeviceType.VFIO: VfioDeviceConfig(),
+    DeviceType.AMDGPU_VFIO: VfioDeviceConfig(),
 }
 """The config of a device that no entry applies to."""
 _EXCLUSIVE: Final = GpuConfig()
@@ -54,6 +62,8 @@ with no sharing settings to apply."""
 _FITTING: Final[Mapping[DeviceType, str]] = {
     DeviceType.GPU: GpuConfig().kind,
     DeviceType.MIG: MigDeviceConfig().kind,
+    DeviceType.VFIO: VfioDeviceConfig().kind,
+    DeviceType.AMDGPU_VFIO: VfioDeviceConfig().kind,
 }
 """The config kind that fits each type; a type missing here takes no config."""
 
@@ -309,13 +319,6 @@ def _resolve_one(
 def _no_config_fits(
     entry: OpaqueConfigEntry, config: OpaqueConfig, device: Device, result: AllocatedDevice
 ) -> str:
-    if device.passthrough is not None:
-        return (
-            f"{entry.describe()}: a {config.kind} cannot be applied to device "
-            f'"{device.name}" of type {device.type} (request {result.request}): it is a GPU '
-            "passed through to a virtual machine whole, whose own driver runs it; no "
-            "opaque config applies (docs/passthrough.md)"
-        )
     return (
         f"{entry.describe()}: a {config.kind} cannot be applied to device "
         f'"{device.name}" of type {device.type} (request {result.request}): it is an '

@@ -375,6 +375,9 @@ def _vfio_record(device: Device) -> VfioRecord | None:
     return VfioRecord(bus_id=device.passthrough.bus_id, iommu_group=device.passthrough.iommu_group)
 
 
+NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+
+
 def pci_resource_env(driver: str, request: str) -> str:
     """``PCI_RESOURCE_<DRIVER>_<REQUEST>``: the variable KubeVirt's device plugins set to
     a resource's PCI addresses (``PCI_RESOURCE_NVIDIA_COM_GH100``), here per request."""
@@ -399,6 +402,9 @@ def _with_pci_env(devices: tuple[DevicePlan, ...], *, driver: str) -> tuple[Devi
             continue
         request = plan.result.base_request
         env = {pci_resource_env(driver, request): ",".join(by_request[request])}
+        if plan.cdi.device.vendor is Vendor.NVIDIA:
+            # As in every NVIDIA spec: NVIDIA's runtime, where it runs, adds no GPU.
+            env[NVIDIA_VISIBLE_DEVICES] = "void"
         out.append(replace(plan, cdi=replace(plan.cdi, edits=ContainerEdits(env=env))))
     return tuple(out)
 

@@ -14,7 +14,8 @@ driver ``gpu.nvidia.com``, the DeviceClasses ``gpu.nvidia.com`` and ``mig.nvidia
 (and drasil's own), the attributes and capacities its devices publish (those of
 ``drasil.driver.nvidia.nodedevices`` and ``partitions``), and NVIDIA's config kinds
 decoded by ``drasil.api.config.decode_config``. What it does not offer (ComputeDomains,
-VFIO passthrough, NVIDIA's integer ``shares``) is named with the reason.
+NVIDIA's integer ``shares``) is named with the reason; VFIO passthrough moves where the
+chart's ``passthrough.enabled`` is set, and is noted so.
 
 The objects are the users': any field may be missing or of the wrong type, and none is
 trusted to be small. Lists are read up to the API server's own limits, CEL selectors
@@ -66,6 +67,11 @@ PUBLISHED_ATTRIBUTES: Final[frozenset[str]] = frozenset(
         # dynamic MIG placements only (drasil.driver.nvidia.partitions)
         "placementStart",
         "placementSize",
+        # passthrough devices (drasil.driver.vfio.devices), NVIDIA's names
+        "vendorID",
+        "deviceID",
+        "iommuFDEnabled",
+        "iommuGroup",
     }
 )
 """Attributes of domain ``gpu.nvidia.com`` drasil's NVIDIA devices publish."""
@@ -89,14 +95,12 @@ SHARED_CAPACITY: Final[frozenset[str]] = frozenset({"memory", "computePercent"})
 MEMORY_STEP: Final = 2**30
 NVIDIA_ONLY: Final[Mapping[str, str]] = {
     "gpuModuleId": "a Fabric Manager attribute of NVIDIA's VFIO devices",
-    "deviceID": "an attribute of NVIDIA's VFIO devices",
-    "vendorID": "an attribute of NVIDIA's VFIO devices",
-    "iommuFDEnabled": "an attribute of NVIDIA's VFIO devices",
-    "addressableMemory": "a capacity of NVIDIA's VFIO devices",
+    "addressableMemory": "a capacity of NVIDIA's VFIO devices (drasil's have memory)",
 }
 """What NVIDIA's driver publishes and drasil does not, with what it is."""
 
-OFFERED_CLASSES: Final[frozenset[str]] = frozenset({"gpu.nvidia.com", "mig.nvidia.com"})
+VFIO_CLASS: Final = "vfio.gpu.nvidia.com"
+OFFERED_CLASSES: Final[frozenset[str]] = frozenset({"gpu.nvidia.com", "mig.nvidia.com", VFIO_CLASS})
 DRASIL_CLASS_SUFFIX: Final = ".drasil.dev"
 PRESET_EXTENDED: Final[Mapping[str, str]] = {"nvidia.com/gpu": "gpu.nvidia.com"}
 """Extended resources the preset's DeviceClasses stand for."""
@@ -105,9 +109,9 @@ COMPUTE_DOMAINS: Final = (
     "ComputeDomains (IMEX channels across a multi-node NVLink domain) are NVIDIA's: "
     "drasil runs no ComputeDomain controller nor IMEX daemons"
 )
-VFIO: Final = (
-    "VFIO passthrough (a GPU bound to vfio-pci for a virtual machine) is NVIDIA's: drasil "
-    "hands GPUs to containers through the NVIDIA driver only"
+PASSTHROUGH: Final = (
+    "GPUs for virtual machines are published with the chart value passthrough.enabled: "
+    "true (docs/passthrough.md)"
 )
 SHARES: Final = (
     "NVIDIA's integer consumable-shares mode (capacity shares) has no drasil counterpart: "
@@ -115,7 +119,6 @@ SHARES: Final = (
     "with gpuSharing: consumable)"
 )
 BLOCKED_CLASSES: Final[Mapping[str, str]] = {
-    "vfio.gpu.nvidia.com": VFIO,
     "compute-domain-daemon.nvidia.com": COMPUTE_DOMAINS,
     "compute-domain-default-channel.nvidia.com": COMPUTE_DOMAINS,
     "imex.nvidia.com": COMPUTE_DOMAINS,  # IMEX channels before ComputeDomains
@@ -123,7 +126,6 @@ BLOCKED_CLASSES: Final[Mapping[str, str]] = {
 BLOCKED_CONFIG_KINDS: Final[Mapping[str, str]] = {
     "ComputeDomainChannelConfig": COMPUTE_DOMAINS,
     "ComputeDomainDaemonConfig": COMPUTE_DOMAINS,
-    "VfioDeviceConfig": VFIO,
 }
 NVIDIA_CLASSES: Final = OFFERED_CLASSES | frozenset(BLOCKED_CLASSES)
 
@@ -240,6 +242,8 @@ class Plan:
     consumable: bool
     classes: Mapping[str, Finding | None]
     extended: Mapping[str, str]
+    # The chart's passthrough.enabled: GPUs for VMs (vfio.gpu.nvidia.com) are published.
+    passthrough: bool = False
     nvidia_sharing: str | None = None
     compatibility: bool = True
     class_configs: Mapping[str, tuple[_Config, ...]] = field(default_factory=dict)
@@ -267,6 +271,7 @@ def plan_from(
             extended.setdefault(resource, name)
     return Plan(
         consumable=values.get("gpuSharing") == "consumable",
+        passthrough=mapping(values.get("passthrough")).get("enabled") is True,
         classes=judged,
         extended=extended,
         nvidia_sharing=nvidia_sharing(slices),
@@ -364,7 +369,9 @@ def _unpublished(what: str, domain: str, name: str) -> str | None:
     return f"{noun} {domain}/{name}, which drasil does not publish" + (f" ({why})" if why else "")
 
 
-def _selectors(where: str, selectors: object, judged: _Judgement) -> None:
+def _selectors(
+    where: str, selectors: object, judged: _Judgement, *, passthrough: bool = False
+) -> None:
     for selector in _first(selectors):
         found = scan_cel(mapping(selector.get("cel")).get("expression"))
         if found.too_long:
@@ -385,8 +392,8 @@ def _selectors(where: str, selectors: object, judged: _Judgement) -> None:
                 judged.relevant = True
             elif driver == COMPUTE_DOMAIN_DRIVER:
                 judged.cannot(f"{where} selects devices of {driver}", COMPUTE_DOMAINS)
-        if found.vfio and judged.relevant:
-            judged.cannot(f"{where} selects devices of type vfio", VFIO)
+        if found.vfio and judged.relevant and not passthrough:
+            judged.add(CHANGE, f"{where} selects devices of type vfio: {PASSTHROUGH}")
 
 
 def _constraints(constraints: object, judged: _Judgement) -> None:
@@ -517,7 +524,7 @@ def check_devices(devices: JsonObject, plan: Plan) -> _Judgement:
         where = f"request {request.name}"
         class_name = _name(request.spec.get("deviceClassName"))
         nvidia = _class(where, class_name, plan, judged)
-        _selectors(where, request.spec.get("selectors"), judged)
+        _selectors(where, request.spec.get("selectors"), judged, passthrough=plan.passthrough)
         asked = _capacity(where, request.spec, plan, judged)
         if not asked and nvidia:
             _lost_share(where, plan, judged)
@@ -553,6 +560,11 @@ def _class(where: str, class_name: str, plan: Plan, judged: _Judgement) -> bool:
     (offered under the preset, or a class of the user's for them)."""
     if class_name in BLOCKED_CLASSES:
         judged.cannot(f"{where} asks for {class_name}", BLOCKED_CLASSES[class_name])
+    elif class_name == VFIO_CLASS:
+        judged.relevant = True
+        if not plan.passthrough:
+            judged.add(CHANGE, f"{where} asks for {class_name}: {PASSTHROUGH}")
+        return True
     elif class_name in OFFERED_CLASSES:
         judged.relevant = True
         return True
@@ -807,7 +819,8 @@ def report(result: Result) -> str:
         "",
         f"objects: {len(result.objects)} ({_counts(result.objects)})",
         f"workloads: {len(result.workloads)} ({_counts(result.workloads)})",
-        f"judged for: compatibility nvidia-dra, gpuSharing {sharing}{seen}",
+        f"judged for: compatibility nvidia-dra, gpuSharing {sharing}, passthrough "
+        f"{'on' if plan.passthrough else 'off'}{seen}",
     ]
     if not plan.compatibility:
         lines.append("the values do not set compatibility: nvidia-dra, which all of this needs")

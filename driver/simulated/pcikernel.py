@@ -15,10 +15,12 @@ across a plugin restart, as on a node.
 - ``driver_override``: stored (a bare newline clears it, shown as ``(null)``);
 - ``drivers/<name>/unbind``: the function's ``driver`` link and the driver's link to it
   go (``ENODEV`` when it is not bound there); the last vfio-pci function of a group
-  takes ``/dev/vfio/<group>`` and ``class/vfio/<group>`` with it;
+  takes ``/dev/vfio/<group>`` and ``class/vfio/<group>`` with it, and each function its
+  iommufd node (``vfio-dev/vfio<N>``, ``/dev/vfio/devices/vfio<N>``);
 - ``drivers/<name>/bind``: ``EBUSY`` when the function has a driver, ``EINVAL`` when its
   ``driver_override`` names another driver; else the links are made, and binding to
-  vfio-pci makes ``class/vfio/<group>/dev`` and ``<dev root>/vfio/<group>``;
+  vfio-pci makes ``class/vfio/<group>/dev`` and ``<dev root>/vfio/<group>``, and the
+  function's iommufd node (the simulated host has iommufd: ``class/misc/iommu``);
 - ``drivers_probe``: binds an unbound function to its ``driver_override``, else to the
   driver the tree was written with; a driver that is not loaded (no directory) leaves
   it unbound, and the write succeeds, as the kernel's does.
@@ -39,6 +41,8 @@ from typing import Final
 
 MANIFEST: Final = "drasil-simulated-pci.json"
 VFIO_GROUP_MAJOR: Final = 511  # the major a vfio module gets on a typical kernel
+VFIO_CDEV_MAJOR: Final = 234  # vfio-dev's (iommufd's per-device nodes)
+IOMMU_MINOR: Final = 123
 _NVIDIA: Final = 0x10DE
 
 
@@ -118,6 +122,10 @@ def write_tree(root: Path, functions: Sequence[SimFunction]) -> None:
                 (folder / name).write_text("")
     for function in functions:
         _write_function(root, function)
+    # The simulated host's kernel has iommufd (6.2+): /dev/iommu is a misc device.
+    iommu = root / "class" / "misc" / "iommu"
+    iommu.mkdir(parents=True, exist_ok=True)
+    (iommu / "dev").write_text(f"10:{IOMMU_MINOR}\n")
 
 
 def _drivers(root: Path) -> Path:
@@ -201,6 +209,9 @@ class SimulatedKernel:
         (_drivers(self.root) / driver / bdf).unlink()
         (self._device(bdf) / "driver").unlink()
         if driver == "vfio-pci":
+            cdev = self._cdev_name(bdf)
+            (self.dev_root / "vfio" / "devices" / cdev).unlink(missing_ok=True)
+            (self._device(bdf) / "vfio-dev" / cdev / "dev").unlink(missing_ok=True)
             group = self._group(bdf)
             if not any(self._driver(m) == "vfio-pci" for m in self._members(group)):
                 (self.dev_root / "vfio" / str(group)).unlink(missing_ok=True)
@@ -220,6 +231,12 @@ class SimulatedKernel:
             (dev / "dev").write_text(f"{VFIO_GROUP_MAJOR}:{group}\n")
             (self.dev_root / "vfio").mkdir(parents=True, exist_ok=True)
             (self.dev_root / "vfio" / str(group)).write_text("")
+            cdev, index = self._cdev_name(bdf), self._cdev_index(bdf)
+            folder = self._device(bdf) / "vfio-dev" / cdev
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "dev").write_text(f"{VFIO_CDEV_MAJOR}:{index}\n")
+            (self.dev_root / "vfio" / "devices").mkdir(exist_ok=True)
+            (self.dev_root / "vfio" / "devices" / cdev).write_text("")
 
     def _probe(self, bdf: str) -> None:
         if self._driver(bdf) is not None:
@@ -229,6 +246,12 @@ class SimulatedKernel:
         driver = native if override == "(null)" else override
         if driver and (_drivers(self.root) / driver).is_dir():  # else no driver takes it
             self._bind(bdf, driver)
+
+    def _cdev_index(self, bdf: str) -> int:
+        return self._group(bdf) * 8 + int(bdf[-1])
+
+    def _cdev_name(self, bdf: str) -> str:
+        return f"vfio{self._cdev_index(bdf)}"
 
     def _group(self, bdf: str) -> int:
         return int(Path(os.readlink(self._device(bdf) / "iommu_group")).name)

@@ -39,6 +39,7 @@ from drasil.driver.vfio.pcisysfs import VFIO_DRIVER, PciBus, PciError, PciFuncti
 
 PASSTHROUGH_COUNTER: Final = "passthrough"
 IOMMU_GROUP_ATTRIBUTE: Final = "iommuGroup"
+IOMMUFD_ATTRIBUTE: Final = "iommuFDEnabled"  # the node's kernel has iommufd (/dev/iommu)
 MAX_CONSUMED_SETS: Final = 2  # counter sets one device may draw on (resource.k8s.io/v1)
 
 
@@ -63,6 +64,17 @@ class VendorPassthrough:
 
 
 @dataclass(frozen=True)
+class VfioRequest:
+    """A passthrough device to prepare, and which VFIO nodes its container gets (its
+    ``VfioDeviceConfig``): the device's iommufd node where the kernel has iommufd and
+    the config prefers it (else its group's), and the API device or not."""
+
+    device: Device
+    prefer_iommufd: bool = False
+    api_device: bool = True
+
+
+@dataclass(frozen=True)
 class WithPassthrough:
     devices: tuple[Device, ...]
     counter_sets: tuple[CounterSet, ...]
@@ -78,6 +90,7 @@ def with_passthrough(
     skipped: list[str] = []
     passed: set[str] = set()  # GPUs (UUIDs) bound to vfio-pci: published as passthrough only
     seen: set[str] = set()
+    iommufd = bus.iommufd_numbers() is not None
     for device in devices:
         bdf = _whole_gpu_bdf(device, vendor)
         if bdf is None:
@@ -94,10 +107,10 @@ def with_passthrough(
             continue
         if function.driver == VFIO_DRIVER:
             passed.add(device.uuid)
-        out.append(_passthrough(device, function, vendor))
+        out.append(_passthrough(device, function, vendor, iommufd=iommufd))
         sets.append(_counter_set(out[-1]))
     kept = [_drawing(d, vendor) for d in devices if not _on(d, passed)]
-    found = _bound_alone(bus, vendor, seen)
+    found = _bound_alone(bus, vendor, seen, iommufd=iommufd)
     sets += [_counter_set(d) for d in found]
     return WithPassthrough(tuple(kept + out + found), tuple(sets), tuple(skipped))
 
@@ -145,7 +158,9 @@ def _drawing(device: Device, vendor: VendorPassthrough) -> Device:
     return replace(device, consumes_counters=(*device.consumes_counters, _draw(bdf)))
 
 
-def _passthrough(gpu: Device, function: PciFunction, vendor: VendorPassthrough) -> Device:
+def _passthrough(
+    gpu: Device, function: PciFunction, vendor: VendorPassthrough, *, iommufd: bool
+) -> Device:
     assert function.iommu_group is not None
     attributes = {
         key: value
@@ -157,7 +172,7 @@ def _passthrough(gpu: Device, function: PciFunction, vendor: VendorPassthrough) 
         type=vendor.vfio_type,
         uuid=gpu.uuid,
         minor=gpu.minor,
-        attributes={**attributes, **_pci_attributes(function, vendor)},
+        attributes={**attributes, **_pci_attributes(function, vendor, iommufd=iommufd)},
         capacity={k: v for k, v in gpu.capacity.items() if k == "memory"},
         numa_node=gpu.numa_node,
         pcie_root=gpu.pcie_root,
@@ -177,14 +192,18 @@ def _passthrough(gpu: Device, function: PciFunction, vendor: VendorPassthrough) 
 _KEPT_ATTRIBUTES: Final = frozenset({"uuid", "productName", "brand", "architecture", "index"})
 
 
-def _pci_attributes(function: PciFunction, vendor: VendorPassthrough) -> dict[str, AttributeValue]:
+def _pci_attributes(
+    function: PciFunction, vendor: VendorPassthrough, *, iommufd: bool
+) -> dict[str, AttributeValue]:
     assert function.iommu_group is not None
     attributes: dict[str, AttributeValue] = {
         "type": vendor.vfio_type.value,
         PCI_BUS_ID_ATTRIBUTE: function.bdf,
         IOMMU_GROUP_ATTRIBUTE: function.iommu_group,
-        "pciVendorID": f"{function.vendor_id:04x}",
-        "pciDeviceID": f"{function.device_id:04x}",
+        # NVIDIA's names and form for its VFIO devices, so their selectors carry over.
+        "vendorID": f"0x{function.vendor_id:04x}",
+        "deviceID": f"0x{function.device_id:04x}",
+        IOMMUFD_ATTRIBUTE: iommufd,
     }
     if function.pcie_root is not None:
         attributes[PCIE_ROOT_ATTRIBUTE] = function.pcie_root
@@ -193,7 +212,9 @@ def _pci_attributes(function: PciFunction, vendor: VendorPassthrough) -> dict[st
     return attributes
 
 
-def _bound_alone(bus: PciBus, vendor: VendorPassthrough, seen: set[str]) -> list[Device]:
+def _bound_alone(
+    bus: PciBus, vendor: VendorPassthrough, seen: set[str], *, iommufd: bool
+) -> list[Device]:
     """The vendor's GPUs bound to vfio-pci that discovery did not list (their kernel
     driver cannot see them): passthrough devices read from sysfs alone."""
     found = []
@@ -214,7 +235,7 @@ def _bound_alone(bus: PciBus, vendor: VendorPassthrough, seen: set[str]) -> list
                 type=vendor.vfio_type,
                 uuid="",
                 minor=-1,
-                attributes=_pci_attributes(function, vendor),
+                attributes=_pci_attributes(function, vendor, iommufd=iommufd),
                 capacity={},
                 numa_node=function.numa_node,
                 pcie_root=function.pcie_root,

@@ -14,6 +14,9 @@ between drivers (``<root>`` is the sysfs root, ``/sys`` on a node)::
                                                driver_override names
     <root>/class/vfio/<n>/dev               "<major>:<minor>" of /dev/vfio/<n>, once bound
     <root>/class/misc/vfio/dev              "10:196", /dev/vfio/vfio
+    <root>/class/misc/iommu/dev             /dev/iommu, where the kernel has iommufd
+    <bdf>/vfio-dev/vfio<N>/dev              /dev/vfio/devices/vfio<N>, the function's own
+                                               node under iommufd
 
 The kernel answers a write with a link moved (or an error: ``EBUSY``, ``ENODEV``);
 ``SysfsWriter`` is how a write is made, so that the simulated backend's tree, whose
@@ -156,9 +159,30 @@ class PciBus:
 
     def group_numbers(self, group: int) -> tuple[int, int] | None:
         """``/dev/vfio/<group>``'s numbers, once a function of it is bound to vfio-pci."""
-        text = _read(self.root / "class" / "vfio" / str(group) / "dev", optional=True)
-        match = _DEV.fullmatch(text or "")
-        return (int(match[1]), int(match[2])) if match else None
+        return _numbers(self.root / "class" / "vfio" / str(group) / "dev")
+
+    def iommufd_numbers(self) -> tuple[int, int] | None:
+        """``/dev/iommu``'s numbers where the kernel has iommufd, else None."""
+        return _numbers(self.root / "class" / "misc" / "iommu" / "dev")
+
+    def cdev(self, bdf: str) -> tuple[str, tuple[int, int]] | None:
+        """A vfio-pci function's own node (iommufd): (``vfio<N>``, its numbers), or None
+        where the kernel makes none (``<bdf>/vfio-dev/vfio<N>/dev``)."""
+        folder = self.device_dir(bdf) / "vfio-dev"
+        try:
+            names = sorted(e.name for e in os.scandir(folder) if e.name.startswith("vfio"))
+        except FileNotFoundError:
+            return None
+        for name in names[:1]:
+            numbers = _numbers(folder / name / "dev")
+            if numbers is not None and name[4:].isdigit():
+                return name, numbers
+        return None
+
+
+def _numbers(path: Path) -> tuple[int, int] | None:
+    match = _DEV.fullmatch(_read(path, optional=True) or "")
+    return (int(match[1]), int(match[2])) if match else None
 
 
 def bdf_name(bdf: str) -> str:

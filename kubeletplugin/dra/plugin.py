@@ -29,6 +29,7 @@ from drasil.driver.hostresources import with_host_resources
 from drasil.driver.kubeapi import KubeApi
 from drasil.driver.migrecords import held_by_dynamic_claims
 from drasil.driver.slices.publisher import PoolPublisher
+from drasil.driver.vfio.devices import VfioRequest
 from drasil.kubeletplugin.dra import doublebooking, reconcile, specrefresh
 from drasil.kubeletplugin.dra.healthservice import HealthStreams, HealthV1, HealthV1alpha1
 from drasil.kubeletplugin.dra.nodelabels import NodeLabels
@@ -446,10 +447,10 @@ class _EachPassthrough:
     def __init__(self, steps: Sequence[tuple[Vendor | None, PassthroughBinder]]) -> None:
         self.steps = steps
 
-    def bind(self, devices: Sequence[Device]) -> dict[str, Device]:
+    def bind(self, requests: Sequence[VfioRequest]) -> dict[str, Device]:
         out: dict[str, Device] = {}
         for vendor, step in self.steps:
-            mine = [d for d in devices if d.vendor is vendor]
+            mine = [r for r in requests if r.device.vendor is vendor]
             if mine:
                 out.update(step.bind(mine))
         return out

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from drasil.api.checkpoint import ClaimRecord, ClaimState, MigRecord, PreparedDevice
+from drasil.api.config import IommuBackendPolicy, VfioDeviceConfig
 from drasil.driver.apierrors import ApiUnavailable, InvalidName, http_answer
 from drasil.driver.cdi.claimspecs import (
     delete_claim_spec,
@@ -60,6 +61,7 @@ from drasil.driver.checkpoint import CheckpointStore
 from drasil.driver.claims.deviceconfigs import AllocationError, ConfigResolutionError
 from drasil.driver.claims.plan import (
     ClaimRef,
+    DevicePlan,
     NodePool,
     PlanError,
     PreparePlan,
@@ -72,7 +74,7 @@ from drasil.driver.devices import Device, HardwareError, MigPlacement, Vendor
 from drasil.driver.files import FileLock, LockTimeoutError, crash_point
 from drasil.driver.migrecords import creating_record
 from drasil.driver.objects import ResourceClaim
-from drasil.driver.vfio.devices import PASSTHROUGH_COUNTER
+from drasil.driver.vfio.devices import PASSTHROUGH_COUNTER, VfioRequest
 from drasil.kubeletplugin.vendors.seam import (
     EditsSource,
     InstanceMaker,
@@ -411,7 +413,7 @@ class Preparer:
         """Bind the GPUs of the claim's passthrough devices to vfio-pci; the devices
         with their VFIO nodes."""
         wanted = [
-            d.cdi.device
+            _vfio_request(d)
             for d in plan.devices
             if d.cdi.device.passthrough is not None and not d.result.admin_access
         ]
@@ -636,6 +638,18 @@ def _placements(plan: PreparePlan) -> list[tuple[str, MigPlacement]]:
         for d in plan.devices
         if d.cdi.device.mig_placement is not None and not d.result.admin_access
     ]
+
+
+def _vfio_request(plan: DevicePlan) -> VfioRequest:
+    """A passthrough device and the VFIO nodes its config asks for."""
+    config = plan.config.config
+    if not isinstance(config, VfioDeviceConfig):  # the plan resolved its fitting kind
+        return VfioRequest(plan.cdi.device)
+    return VfioRequest(
+        plan.cdi.device,
+        prefer_iommufd=config.iommu.backend_policy == IommuBackendPolicy.PREFER_IOMMUFD,
+        api_device=config.iommu.enable_api_device,
+    )
 
 
 def _whole_partitionable(plan: PreparePlan) -> list[Device]:

@@ -11,7 +11,10 @@ say: a VM gets a group whole or not at all), from their drivers to ``vfio-pci``:
 3. ``driver_override`` is set to ``vfio-pci``, the function unbound from its driver and
    bound to ``vfio-pci``;
 4. ``/dev/vfio/<group>`` is waited for (udev makes it; at most ``NODE_WAIT`` s), and the
-   device comes back with ``/dev/vfio/vfio`` and ``/dev/vfio/<group>`` by number.
+   device comes back with it and ``/dev/vfio/vfio`` by number; with the claim's
+   ``VfioDeviceConfig`` preferring iommufd, where the kernel has it, the function's own
+   ``/dev/vfio/devices/vfio<N>`` and ``/dev/iommu`` instead; without ``enableAPIDevice``
+   no ``/dev/vfio/vfio`` (or ``/dev/iommu``).
 
 The claim was recorded ``PrepareStarted`` with a ``vfio`` record before step 1. A
 repeated prepare finds functions already on vfio-pci and skips them, so a crash at
@@ -48,7 +51,7 @@ from drasil.driver.devices import (
     PciPassthrough,
 )
 from drasil.driver.files import FileLock, crash_point
-from drasil.driver.vfio.devices import VendorPassthrough, with_passthrough
+from drasil.driver.vfio.devices import VendorPassthrough, VfioRequest, with_passthrough
 from drasil.driver.vfio.holders import holders
 from drasil.driver.vfio.pcisysfs import VFIO_CONTAINER_NUMBERS, VFIO_DRIVER, PciBus, PciError
 from drasil.kubeletplugin.options import PluginOptions
@@ -106,17 +109,19 @@ class Passthrough:
 
     # ---- prepare ------------------------------------------------------------------------
 
-    def bind(self, devices: Sequence[Device]) -> dict[str, Device]:
+    def bind(self, requests: Sequence[VfioRequest]) -> dict[str, Device]:
         """Bind each passthrough device's IOMMU group to vfio-pci; the devices with
         their VFIO nodes. Raises ``PassthroughError``."""
         out = {}
         with self._locked():
-            for device in devices:
+            for request in requests:
+                device = request.device
                 assert device.passthrough is not None
-                out[device.name] = self._bind(device, device.passthrough)
+                self._bind(device, device.passthrough)
+                out[device.name] = self._with_nodes(request, device.passthrough)
         return out
 
-    def _bind(self, device: Device, passthrough: PciPassthrough) -> Device:
+    def _bind(self, device: Device, passthrough: PciPassthrough) -> None:
         try:
             members = self.bus.group_members(passthrough.iommu_group)
             functions = {bdf: self.bus.read(bdf) for bdf in members}
@@ -143,7 +148,6 @@ class Passthrough:
             self._remember(bdf, function.driver, passthrough)
             crash_point("vfio-after-record")
             self._move(bdf, device)
-        return self._with_nodes(device, passthrough.iommu_group)
 
     def _check_idle(self, device: Device, passthrough: PciPassthrough) -> None:
         found = holders(self.proc_root, passthrough.busy_nodes)
@@ -188,32 +192,45 @@ class Passthrough:
             )
         log.info("PCI function bound to vfio-pci", extra={"function": bdf, "device": device.name})
 
-    def _with_nodes(self, device: Device, group: int) -> Device:
-        """The device with ``/dev/vfio/vfio`` and its group's node, once udev made it."""
-        node = self.dev_root / "vfio" / str(group)
+    def _with_nodes(self, request: VfioRequest, passthrough: PciPassthrough) -> Device:
+        """The device with its VFIO nodes by number, once udev made them: the group's
+        (or, with iommufd preferred and there, the function's own) and the API device."""
+        device = request.device
+        iommufd = self.bus.iommufd_numbers() if request.prefer_iommufd else None
+        if iommufd is not None:
+            cdev = self._wait(device, lambda: self._cdev(passthrough.bus_id))
+            nodes = [cdev]
+            api = _node("/dev/iommu", iommufd)
+        else:
+            nodes = [self._wait(device, lambda: self._group_node(passthrough.iommu_group))]
+            api = _node(f"{VFIO_DIR}/vfio", VFIO_CONTAINER_NUMBERS)
+        if request.api_device:
+            nodes.insert(0, api)
+        return replace(device, char_devices=tuple(nodes))
+
+    def _group_node(self, group: int) -> CharDevice | None:
+        numbers = self.bus.group_numbers(group)
+        if numbers is None or not (self.dev_root / "vfio" / str(group)).exists():
+            return None
+        return _node(f"{VFIO_DIR}/{group}", numbers)
+
+    def _cdev(self, bdf: str) -> CharDevice | None:
+        found = self.bus.cdev(bdf)
+        if found is None or not (self.dev_root / "vfio" / "devices" / found[0]).exists():
+            return None
+        return _node(f"{VFIO_DIR}/devices/{found[0]}", found[1])
+
+    def _wait(self, device: Device, made: Callable[[], CharDevice | None]) -> CharDevice:
         deadline = time.monotonic() + self.node_wait
-        while True:
-            numbers = self.bus.group_numbers(group)
-            if numbers is not None and node.exists():
-                break
+        while (node := made()) is None:
             if time.monotonic() > deadline:
                 raise PassthroughError(
-                    f"device {device.name}: {node} did not appear within {self.node_wait:g} s "
-                    "of binding the GPU to vfio-pci; kubelet retries"
+                    f"device {device.name}: its VFIO node did not appear under "
+                    f"{self.dev_root / 'vfio'} within {self.node_wait:g} s of binding the "
+                    "GPU to vfio-pci; kubelet retries"
                 )
             time.sleep(NODE_POLL)
-        container = f"{VFIO_DIR}/vfio"
-        major, minor = VFIO_CONTAINER_NUMBERS
-        nodes = (
-            CharDevice(path=container, host_path=container, major=major, minor=minor),
-            CharDevice(
-                path=f"{VFIO_DIR}/{group}",
-                host_path=f"{VFIO_DIR}/{group}",
-                major=numbers[0],
-                minor=numbers[1],
-            ),
-        )
-        return replace(device, char_devices=nodes)
+        return node
 
     # ---- unprepare and start ------------------------------------------------------------
 
@@ -328,6 +345,10 @@ class PciSide:
             state_lock=node.state_lock,
             state_dir=self.opts.state_dir,
         )
+
+
+def _node(path: str, numbers: tuple[int, int]) -> CharDevice:
+    return CharDevice(path=path, host_path=path, major=numbers[0], minor=numbers[1])
 
 
 def settle_at_start(step: Passthrough, node: NodeState) -> None:

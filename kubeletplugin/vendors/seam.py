@@ -36,6 +36,7 @@ from drasil.driver.checkpoint import CheckpointStore
 from drasil.driver.claims.plan import PreparePlan
 from drasil.driver.devices import CounterSet, Device, MigPlacement, Vendor
 from drasil.driver.health import HealthTracker
+from drasil.driver.vfio.devices import VfioRequest
 
 if TYPE_CHECKING:
     # For annotations only: `make gpu-check` runs the Preparer, and so imports this seam,
@@ -138,7 +139,7 @@ class PassthroughBinder(Protocol):
     """Binds GPUs to vfio-pci for claims that pass them through to virtual machines,
     and back to their drivers once no claim holds them (``vendors.passthrough``)."""
 
-    def bind(self, devices: Sequence[Device]) -> dict[str, Device]: ...
+    def bind(self, requests: Sequence[VfioRequest]) -> dict[str, Device]: ...
 
     def settle(self) -> list[str]: ...
 

@@ -262,7 +262,7 @@ def test_quantity_of_something_else_is_a_quantity_error(value: Any) -> None:
 def test_kind_of_the_wrong_type_is_an_unsupported_kind(raw: Any) -> None:
     error = decode_error(raw)
     kind = next(issue for issue in error.issues if issue.path == "kind")
-    assert kind.allowed == ("GpuConfig", "MigDeviceConfig")
+    assert kind.allowed == ("GpuConfig", "MigDeviceConfig", "VfioDeviceConfig")
     assert "unsupported value" in kind.message
 
 

@@ -258,8 +258,8 @@ def test_drasils_own_kinds_keep_decoding() -> None:
 
 def test_which_api_version_a_config_came_from() -> None:
     assert API_VERSIONS == {
-        API_VERSION: ("GpuConfig", "MigDeviceConfig"),
-        NVIDIA_API_VERSION: ("GpuConfig", "MigDeviceConfig"),
+        API_VERSION: ("GpuConfig", "MigDeviceConfig", "VfioDeviceConfig"),
+        NVIDIA_API_VERSION: ("GpuConfig", "MigDeviceConfig", "VfioDeviceConfig"),
     }
     assert config_api_version(gpu()) == NVIDIA_API_VERSION
     assert config_api_version({"apiVersion": API_VERSION, "kind": "GpuConfig"}) == API_VERSION
@@ -499,14 +499,14 @@ ERROR_CASES: list[tuple[str, dict[str, Any], str, str]] = [
         {"apiVersion": NVIDIA_API_VERSION, "kind": "ComputeDomainChannelConfig"},
         "kind",
         'unsupported value "ComputeDomainChannelConfig": supported kinds of '
-        f'"{NVIDIA_API_VERSION}" are "GpuConfig", "MigDeviceConfig"',
+        f'"{NVIDIA_API_VERSION}" are "GpuConfig", "MigDeviceConfig", "VfioDeviceConfig"',
     ),
     (
         "missing-kind",
         {"apiVersion": NVIDIA_API_VERSION},
         "kind",
         f'required field is missing: supported kinds of "{NVIDIA_API_VERSION}" are '
-        '"GpuConfig", "MigDeviceConfig"',
+        '"GpuConfig", "MigDeviceConfig", "VfioDeviceConfig"',
     ),
     (
         "wrong-api-version",
@@ -574,7 +574,8 @@ def test_wrong_api_version_and_kind_are_both_reported() -> None:
     error = refusal({"apiVersion": "resource.nvidia.com/v1", "kind": "ComputeDomain"})
     assert [issue.path for issue in error.issues] == ["apiVersion", "kind"]
     assert error.issues[1].message == (
-        'unsupported value "ComputeDomain": supported kinds are "GpuConfig", "MigDeviceConfig"'
+        'unsupported value "ComputeDomain": supported kinds are "GpuConfig", "MigDeviceConfig", '
+        '"VfioDeviceConfig"'
     )
     assert error.issues[0].allowed == (API_VERSION, NVIDIA_API_VERSION)
 

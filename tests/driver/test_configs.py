@@ -591,7 +591,7 @@ def test_other_driver_name() -> None:
                 "parameters:\n", "parameters: not-an-object\n        ignored:\n"
             ),
             "ResourceClaim/shared-gpu: spec.devices.config[0].opaque.parameters: "
-            "must be an object holding a GpuConfig or MigDeviceConfig, got str",
+            "must be an object holding a GpuConfig, MigDeviceConfig or VfioDeviceConfig, got str",
         ),
     ],
     ids=["duplicate-key", "yaml", "not-an-object", "parameters-not-an-object"],

@@ -741,12 +741,21 @@ def test_the_quickstart_runs_unchanged(spec: str, expected: dict[str, str]) -> N
             VFIO, {}, "",
             {
                 "ResourceClaimTemplate gpu-test-vfio/single-gpu":
-                    (BLOCKED, "request gpu asks for vfio.gpu.nvidia.com: VFIO passthrough"),
+                    (CHANGE, "request gpu asks for vfio.gpu.nvidia.com: GPUs for virtual "
+                             "machines are published with the chart value passthrough.enabled"),
                 "Pod gpu-test-vfio/pod1":
-                    (BLOCKED, "ResourceClaimTemplate single-gpu: request gpu asks for "
-                              "vfio.gpu.nvidia.com: VFIO passthrough"),
+                    (CHANGE, "ResourceClaimTemplate single-gpu: request gpu asks for "
+                             "vfio.gpu.nvidia.com: GPUs for virtual machines"),
             },
             id="vfio",
+        ),
+        pytest.param(
+            VFIO, {"compatibility": "nvidia-dra", "passthrough": {"enabled": True}}, "",
+            {
+                "ResourceClaimTemplate gpu-test-vfio/single-gpu": (UNCHANGED, ""),
+                "Pod gpu-test-vfio/pod1": (UNCHANGED, ""),
+            },
+            id="vfio-with-passthrough",
         ),
     ],
 )  # fmt: skip
@@ -824,8 +833,11 @@ MPS: dict[str, Any] = {"sharing": {"strategy": "MPS"}}
             id="a-config-drasil-refuses",
         ),
         pytest.param(
-            _template([_gpu()], config=[_config(["gpu"], kind="VfioDeviceConfig")]),
-            BLOCKED, "config for gpu (VfioDeviceConfig): VFIO passthrough", id="vfio-config",
+            _template([{"name": "gpu", "exactly": {"deviceClassName": "vfio.gpu.nvidia.com"}}],
+                      config=[_config(["gpu"], kind="VfioDeviceConfig", iommu={
+                          "backendPolicy": "LegacyOnly", "enableAPIDevice": True})]),
+            CHANGE, "request gpu asks for vfio.gpu.nvidia.com: GPUs for virtual machines",
+            id="vfio-config",
         ),
         pytest.param(
             _template([{"name": "gpu", "exactly": {"deviceClassName": "mig.nvidia.com"}}],
@@ -1208,29 +1220,47 @@ def test_the_published_lists_are_what_discovery_publishes(
 
 
 def test_the_report_lists_objects_then_workloads_blocked_first() -> None:
-    text = report(_result(GPU_TEST1, VFIO, MEMORY_SHARING, values={"gpuSharing": "exclusive"}))
+    text = report(
+        _result(GPU_TEST1, IMEX, VFIO, MEMORY_SHARING, values={"gpuSharing": "exclusive"})
+    )
     assert text.splitlines() == [
         "OBJECT\tVERDICT\tWHY",
-        f"ResourceClaimTemplate gpu-test-vfio/single-gpu\t{BLOCKED}\trequest gpu asks for "
-        "vfio.gpu.nvidia.com: VFIO passthrough (a GPU bound to vfio-pci for a virtual machine) "
-        "is NVIDIA's: drasil hands GPUs to containers through the NVIDIA driver only",
-        f"ResourceClaimTemplate gpu-share-memory/gpu-4gi\t{CHANGE}\trequest gpu asks capacity "
-        "memory (a share of a GPU): set the chart value gpuSharing: consumable",
+        f"ComputeDomain imex-test/imex-channel-injection\t{BLOCKED}\t"
+        "ComputeDomains (IMEX channels across a multi-node NVLink domain) are NVIDIA's: "
+        "drasil runs no ComputeDomain controller nor IMEX daemons",
+        f"ResourceClaimTemplate imex-test/imex-channel-0\t{BLOCKED}\t"
+        "config for channel (ComputeDomainChannelConfig), request channel asks for "
+        "compute-domain-default-channel.nvidia.com: ComputeDomains (IMEX channels across "
+        "a multi-node NVLink domain) are NVIDIA's: drasil runs no ComputeDomain "
+        "controller nor IMEX daemons",
+        f"ResourceClaimTemplate gpu-share-memory/gpu-4gi\t{CHANGE}\t"
+        "request gpu asks capacity memory (a share of a GPU): set the chart value "
+        "gpuSharing: consumable",
+        f"ResourceClaimTemplate gpu-test-vfio/single-gpu\t{CHANGE}\t"
+        "request gpu asks for vfio.gpu.nvidia.com: GPUs for virtual machines are "
+        "published with the chart value passthrough.enabled: true (docs/passthrough.md)",
         f"ResourceClaimTemplate gpu-test1/single-gpu\t{UNCHANGED}\t-",
         "",
         "WORKLOAD\tVERDICT\tWHY",
-        f"Pod gpu-test-vfio/pod1\t{BLOCKED}\tResourceClaimTemplate single-gpu: request gpu asks "
-        "for vfio.gpu.nvidia.com: VFIO passthrough (a GPU bound to vfio-pci for a virtual "
-        "machine) is NVIDIA's: drasil hands GPUs to containers through the NVIDIA driver only",
-        f"Deployment gpu-share-memory/memory-sharing\t{CHANGE}\tResourceClaimTemplate gpu-4gi: "
-        "request gpu asks capacity memory (a share of a GPU): set the chart value gpuSharing: "
-        "consumable",
+        f"Pod imex-test/imex-channel-injection\t{BLOCKED}\t"
+        "ResourceClaimTemplate imex-channel-0: config for channel "
+        "(ComputeDomainChannelConfig), request channel asks for "
+        "compute-domain-default-channel.nvidia.com: ComputeDomains (IMEX channels across "
+        "a multi-node NVLink domain) are NVIDIA's: drasil runs no ComputeDomain "
+        "controller nor IMEX daemons",
+        f"Deployment gpu-share-memory/memory-sharing\t{CHANGE}\t"
+        "ResourceClaimTemplate gpu-4gi: request gpu asks capacity memory (a share of a "
+        "GPU): set the chart value gpuSharing: consumable",
+        f"Pod gpu-test-vfio/pod1\t{CHANGE}\t"
+        "ResourceClaimTemplate single-gpu: request gpu asks for vfio.gpu.nvidia.com: GPUs"
+        " for virtual machines are published with the chart value passthrough.enabled: "
+        "true (docs/passthrough.md)",
         f"Pod gpu-test1/pod1\t{UNCHANGED}\t-",
         f"Pod gpu-test1/pod2\t{UNCHANGED}\t-",
         "",
-        "objects: 3 (runs unchanged 1, needs a change 1, cannot move yet 1)",
-        "workloads: 4 (runs unchanged 2, needs a change 1, cannot move yet 1)",
-        "judged for: compatibility nvidia-dra, gpuSharing exclusive",
+        "objects: 5 (runs unchanged 1, needs a change 2, cannot move yet 2)",
+        "workloads: 5 (runs unchanged 2, needs a change 2, cannot move yet 1)",
+        "judged for: compatibility nvidia-dra, gpuSharing exclusive, passthrough off",
         "the values do not set compatibility: nvidia-dra, which all of this needs",
     ]
 

@@ -51,11 +51,11 @@ def test_validate_config_refuses_by_nvidias_rules() -> None:
 
 
 def test_validate_config_checks_any_kind_of_nvidias_version() -> None:
-    text = f"apiVersion: {NVIDIA_API_VERSION}\nkind: VfioDeviceConfig\nmetadata: {{name: v}}\n"
+    text = f"apiVersion: {NVIDIA_API_VERSION}\nkind: ComputeDomainConfig\nmetadata: {{name: v}}\n"
     (problem,) = validate_config_document(text)
     assert problem == (
-        'VfioDeviceConfig/v: kind: unsupported value "VfioDeviceConfig": supported kinds of '
-        f'"{NVIDIA_API_VERSION}" are "GpuConfig", "MigDeviceConfig"'
+        'ComputeDomainConfig/v: kind: unsupported value "ComputeDomainConfig": supported kinds '
+        f'of "{NVIDIA_API_VERSION}" are "GpuConfig", "MigDeviceConfig", "VfioDeviceConfig"'
     )
     # An apiVersion that is no string is no config version (and never a crash).
     assert validate_config_document('{"apiVersion": ["x"], "kind": "Pod"}') == [

@@ -141,7 +141,8 @@ def test_each_whole_gpu_is_published_twice_sharing_one_counter(tmp_path: Path) -
     vfio = devices[name]
     assert str(vfio.type) == "vfio"
     assert vfio.attributes["resource.kubernetes.io/pciBusID"] == bdf
-    assert vfio.attributes["pciVendorID"] == "10de"
+    assert vfio.attributes["vendorID"] == "0x10de"
+    assert vfio.attributes["iommuFDEnabled"] is True
     assert vfio.attributes["iommuGroup"] == 20
     assert vfio.attributes["uuid"] == devices["gpu-0"].uuid
     assert "cudaDriverVersion" not in vfio.attributes  # the VM runs its own driver
@@ -281,13 +282,13 @@ def test_a_gpu_claim_and_a_passthrough_claim_of_one_gpu_are_never_prepared_toget
     assert drivers(tmp_path, bdf) == ("nvidia", "snd_hda_intel")
 
 
-def test_a_config_for_a_passthrough_device_is_refused_by_name(tmp_path: Path) -> None:
+def test_a_gpu_config_for_a_passthrough_device_is_refused_by_name(tmp_path: Path) -> None:
     p = preparer(tmp_path)
     name, _ = vfio_name(tmp_path)
     ref = put_claim(tmp_path, UID_A, name, config=[gpu_config("MPS", requests=["r0"])])
     error = p.prepare(ref).error
-    assert "passed through to a virtual machine" in error
-    assert "docs/passthrough.md" in error
+    assert "a GpuConfig cannot be applied" in error
+    assert "use a VfioDeviceConfig" in error
 
 
 def test_a_kernel_without_vfio_pci_is_told_and_the_gpu_goes_back(tmp_path: Path) -> None:
@@ -529,7 +530,7 @@ def test_an_amd_gpu_is_passed_through_the_same_way(tmp_path: Path) -> None:
     p, devices = amd_preparer(tmp_path)
     name = "vfio-0000-03-00-0"
     assert str(devices[name].type) == "amdgpu-vfio"
-    assert devices[name].attributes["pciVendorID"] == "1002"
+    assert devices[name].attributes["vendorID"] == "0x1002"
     assert devices[name].passthrough is not None
     assert devices[name].passthrough.busy_nodes  # the GPU's /dev/dri nodes
     assert [c.counter_set for c in devices["amdgpu-1"].consumes_counters] == ["pci-0000-03-00-0"]
@@ -544,3 +545,70 @@ def test_an_amd_gpu_is_passed_through_the_same_way(tmp_path: Path) -> None:
     assert p.passthrough.bus.read("0000:03:00.0").driver == "amdgpu"
     back, _ = amd_preparer(tmp_path)
     assert "amdgpu-1" in back.devices
+
+
+# ---- VfioDeviceConfig ----------------------------------------------------------------
+
+
+def _vfio_config(api: str, **iommu: Any) -> dict[str, Any]:
+    parameters = {"apiVersion": api, "kind": "VfioDeviceConfig", "iommu": iommu}
+    opaque = {"driver": DRIVER, "parameters": parameters}
+    return {"source": "FromClaim", "requests": ["r0"], "opaque": opaque}
+
+
+def _nodes(root: Path, uid: str) -> list[str]:
+    return sorted(
+        n["path"]
+        for d in spec(root, uid)["devices"]
+        for n in d["containerEdits"].get("deviceNodes") or []
+    )
+
+
+@pytest.mark.parametrize(
+    ("config", "nodes"),
+    [
+        (None, ["/dev/vfio/20", "/dev/vfio/vfio"]),
+        (("resource.drasil.dev/v1beta1", {}), ["/dev/vfio/20", "/dev/vfio/vfio"]),
+        (
+            ("resource.drasil.dev/v1beta1", {"enableAPIDevice": False}),
+            ["/dev/vfio/20"],
+        ),
+        # NVIDIA's kind keeps NVIDIA's default: no API device unless asked.
+        (("resource.nvidia.com/v1beta1", {}), ["/dev/vfio/20"]),
+        (
+            (
+                "resource.nvidia.com/v1beta1",
+                {"backendPolicy": "LegacyOnly", "enableAPIDevice": True},
+            ),
+            ["/dev/vfio/20", "/dev/vfio/vfio"],
+        ),
+        (
+            (
+                "resource.nvidia.com/v1beta1",
+                {"backendPolicy": "PreferIommuFD", "enableAPIDevice": True},
+            ),
+            ["/dev/iommu", "/dev/vfio/devices/vfio160"],
+        ),
+    ],
+)
+def test_the_vfio_config_picks_the_nodes(
+    tmp_path: Path, config: tuple[str, dict[str, Any]] | None, nodes: list[str]
+) -> None:
+    p = preparer(tmp_path)
+    name, bdf = vfio_name(tmp_path)
+    configs = [] if config is None else [_vfio_config(config[0], **config[1])]
+    ref = put_claim(tmp_path, UID_A, name, config=configs)
+    assert p.prepare(ref).error == ""
+    assert _nodes(tmp_path, UID_A) == nodes
+    assert p.unprepare(ref) == ""
+    assert drivers(tmp_path, bdf) == ("nvidia", "snd_hda_intel")
+
+
+def test_a_bad_vfio_config_names_the_field_and_the_values(tmp_path: Path) -> None:
+    p = preparer(tmp_path)
+    name, _ = vfio_name(tmp_path)
+    bad = _vfio_config("resource.nvidia.com/v1beta1", backendPolicy="IommuFDOnly")
+    error = p.prepare(put_claim(tmp_path, UID_A, name, config=[bad])).error
+    assert "iommu.backendPolicy" in error
+    assert '"LegacyOnly"' in error
+    assert '"PreferIommuFD"' in error
