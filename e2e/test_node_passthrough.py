@@ -39,7 +39,7 @@ BUS_ID = "resource.kubernetes.io/pciBusID"
 # and the claim's device metadata; then it stays up.
 COMMAND = (
     "ls -l /dev/vfio | sed 's/^/NODE:/'; env | grep '^PCI_RESOURCE_' | sed 's/^/ENV:/'; "
-    "cat /var/run/kubernetes.io/dra-device-attributes/resourceclaims/*/*/*-metadata.json "
+    "cat /var/run/kubernetes.io/dra-device-attributes/*/*/*/*-metadata.json "
     "| sed 's/^/META:/'; trap 'exit 0' TERM; sleep 3600 & wait"
 )
 
@@ -180,7 +180,7 @@ def test_a_vm_claim_gets_the_vfio_nodes_and_the_gpu_is_no_gpu_meanwhile(
     waiting = _claim_pod(kube, vms, node, DRIVER, bus_id)
     claim = _stays_pending(kube, vms, waiting)
     text = _explain(kubeconfig, vms, claim)
-    assert "passthrough" in text, text
+    assert "passed through to a virtual machine" in text, text
     assert held["metadata"]["name"] in text, text
     assert gpu in text, text
 
@@ -202,7 +202,7 @@ def test_a_gpu_in_a_containers_claim_is_not_passed_through(
     vm = _claim_pod(kube, vms, node, VFIO_CLASS, bus_id)
     claim = _stays_pending(kube, vms, vm)
     text = _explain(kubeconfig, vms, claim)
-    assert "passthrough" in text, text
+    assert "which is in use as a GPU" in text, text
     assert holder["metadata"]["name"] in text, text
     assert _drivers(node, bus_id) == ("nvidia", "snd_hda_intel")
 
