@@ -126,8 +126,8 @@ def test_template_renders_both_daemons_as_documented(values_file: Path | None) -
             expected += ["rbac.authorization.k8s.io/v1/Role"]
             expected += ["rbac.authorization.k8s.io/v1/RoleBinding"]
     if values["deviceClasses"]["create"]:
-        # NVIDIA 3, AMD 2, any-gpu, and one per MIG profile listed
-        classes = 6 + len(values["deviceClasses"]["migProfiles"])
+        # NVIDIA 3, AMD 2, any-gpu, vfio, and one per MIG profile listed
+        classes = 7 + len(values["deviceClasses"]["migProfiles"])
         expected += ["resource.k8s.io/v1/DeviceClass"] * classes
     if values["validatingAdmissionPolicy"]["enabled"]:
         labels = values["nodeLabels"]
@@ -210,7 +210,7 @@ def test_daemonset_rolls_one_node_at_a_time_with_host_dirs_and_probes(
     host = {
         name: (volumes[name]["hostPath"]["path"], mounts[name]["mountPath"])
         for name in volumes
-        if "hostPath" in volumes[name] and name != "driver-root"
+        if "hostPath" in volumes[name] and name not in ("driver-root", "host-dev")
     }
     state_dir = f"{plugin['pluginsDir'].rstrip('/')}/{values['driverName']}"
     expected = {"state-dir": state_dir, "cdi-root": plugin["cdiRoot"]}
@@ -245,6 +245,7 @@ def test_daemonset_rolls_one_node_at_a_time_with_host_dirs_and_probes(
         assert not driver_env & plain.keys()
     assert plain["CDI_HOOKS"] == values["cdiHooks"]
     assert plain.get("NVIDIA_CDI_HOOK_PATH") == (values["nvidiaCDIHookPath"] or None)
+    _check_passthrough(values, spec, container, volumes, mounts)
 
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"metrics": plugin["metricsPort"], "health": plugin["healthPort"]}
@@ -266,6 +267,33 @@ def test_daemonset_rolls_one_node_at_a_time_with_host_dirs_and_probes(
         assert security["capabilities"] == {"drop": ["ALL"]}
     assert security["runAsUser"] == 0  # root-owned kubelet dirs; see docs/helm.md
     assert security["readOnlyRootFilesystem"] is True
+
+
+def _check_passthrough(
+    values: dict[str, Any],
+    spec: dict[str, Any],
+    container: dict[str, Any],
+    volumes: dict[str, Any],
+    mounts: dict[str, Any],
+) -> None:
+    """Passthrough on real GPUs: the node's processes (hostPID), the host's /dev read-only
+    with HostToContainer (udev's /dev/vfio/<group> after a bind), and privileged."""
+    on = values["mode"] == "dra" and values["passthrough"]["enabled"]
+    real = on and values["backend"] == "nvml"
+    assert ("--passthrough" in container["args"]) is on
+    assert spec.get("hostPID", False) is real
+    if not real:
+        assert "host-dev" not in volumes
+        return
+    assert volumes["host-dev"]["hostPath"] == {"path": "/dev", "type": "Directory"}
+    assert mounts["host-dev"] == {
+        "name": "host-dev",
+        "mountPath": "/host-dev",
+        "readOnly": True,
+        "mountPropagation": "HostToContainer",
+    }
+    assert _plain_env(container)["VFIO_DEV_ROOT"] == "/host-dev"
+    assert container["securityContext"]["privileged"] is True
 
 
 @pytest.mark.parametrize("values_file", VALUES_PARAMS)
@@ -446,6 +474,7 @@ def test_device_classes_select_our_driver_and_type() -> None:
                 ("amdgpu.drasil.dev", '== "amdgpu"'),
                 ("amdgpu-partition.drasil.dev", '== "amdgpu-partition"'),
                 ("any-gpu.drasil.dev", 'in ["gpu", "amdgpu"]'),
+                ("vfio.gpu.drasil.dev", 'in ["vfio", "amdgpu-vfio"]'),
             )
         },
     }

@@ -51,6 +51,16 @@ NVIDIA_CLASSES = {
             }
         ]
     },
+    "vfio.gpu.nvidia.com": {
+        "selectors": [
+            {
+                "cel": {
+                    "expression": "device.driver == 'gpu.nvidia.com' && "
+                    "device.attributes['gpu.nvidia.com'].type == 'vfio'"
+                }
+            }
+        ]
+    },
 }
 
 
@@ -186,6 +196,7 @@ def test_the_preset_adds_nvidias_classes_beside_drasils() -> None:
             "amdgpu.drasil.dev",
             "amdgpu-partition.drasil.dev",
             "any-gpu.drasil.dev",
+            "vfio.gpu.drasil.dev",
             *NVIDIA_CLASSES,
         ]
     )

@@ -209,3 +209,45 @@ def test_a_gpu_in_a_containers_claim_is_not_passed_through(
     delete_pod(kube, vms, container)
     wait_running(kube, vms, vm)
     assert _drivers(node, bus_id) == ("vfio-pci", "vfio-pci")
+
+
+def test_a_shared_gpu_is_not_passed_through_while_a_share_is_held(
+    kube: Kube, vms: str, passthrough: Node
+) -> None:
+    """Shares of one GPU draw its passthrough counter once, together: a VM waits for the
+    last share to go, and the scheduler (not only the plugin) keeps it waiting."""
+    node = passthrough
+    node.restart_plugin_with({"GPU_SHARING": "consumable"}, published=2 * GPUS)
+    shared = f"shared-passthrough.{DRIVER}"
+    try:
+        selector = f'device.driver == "{DRIVER}" && device.allowMultipleAllocations'
+        with device_classes(kube, {shared: {"selectors": [{"cel": {"expression": selector}}]}}):
+            bus_ids = _bus_ids(kube, node)
+            bus_id = sorted(b for n, b in bus_ids.items() if n.startswith("vfio-"))[2]
+            where = f'device.attributes["resource.kubernetes.io"].pciBusID == "{bus_id}"'
+            share = {
+                "name": "gpu",
+                "exactly": {
+                    "deviceClassName": shared,
+                    "selectors": [{"cel": {"expression": where}}],
+                    "capacity": {"requests": {"memory": "10Gi"}},
+                },
+            }
+            names = [
+                pod(kube, vms, node, template_name=template(kube, vms, requests=[share]))
+                for _ in range(2)
+            ]
+            for name in names:
+                wait_running(kube, vms, name)
+            vm = _claim_pod(kube, vms, node, VFIO_CLASS, bus_id)
+            _stays_pending(kube, vms, vm)
+            assert _drivers(node, bus_id) == ("nvidia", "snd_hda_intel")
+            delete_pod(kube, vms, names[0])
+            _stays_pending(kube, vms, vm)  # one share is left
+            delete_pod(kube, vms, names[1])
+            wait_running(kube, vms, vm)
+            assert _drivers(node, bus_id) == ("vfio-pci", "vfio-pci")
+            delete_pod(kube, vms, vm)
+    finally:
+        drain_namespace(kube, node, vms)
+        node.restart_plugin_with({"GPU_SHARING": None}, published=2 * GPUS)
