@@ -367,6 +367,10 @@ class NvmlLibrary(Protocol):
     ) -> None:
         """``nvmlComputeInstanceDestroy``; ``NvmlNotFound`` when there is none."""
 
+    def device_processes(self, handle: DeviceHandle) -> tuple[int, ...]:
+        """``nvmlDeviceGetComputeRunningProcesses`` and ``…GraphicsRunningProcesses``: the
+        PIDs of the processes using the GPU (host PIDs; an MPS server for its clients)."""
+
     def device_time_slice(self, handle: DeviceHandle) -> int:
         """Not NVML: the GPU's compute time slice as ``nvidia-smi compute-policy`` sets
         it (0 default, 1 short, 2 medium, 3 long)."""

@@ -216,6 +216,16 @@ class PynvmlLibrary(PynvmlDevices):
         ci = self._call(what, fn, gi, compute_instance_id)
         self._call("nvmlComputeInstanceDestroy", self._nvml.nvmlComputeInstanceDestroy, ci)
 
+    def device_processes(self, handle: DeviceHandle) -> tuple[int, ...]:
+        pids: list[int] = []
+        for name in (
+            "nvmlDeviceGetComputeRunningProcesses",
+            "nvmlDeviceGetGraphicsRunningProcesses",
+        ):
+            found = self._call(name, getattr(self._nvml, name), handle)
+            pids += [int(p.pid) for p in found or ()]
+        return tuple(dict.fromkeys(pids))
+
     def device_time_slice(self, handle: DeviceHandle) -> int:
         uuid = self.device_uuid(handle)
         listing = compute_policy(self._nvidia_smi, uuid, "--list")

@@ -320,6 +320,12 @@ class FakeNvml(FakeNvmlCore):
 
         self._change(call, change)
 
+    def device_processes(self, handle: DeviceHandle) -> tuple[int, ...]:
+        # The simulated GPUs run no process of their own: a test's holder is a process
+        # with the GPU's node open, which the /proc walk finds (drasil.driver.vfio.holders).
+        self._whole_gpu(handle, "device_processes")
+        return ()
+
     def device_time_slice(self, handle: DeviceHandle) -> int:
         gpu = self._whole_gpu(handle, "device_time_slice")
         return self._query("device_time_slice", lambda: self._states[gpu.index].time_slice)

@@ -4,8 +4,9 @@ A passthrough device (``drasil.driver.vfio.devices``) is prepared by moving its 
 PCI function, and every other function of its IOMMU group (the GPU's audio function,
 say: a VM gets a group whole or not at all), from their drivers to ``vfio-pci``:
 
-1. the GPU's nodes are open in no process (``drasil.driver.vfio.holders``): a GPU in use
-   is refused, naming the process, and kubelet retries; nothing was changed;
+1. no process uses the GPU: none the vendor's driver lists (NVML's running processes),
+   and none has the GPU's nodes open (``drasil.driver.vfio.holders``); a GPU in use is
+   refused, naming the process, and kubelet retries; nothing was changed;
 2. per function, its driver before is recorded (GPU record ``pci:<bdf>``,
    ``nativeDriver``) unless a record is there already;
 3. ``driver_override`` is set to ``vfio-pci``, the function unbound from its driver and
@@ -62,6 +63,9 @@ from drasil.kubeletplugin.vendors.seam import NodeState, VendorDevices
 
 log = logging.getLogger(__name__)
 
+ProcessQuery = Callable[[Device], tuple[int, ...]]
+"""The PIDs a vendor's driver says use a GPU (NVML's running processes); raises
+``HardwareError`` when it cannot tell."""
 NVIDIA_VENDOR_ID: Final = 0x10DE
 LOCK_TIMEOUT: Final = 30.0  # below kubelet's 45 s call timeout, like the MIG lock
 NODE_WAIT: Final = 10.0
@@ -92,8 +96,11 @@ class Passthrough:
         state_lock: Callable[[], AbstractContextManager[None]],
         state_dir: Path,
         node_wait: float = NODE_WAIT,
+        processes: ProcessQuery | None = None,
     ) -> None:
         self.bus = bus
+        # The vendor's own list of the GPU's processes (NVML's), beside the /proc walk.
+        self.processes = processes
         self.dev_root = dev_root  # where /dev/vfio/<group> shows up (the host's /dev)
         self.proc_root = proc_root
         self.store = store
@@ -150,6 +157,14 @@ class Passthrough:
             self._move(bdf, device)
 
     def _check_idle(self, device: Device, passthrough: PciPassthrough) -> None:
+        pids = self._vendor_processes(device)
+        if pids:
+            listed = ", ".join(str(p) for p in pids[:8])
+            raise PassthroughError(
+                f"device {device.name}: GPU {passthrough.bus_id} is in use (its driver lists "
+                f"processes {listed}); it is passed through once no process uses it "
+                "(kubelet retries)"
+            )
         found = holders(self.proc_root, passthrough.busy_nodes)
         if found.found:
             held = "; ".join(h.text() for h in found.found[:4])
@@ -162,6 +177,15 @@ class Passthrough:
                 f"device {device.name}: could not tell whether GPU {passthrough.bus_id} is in "
                 f"use ({found.incomplete}); kubelet retries"
             )
+
+    def _vendor_processes(self, device: Device) -> tuple[int, ...]:
+        if self.processes is None or not device.uuid:
+            return ()
+        try:
+            return self.processes(device)
+        except HardwareError as err:  # the /proc walk still decides
+            log.warning("the GPU's processes could not be listed", extra={"error": str(err)})
+            return ()
 
     def _remember(self, bdf: str, driver: str | None, passthrough: PciPassthrough) -> None:
         """Record the function's driver before, once (a repeat finds it recorded)."""
@@ -336,9 +360,10 @@ class PciSide:
             skipped=(*found.skipped, *added.skipped),
         )
 
-    def step(self, node: NodeState) -> Passthrough:
+    def step(self, node: NodeState, *, processes: ProcessQuery | None = None) -> Passthrough:
         return Passthrough(
             self.bus,
+            processes=processes,
             dev_root=self.dev_root,
             proc_root=self.opts.proc_root,
             store=node.store,

@@ -415,3 +415,13 @@ def test_a_lost_gpu_is_unhealthy(mock_node: MockNodeFactory) -> None:
     finally:
         stop.set()
         thread.join(timeout=DEADLINE)
+
+
+def test_a_gpu_lists_its_running_processes(mock_node: MockNodeFactory) -> None:
+    node = mock_node("h100-80gb:1", node_name=NODE)
+    lib = adapter(node)
+    lib.init()
+    try:
+        assert lib.device_processes(lib.device_handle_by_index(0)) == ()
+    finally:
+        lib.shutdown()

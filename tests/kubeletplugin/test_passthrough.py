@@ -612,3 +612,26 @@ def test_a_bad_vfio_config_names_the_field_and_the_values(tmp_path: Path) -> Non
     assert "iommu.backendPolicy" in error
     assert '"LegacyOnly"' in error
     assert '"PreferIommuFD"' in error
+
+
+def test_a_gpu_nvml_lists_processes_on_is_refused_and_an_nvml_that_cannot_tell_is_not_trusted(
+    tmp_path: Path,
+) -> None:
+    from drasil.driver.devices import HardwareError
+
+    p = preparer(tmp_path)
+    assert p.passthrough is not None
+    step = p.passthrough
+    name, bdf = vfio_name(tmp_path)
+    ref = put_claim(tmp_path, UID_A, name)
+    step.processes = lambda device: (4711, 4712)
+    error = p.prepare(ref).error
+    assert "its driver lists processes 4711, 4712" in error
+    assert drivers(tmp_path, bdf) == ("nvidia", "snd_hda_intel")
+
+    def broken(device: Device) -> tuple[int, ...]:
+        raise HardwareError("NVML: Function Not Found")
+
+    step.processes = broken
+    assert p.prepare(ref).error == ""  # the /proc walk found no holder
+    assert drivers(tmp_path, bdf) == ("vfio-pci", "vfio-pci")

@@ -1711,6 +1711,30 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, nvmlComputeMod
     API(get_compute_mode(device, mode));
 }
 
+/* The processes on a GPU: the mock's GPUs run none (a test's holder is a process with
+ * the GPU's node open). NVML's two-call protocol: a count of 0 is NVML_SUCCESS with
+ * nothing written. The info array is never touched, so its struct version is moot. */
+static nvmlReturn_t no_processes(nvmlDevice_t device, unsigned int *count) {
+    int g;
+    nvmlReturn_t r = compute_mode_gpu(device, &g);
+    if (r != NVML_SUCCESS) return r;
+    if (count == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *count = 0;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(
+    nvmlDevice_t device, unsigned int *count, void *infos) {
+    (void)infos;
+    API(no_processes(device, count));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(
+    nvmlDevice_t device, unsigned int *count, void *infos) {
+    (void)infos;
+    API(no_processes(device, count));
+}
+
 static nvmlReturn_t set_compute_mode(nvmlDevice_t device, nvmlComputeMode_t mode) {
     int g;
     nvmlReturn_t r = compute_mode_gpu(device, &g);

@@ -26,7 +26,7 @@ from drasil.driver.nvidia.driverfiles import DriverRoot, find_binary
 from drasil.driver.nvidia.nodecheck import KERNEL_VERSION_FILE, kernel_module_loaded
 from drasil.driver.nvidia.nodedevices import discover, driver_description, skipped_text
 from drasil.driver.nvidia.nodelabels import OWN_KEY, node_labels
-from drasil.driver.nvidia.nvml import NvmlError, NvmlLibrary
+from drasil.driver.nvidia.nvml import NvmlError, NvmlLibrary, nvml_session
 from drasil.driver.nvidia.nvmladapter import PynvmlLibrary
 from drasil.driver.nvidia.xid import XidWatcher
 from drasil.driver.vfio.devices import VendorPassthrough
@@ -186,7 +186,9 @@ class NvidiaNode:
             except Exception as err:  # a GPU tool failing must not keep the plugin down
                 log.error("resuming GPU sharing state failed", extra={"error": str(err)})
 
-        passthrough = self.pci.step(node) if self.pci is not None else None
+        passthrough = (
+            self.pci.step(node, processes=self._processes) if self.pci is not None else None
+        )
 
         def recover_all() -> None:
             recover()
@@ -196,6 +198,18 @@ class NvidiaNode:
         return PrepareSteps(
             instances=migs, sharing=effects, passthrough=passthrough, recover=recover_all
         )
+
+    def _processes(self, device: Device) -> tuple[int, ...]:
+        """NVML's compute and graphics processes of the GPU ``device`` is (by UUID)."""
+        try:
+            with nvml_session(self.lib):
+                for index in range(self.lib.device_count()):
+                    handle = self.lib.device_handle_by_index(index)
+                    if self.lib.device_uuid(handle) == device.uuid:
+                        return self.lib.device_processes(handle)
+        except NvmlError as err:
+            raise HardwareError(f"NVML: {err}") from err
+        return ()  # not NVML's any more (bound elsewhere): the /proc walk decides
 
     def close(self) -> None:
         if not self._held:
