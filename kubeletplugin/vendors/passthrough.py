@@ -56,10 +56,10 @@ from drasil.driver.vfio.devices import VendorPassthrough, VfioRequest, with_pass
 from drasil.driver.vfio.holders import holders
 from drasil.driver.vfio.pcisysfs import VFIO_CONTAINER_NUMBERS, VFIO_DRIVER, PciBus, PciError
 from drasil.kubeletplugin.options import PluginOptions
+from drasil.kubeletplugin.vendors.seam import NodeState, VendorDevices
 
 if TYPE_CHECKING:
     from drasil.driver.simulated.pcikernel import SimGpuModel
-from drasil.kubeletplugin.vendors.seam import NodeState, VendorDevices
 
 log = logging.getLogger(__name__)
 
